@@ -1,0 +1,194 @@
+//! Argument parsing, in one place. Arguments arrive as raw bytes (they may be anything: empty,
+//! 1 MB, not UTF-8); every error is an `ERR …` message naming the argument, and nothing is
+//! parsed leniently (no signs, no spaces, no floats, no overflow).
+
+use crate::core::codec::Algorithm;
+use crate::core::spec::Spec;
+use crate::core::{Nanos, Rate, Request, Window, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
+
+pub type ArgResult<T> = Result<T, String>;
+
+/// A parsed limiter command: the limit, the request and whether to change nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Check {
+    pub spec: Spec,
+    pub req: Request,
+    pub dryrun: bool,
+}
+
+/// Shows a user's argument inside an error message: printable ASCII only, at most 32 bytes.
+pub fn shown(arg: &[u8]) -> String {
+    let mut s: String = arg.iter().take(32).map(|&b| if (0x20..0x7f).contains(&b) && b != b'\'' { b as char } else { '?' }).collect();
+    if arg.len() > 32 {
+        s.push_str("...");
+    }
+    s
+}
+
+/// A non-negative decimal integer: ASCII digits only, no sign, no overflow.
+fn digits(arg: &[u8]) -> Option<u64> {
+    if arg.is_empty() || arg.len() > 20 || !arg.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    arg.iter().try_fold(0u64, |acc, &d| acc.checked_mul(10)?.checked_add((d - b'0') as u64))
+}
+
+/// A count from 1 to MAX_COUNT (limit, BURST).
+pub fn positive(arg: &[u8], name: &str) -> ArgResult<u64> {
+    match digits(arg) {
+        Some(n) if n >= 1 && n <= MAX_COUNT => Ok(n),
+        Some(n) if n > MAX_COUNT => Err(format!("ERR {name} must be a positive integer no larger than {MAX_COUNT}")),
+        _ => Err(format!("ERR {name} must be a positive integer")),
+    }
+}
+
+/// A count from 0 to MAX_COUNT (COST, quantity).
+pub fn non_negative(arg: &[u8], name: &str) -> ArgResult<u64> {
+    match digits(arg) {
+        Some(n) if n <= MAX_COUNT => Ok(n),
+        Some(_) => Err(format!("ERR {name} must be a non-negative integer no larger than {MAX_COUNT}")),
+        None => Err(format!("ERR {name} must be a non-negative integer")),
+    }
+}
+
+/// A period or window: a positive integer with an optional unit (us, ms, s, m, h, d); a bare
+/// number is seconds. Returns nanoseconds.
+pub fn period(arg: &[u8], name: &str) -> ArgResult<Nanos> {
+    let bad = || {
+        format!(
+            "ERR invalid {name} '{}': expected a positive integer with an optional unit us, ms, s, m, h or d",
+            shown(arg)
+        )
+    };
+    let split = arg.iter().position(|b| !b.is_ascii_digit()).unwrap_or(arg.len());
+    let (num, unit) = arg.split_at(split);
+    let n = digits(num).filter(|&n| n > 0).ok_or_else(bad)?;
+    let scale: Nanos = match unit.to_ascii_lowercase().as_slice() {
+        b"" | b"s" => NANOS_PER_SEC,
+        b"us" => NANOS_PER_MICRO,
+        b"ms" => NANOS_PER_MILLI,
+        b"m" => 60 * NANOS_PER_SEC,
+        b"h" => 3_600 * NANOS_PER_SEC,
+        b"d" => 86_400 * NANOS_PER_SEC,
+        _ => return Err(bad()),
+    };
+    match (n as i128) * (scale as i128) {
+        ns if ns <= MAX_PERIOD as i128 => Ok(ns as Nanos),
+        _ => Err(format!("ERR invalid {name} '{}': at most 100 years (36525d)", shown(arg))),
+    }
+}
+
+#[derive(Default)]
+struct Options {
+    burst: Option<u64>,
+    cost: Option<u64>,
+    dryrun: bool,
+    partial: bool,
+}
+
+/// Parses the options after the positional arguments, in any order, case-insensitively;
+/// unknown and repeated options are errors.
+fn options(args: &[&[u8]], allow_burst: bool, command: &str) -> ArgResult<Options> {
+    let mut o = Options::default();
+    let mut seen = [false; 4];
+    let mut i = 0;
+    while i < args.len() {
+        let word = args[i].to_ascii_uppercase();
+        let slot = match word.as_slice() {
+            b"BURST" if allow_burst => 0,
+            b"COST" => 1,
+            b"DRYRUN" => 2,
+            b"PARTIAL" => 3,
+            b"BURST" => return Err(format!("ERR BURST is not an option of {command}")),
+            _ => return Err(format!("ERR unknown option '{}'", shown(args[i]))),
+        };
+        let name = ["BURST", "COST", "DRYRUN", "PARTIAL"][slot];
+        if std::mem::replace(&mut seen[slot], true) {
+            return Err(format!("ERR option {name} given more than once"));
+        }
+        let mut value = || {
+            i += 1;
+            args.get(i).copied().ok_or_else(|| format!("ERR {name} needs a value"))
+        };
+        match slot {
+            0 => o.burst = Some(positive(value()?, "BURST")?),
+            1 => o.cost = Some(non_negative(value()?, "COST")?),
+            2 => o.dryrun = true,
+            _ => o.partial = true,
+        }
+        i += 1;
+    }
+    Ok(o)
+}
+
+pub fn wrong_arity(command: &str) -> String {
+    format!("ERR wrong number of arguments for '{}' command", command.to_ascii_lowercase())
+}
+
+/// `limit period|window [BURST n] [COST n] [DRYRUN] [PARTIAL]`, the arguments after the key of
+/// every limiter command (and of each limit in RL.MULTI).
+pub fn check(algo: Algorithm, args: &[&[u8]], command: &str) -> ArgResult<Check> {
+    if args.len() < 2 {
+        return Err(wrong_arity(command));
+    }
+    let (spec, o) = spec_and_options(algo, args, command)?;
+    let cost = o.cost.unwrap_or(1);
+    Ok(Check { spec, req: Request { cost, partial: o.partial }, dryrun: o.dryrun })
+}
+
+fn spec_and_options(algo: Algorithm, args: &[&[u8]], command: &str) -> ArgResult<(Spec, Options)> {
+    let limit = positive(args[0], "limit")?;
+    let rate_based = matches!(algo, Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::Leaky);
+    let period = period(args[1], if rate_based { "period" } else { "window" })?;
+    let o = options(&args[2..], rate_based, command)?;
+    let spec = if rate_based {
+        let rate = Rate::new(limit, period, o.burst.unwrap_or(limit)).map_err(|e| format!("ERR {e}"))?;
+        match algo {
+            Algorithm::Gcra => Spec::Gcra(rate),
+            Algorithm::TokenBucket => Spec::TokenBucket(rate),
+            _ => Spec::Leaky(rate),
+        }
+    } else {
+        let win = Window::new(limit, period).map_err(|e| format!("ERR {e}"))?;
+        match algo {
+            Algorithm::Sliding => Spec::Sliding(win),
+            Algorithm::Fixed => Spec::Fixed(win),
+            _ => Spec::SlidingLog(win),
+        }
+    };
+    Ok((spec, o))
+}
+
+/// `CL.THROTTLE key max_burst count_per_period period [quantity]` (after the key): redis-cell's
+/// arguments, with its model (limit = max_burst + 1 at count per period seconds), checked.
+pub fn cl_throttle(args: &[&[u8]]) -> ArgResult<(Rate, u64)> {
+    if !(3..=4).contains(&args.len()) {
+        return Err(wrong_arity("cl.throttle"));
+    }
+    let max_burst = non_negative(args[0], "max_burst")?;
+    if max_burst >= MAX_COUNT {
+        return Err(format!("ERR max_burst must be a non-negative integer below {MAX_COUNT}"));
+    }
+    let count = positive(args[1], "count_per_period")?;
+    let seconds = match digits(args[2]) {
+        Some(s) if s >= 1 && (s as i128) * (NANOS_PER_SEC as i128) <= MAX_PERIOD as i128 => s as Nanos,
+        Some(s) if s >= 1 => return Err("ERR period must be at most 100 years in seconds".into()),
+        _ => return Err("ERR period must be a positive integer (seconds)".into()),
+    };
+    let quantity = match args.get(3) {
+        Some(q) => non_negative(q, "quantity")?,
+        None => 1,
+    };
+    let rate = Rate::new(count, seconds * NANOS_PER_SEC, max_burst + 1).map_err(|e| format!("ERR {e}"))?;
+    Ok((rate, quantity))
+}
+
+/// `RL.DEBUG CLOCK SET <unix_us>` and friends' integer argument (may be negative for ADVANCE).
+pub fn integer(arg: &[u8], name: &str) -> ArgResult<i64> {
+    let (neg, body) = match arg.first() {
+        Some(b'-') => (true, &arg[1..]),
+        _ => (false, arg),
+    };
+    let v = digits(body).filter(|&v| v <= i64::MAX as u64).ok_or_else(|| format!("ERR {name} must be an integer"))?;
+    Ok(if neg { -(v as i64) } else { v as i64 })
+}

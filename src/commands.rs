@@ -1,0 +1,361 @@
+//! The commands: parse → open key → core → store + TTL → replicate → reply.
+
+use std::cell::RefCell;
+use std::os::raw::{c_char, c_int};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
+
+use crate::args::{self, wrong_arity};
+use crate::core::codec::{Algorithm, State};
+use crate::core::spec::{AlgorithmMismatch, Spec, Update};
+use crate::core::{ceil_ms, gcra, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
+use crate::reply::{self, Field};
+use crate::state::{server_ms, Held, Key, SETSTATE, WRONGTYPE};
+use crate::{clock, metrics};
+
+pub type Args<'a> = &'a [*mut RedisModuleString];
+pub type CommandResult = Result<(), String>;
+
+/// Runs a command body behind `catch_unwind`: a panic becomes an error reply, never an abort
+/// of redis-server. Errors are replied here; successful bodies reply themselves.
+pub fn dispatch(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+    name: &str,
+    body: fn(*mut RedisModuleCtx, Args) -> CommandResult,
+) -> c_int {
+    let argv: Args = if argv.is_null() || argc <= 0 {
+        &[]
+    } else {
+        // SAFETY: Redis passes argc valid pointers.
+        unsafe { std::slice::from_raw_parts(argv, argc as usize) }
+    };
+    match catch_unwind(AssertUnwindSafe(|| body(ctx, argv))) {
+        Ok(Ok(())) => {}
+        Ok(Err(msg)) => reply::error(ctx, &msg),
+        Err(_) => reply::error(ctx, &format!("ERR internal error in {name}; the server is fine, please report it")),
+    }
+    raw::REDISMODULE_OK as c_int
+}
+
+/// The bytes of an argument.
+pub fn bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
+    let mut len = 0usize;
+    // SAFETY: s is a live argument of the running command.
+    let p = unsafe { raw::RedisModule_StringPtrLen.unwrap()(s, &mut len) };
+    unsafe { std::slice::from_raw_parts(p as *const u8, len) }
+}
+
+/// Argument bytes without allocating for the usual short command lines.
+fn with_arg_bytes<T>(argv: Args, f: impl FnOnce(&[&[u8]]) -> T) -> T {
+    const INLINE: usize = 16;
+    if argv.len() <= INLINE {
+        let mut buf: [&[u8]; INLINE] = [&[]; INLINE];
+        for (slot, a) in buf.iter_mut().zip(argv) {
+            *slot = bytes(*a);
+        }
+        f(&buf[..argv.len()])
+    } else {
+        let v: Vec<&[u8]> = argv.iter().map(|a| bytes(*a)).collect();
+        f(&v)
+    }
+}
+
+fn mismatch_error(m: AlgorithmMismatch) -> String {
+    format!(
+        "WRONGTYPE key holds {} state, not {} (RL.RESET it to change algorithm)",
+        m.stored.name(),
+        m.requested.name()
+    )
+}
+
+thread_local! {
+    /// Reused encoding buffer: replicating an update allocates nothing on the hot path.
+    static PAYLOAD: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(128));
+}
+
+/// Stores an admitted update with its TTL (= reset_after) and propagates the effect, with the
+/// primary's expiry pinned, as one RL.SETSTATE: replicas and the AOF never recompute with
+/// their own clocks.
+fn store(key: &Key, update: &Update, reset_after: Nanos) -> CommandResult {
+    let stored = match key.held() {
+        Held::Ours(s) => Some(s),
+        _ => None,
+    };
+    if let Some(new) = update.apply(stored).map_err(|e| format!("ERR {e}"))? {
+        key.set(new)?;
+    }
+    let expire_at = server_ms().saturating_add(ceil_ms(reset_after).max(1));
+    key.expire_at(expire_at);
+    replicate(key, update, expire_at);
+    Ok(())
+}
+
+fn replicate(key: &Key, update: &Update, expire_at: i64) {
+    PAYLOAD.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        buf.clear();
+        update.encode_into(&mut buf);
+        unsafe {
+            raw::RedisModule_Replicate.unwrap()(
+                key.ctx(),
+                SETSTATE.as_ptr(),
+                c"sbcl".as_ptr(),
+                key.name,
+                buf.as_ptr() as *const c_char,
+                buf.len(),
+                c"PXAT".as_ptr(),
+                expire_at as std::os::raw::c_longlong,
+            );
+        }
+    });
+}
+
+/// RL.GCRA, RL.TOKENBUCKET, RL.SLIDING, RL.SLIDINGLOG, RL.FIXED, RL.LEAKY.
+pub fn limiter(ctx: *mut RedisModuleCtx, argv: Args, algo: Algorithm, command: &str) -> CommandResult {
+    if argv.len() < 4 {
+        return Err(wrong_arity(command));
+    }
+    let check = with_arg_bytes(&argv[2..], |a| args::check(algo, a, command))?;
+    let now = clock::now();
+    let key = Key::open(ctx, argv[1], true);
+    let stored = key.state()?;
+    let (decision, update) = check.spec.check(stored.as_deref(), now, check.req).map_err(mismatch_error)?;
+    if let (Some(u), false) = (&update, check.dryrun) {
+        store(&key, u, decision.reset_after)?;
+    }
+    let limited = decision.limited(&check.req);
+    metrics::record(algo, decision.allowed, limited);
+    if limited {
+        metrics::notify_limited(ctx, argv[1]);
+    }
+    reply::decision(ctx, &decision, algo == Algorithm::Leaky);
+    Ok(())
+}
+
+macro_rules! limiter_command {
+    ($fn_name:ident, $algo:expr, $command:literal) => {
+        pub fn $fn_name(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
+            limiter(ctx, argv, $algo, $command)
+        }
+    };
+}
+
+limiter_command!(gcra_command, Algorithm::Gcra, "RL.GCRA");
+limiter_command!(token_bucket_command, Algorithm::TokenBucket, "RL.TOKENBUCKET");
+limiter_command!(sliding_command, Algorithm::Sliding, "RL.SLIDING");
+limiter_command!(sliding_log_command, Algorithm::SlidingLog, "RL.SLIDINGLOG");
+limiter_command!(fixed_command, Algorithm::Fixed, "RL.FIXED");
+limiter_command!(leaky_command, Algorithm::Leaky, "RL.LEAKY");
+
+/// redis-cell's seconds: whole seconds, plus one when at least a full millisecond is left.
+fn cell_seconds(ns: Option<Nanos>) -> i64 {
+    match ns {
+        None => -1,
+        Some(ns) => ns / NANOS_PER_SEC + ((ns % NANOS_PER_SEC) / NANOS_PER_MILLI >= 1) as i64,
+    }
+}
+
+/// CL.THROTTLE key max_burst count_per_period period [quantity]: redis-cell's command and
+/// reply, on this module's exact GCRA. A key redis-cell left (a string holding the arrival
+/// time in ns) is read and taken over on the first admitted call.
+pub fn cl_throttle(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
+    if argv.len() < 5 {
+        return Err(wrong_arity("cl.throttle"));
+    }
+    let (rate, quantity) = with_arg_bytes(&argv[2..], args::cl_throttle)?;
+    let now = clock::now();
+    let key = Key::open(ctx, argv[1], true);
+    let imported;
+    let stored = match key.held() {
+        Held::Missing => None,
+        Held::Ours(s) => Some(&*s),
+        Held::String => {
+            let tat_ns = key.string().and_then(|b| std::str::from_utf8(b).ok()?.parse::<i64>().ok());
+            let tat_ns = tat_ns.ok_or_else(|| format!("{WRONGTYPE} (not a redis-cell arrival time)"))?;
+            imported = State::Gcra(gcra::State { rate, tat: tat_ns as i128 * rate.limit as i128 });
+            Some(&imported)
+        }
+        Held::Other => return Err(WRONGTYPE.to_string()),
+    };
+    let req = Request::new(quantity);
+    let (d, update) = Spec::Gcra(rate).check(stored, now, req).map_err(mismatch_error)?;
+    if let Some(u) = &update {
+        store(&key, u, d.reset_after)?;
+    }
+    let limited = d.limited(&req);
+    metrics::record(Algorithm::Gcra, d.allowed, limited);
+    if limited {
+        metrics::notify_limited(ctx, argv[1]);
+    }
+    reply::array(ctx, 5);
+    for v in [limited as i64, d.limit as i64, d.remaining as i64, cell_seconds(d.retry_after), cell_seconds(Some(d.reset_after))] {
+        reply::integer(ctx, v);
+    }
+    Ok(())
+}
+
+/// RL.INFO key: algorithm, parameters, state and TTL; nil for a missing key.
+pub fn info(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
+    if argv.len() != 2 {
+        return Err(wrong_arity("rl.info"));
+    }
+    let key = Key::open(ctx, argv[1], false);
+    let Some(state) = key.state()? else {
+        reply::null(ctx);
+        return Ok(());
+    };
+    let now = clock::now();
+    let us = |ns: i128| Field::Int((ns / 1_000).clamp(i64::MIN as i128, i64::MAX as i128) as i64);
+    let int = |v: u64| Field::Int(v.min(i64::MAX as u64) as i64);
+    let mut f: Vec<(&str, Field)> = vec![("algorithm", Field::Text(state.algorithm().name()))];
+    match state {
+        State::Gcra(s) | State::Leaky(crate::core::leaky::State(s)) => {
+            let tokens = s.tokens_scaled(now).max(0) / s.rate.period as i128;
+            f.extend([
+                ("limit", int(s.rate.limit)),
+                ("period_us", us(s.rate.period as i128)),
+                ("burst", int(s.rate.burst)),
+                ("tat_us", us(s.tat_nanos())),
+                ("available", int(tokens as u64)),
+            ]);
+        }
+        State::TokenBucket(s) => {
+            let tokens = s.tokens_scaled(now).max(0) / s.rate.period as i128;
+            f.extend([
+                ("limit", int(s.rate.limit)),
+                ("period_us", us(s.rate.period as i128)),
+                ("burst", int(s.rate.burst)),
+                ("tokens", int((s.tokens.max(0) / s.rate.period as i128) as u64)),
+                ("last_us", us(s.last as i128)),
+                ("available", int(tokens as u64)),
+            ]);
+        }
+        State::Sliding(s) => f.extend([
+            ("limit", int(s.win.limit)),
+            ("window_us", us(s.win.window as i128)),
+            ("window_start_us", us(s.index as i128 * s.win.window as i128)),
+            ("previous", int(s.prev)),
+            ("current", int(s.curr)),
+            ("estimate", int(s.estimate(now))),
+        ]),
+        State::Fixed(s) => f.extend([
+            ("limit", int(s.win.limit)),
+            ("window_us", us(s.win.window as i128)),
+            ("window_start_us", us(s.index as i128 * s.win.window as i128)),
+            ("count", int(s.count)),
+        ]),
+        State::SlidingLog(s) => f.extend([
+            ("limit", int(s.win.limit)),
+            ("window_us", us(s.win.window as i128)),
+            ("entries", int(s.log.entries.len() as u64)),
+            ("units", int(s.log.total)),
+            ("in_window", int(s.in_window(now))),
+            ("oldest_us", Field::Int(s.log.oldest().unwrap_or(-1))),
+            ("newest_us", Field::Int(s.log.newest().unwrap_or(-1))),
+        ]),
+    }
+    f.push(("ttl_ms", Field::Int(key.ttl_ms())));
+    reply::fields(ctx, &f);
+    Ok(())
+}
+
+/// RL.RESET key: deletes a ratelimit key.
+pub fn reset(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
+    if argv.len() != 2 {
+        return Err(wrong_arity("rl.reset"));
+    }
+    let key = Key::open(ctx, argv[1], true);
+    let deleted = key.state()?.is_some();
+    if deleted {
+        key.delete();
+        unsafe { raw::RedisModule_Replicate.unwrap()(ctx, c"DEL".as_ptr(), c"s".as_ptr(), argv[1]) };
+    }
+    reply::integer(ctx, deleted as i64);
+    Ok(())
+}
+
+/// RL.SETSTATE key payload [PXAT ms]: internal. Stores a state (or applies a sliding-log
+/// change) exactly as the primary computed it; this is what replicas and the AOF receive.
+/// The payload is validated: a forged one is an error, never a crash.
+pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
+    if argv.len() != 3 && argv.len() != 5 {
+        return Err(wrong_arity("rl.setstate"));
+    }
+    let payload = bytes(argv[2]);
+    let update = Update::decode(payload).map_err(|e| format!("ERR invalid state payload: {e}"))?;
+    let expire_at = match argv.get(3) {
+        None => None,
+        Some(&t) if bytes(t).eq_ignore_ascii_case(b"PXAT") => Some(args::integer(bytes(argv[4]), "PXAT")?),
+        Some(&t) => return Err(format!("ERR unknown option '{}'", args::shown(bytes(t)))),
+    };
+    if let Update::Log(c) = &update {
+        if c.units > c.win.limit {
+            return Err("ERR invalid state payload: more units than the limit".into());
+        }
+    }
+    let key = Key::open(ctx, argv[1], true);
+    let stored = match key.held() {
+        Held::Ours(s) => Some(s),
+        Held::Missing => None,
+        // A replacing state takes over any key (as RESTORE REPLACE does): this is how a
+        // redis-cell string becomes native on replicas.
+        _ if matches!(update, Update::Replace(_)) => None,
+        _ => return Err(WRONGTYPE.to_string()),
+    };
+    if let Some(new) = update.apply(stored).map_err(|e| format!("WRONGTYPE {e}"))? {
+        key.set(new)?;
+    }
+    if let Some(at) = expire_at {
+        key.expire_at(at);
+    }
+    unsafe {
+        match expire_at {
+            Some(at) => raw::RedisModule_Replicate.unwrap()(
+                ctx,
+                SETSTATE.as_ptr(),
+                c"sbcl".as_ptr(),
+                argv[1],
+                payload.as_ptr() as *const c_char,
+                payload.len(),
+                c"PXAT".as_ptr(),
+                at as std::os::raw::c_longlong,
+            ),
+            None => raw::RedisModule_Replicate.unwrap()(
+                ctx,
+                SETSTATE.as_ptr(),
+                c"sb".as_ptr(),
+                argv[1],
+                payload.as_ptr() as *const c_char,
+                payload.len(),
+            ),
+        };
+    }
+    reply::simple(ctx, c"OK");
+    Ok(())
+}
+
+/// RL.DEBUG CLOCK SET <unix_us> | ADVANCE <us> | REAL | GET — only with DEBUG_CLOCK.
+pub fn debug(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
+    if !clock::debug_enabled() {
+        return Err("ERR RL.DEBUG is disabled: load the module with the argument DEBUG_CLOCK".into());
+    }
+    with_arg_bytes(&argv[1..], |a| {
+        let upper: Vec<Vec<u8>> = a.iter().take(2).map(|w| w.to_ascii_uppercase()).collect();
+        let words: Vec<&[u8]> = upper.iter().map(|w| w.as_slice()).collect();
+        match (words.as_slice(), a.len()) {
+            ([b"CLOCK", b"SET"], 3) => clock::set(args::integer(a[2], "unix_us")?)?,
+            ([b"CLOCK", b"ADVANCE"], 3) => clock::advance(args::integer(a[2], "us")?)?,
+            ([b"CLOCK", b"REAL"], 2) => clock::follow_real(),
+            ([b"CLOCK", b"GET"], 2) => {
+                reply::integer(ctx, clock::now_us());
+                return Ok(());
+            }
+            _ => return Err("ERR usage: RL.DEBUG CLOCK SET <unix_us> | ADVANCE <us> | REAL | GET".into()),
+        }
+        reply::simple(ctx, c"OK");
+        Ok(())
+    })
+}

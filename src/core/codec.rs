@@ -1,0 +1,300 @@
+//! The stored state of a key, whatever its algorithm, and its one binary encoding. The same
+//! bytes go into the RDB file, DUMP payloads, the AOF and the replication stream, so a replica,
+//! a reload and an AOF replay hold byte-identical state. Decoding validates everything: the
+//! bytes may come from a user calling RL.SETSTATE.
+
+use super::spec::Update;
+use super::{fixed, gcra, leaky, sliding, sliding_log, token_bucket, Nanos, Rate, Window};
+
+/// Version of the encoding, stored in every payload (and given to Redis as the type's
+/// encoding version).
+pub const ENCODING_VERSION: u8 = 1;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algorithm {
+    Gcra,
+    TokenBucket,
+    Sliding,
+    Fixed,
+    SlidingLog,
+    Leaky,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::Sliding,
+        Algorithm::Fixed,
+        Algorithm::SlidingLog,
+        Algorithm::Leaky,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Gcra => "gcra",
+            Algorithm::TokenBucket => "tokenbucket",
+            Algorithm::Sliding => "sliding",
+            Algorithm::Fixed => "fixed",
+            Algorithm::SlidingLog => "slidinglog",
+            Algorithm::Leaky => "leaky",
+        }
+    }
+
+    fn tag(self) -> u8 {
+        self as u8 + 1
+    }
+
+    fn from_tag(t: u8) -> Option<Algorithm> {
+        Algorithm::ALL.get((t as usize).checked_sub(1)?).copied()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    Gcra(gcra::State),
+    TokenBucket(token_bucket::State),
+    Sliding(sliding::State),
+    Fixed(fixed::State),
+    SlidingLog(sliding_log::State),
+    Leaky(leaky::State),
+}
+
+/// Bound on stored scaled instants and balances (|x| ≤ 2^110): far beyond any reachable value,
+/// far below i128 overflow in the arithmetic that follows.
+const SCALED_BOUND: i128 = 1 << 110;
+
+impl State {
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            State::Gcra(_) => Algorithm::Gcra,
+            State::TokenBucket(_) => Algorithm::TokenBucket,
+            State::Sliding(_) => Algorithm::Sliding,
+            State::Fixed(_) => Algorithm::Fixed,
+            State::SlidingLog(_) => Algorithm::SlidingLog,
+            State::Leaky(_) => Algorithm::Leaky,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Appends the encoding to `out` (the hot path reuses one buffer).
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let out = &mut *out;
+        out.push(ENCODING_VERSION);
+        out.push(self.algorithm().tag());
+        match self {
+            State::Gcra(s) | State::Leaky(leaky::State(s)) => {
+                put_rate(out, &s.rate);
+                out.extend_from_slice(&s.tat.to_le_bytes());
+            }
+            State::TokenBucket(s) => {
+                put_rate(out, &s.rate);
+                out.extend_from_slice(&s.tokens.to_le_bytes());
+                out.extend_from_slice(&s.last.to_le_bytes());
+            }
+            State::Sliding(s) => {
+                put_window(out, &s.win);
+                put_u64(out, s.index as u64);
+                put_u64(out, s.prev);
+                put_u64(out, s.curr);
+            }
+            State::Fixed(s) => {
+                put_window(out, &s.win);
+                put_u64(out, s.index as u64);
+                put_u64(out, s.count);
+            }
+            State::SlidingLog(s) => {
+                put_window(out, &s.win);
+                put_u64(out, s.log.entries.len() as u64);
+                s.log.entries.iter().for_each(|&e| put_u64(out, e));
+                put_u64(out, s.log.big.len() as u64);
+                s.log.big.iter().for_each(|&c| put_u64(out, c));
+            }
+        }
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<State, &'static str> {
+        let mut r = Reader(bytes);
+        if r.u8()? != ENCODING_VERSION {
+            return Err("unknown encoding version");
+        }
+        let algo = Algorithm::from_tag(r.u8()?).ok_or("unknown algorithm")?;
+        let state = match algo {
+            Algorithm::Gcra | Algorithm::Leaky => {
+                let s = gcra::State { rate: r.rate()?, tat: r.scaled()? };
+                if algo == Algorithm::Gcra { State::Gcra(s) } else { State::Leaky(leaky::State(s)) }
+            }
+            Algorithm::TokenBucket => {
+                let rate = r.rate()?;
+                let tokens = r.scaled()?;
+                if tokens > rate.capacity_scaled() {
+                    return Err("tokens above capacity");
+                }
+                State::TokenBucket(token_bucket::State { rate, tokens, last: r.i64()? })
+            }
+            Algorithm::Sliding => State::Sliding(sliding::State {
+                win: r.window()?,
+                index: r.i64()?,
+                prev: r.units()?,
+                curr: r.units()?,
+            }),
+            Algorithm::Fixed => State::Fixed(fixed::State { win: r.window()?, index: r.i64()?, count: r.units()? }),
+            Algorithm::SlidingLog => State::SlidingLog(decode_log(&mut r)?),
+        };
+        if !r.0.is_empty() {
+            return Err("trailing bytes");
+        }
+        Ok(state)
+    }
+}
+
+/// Tag of an update payload that carries a sliding-log commit rather than a whole state.
+const LOG_COMMIT_TAG: u8 = 0x81;
+
+impl Update {
+    /// The replication payload of an update: a whole state, or a sliding-log commit.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        match self {
+            Update::Replace(s) => s.encode_into(out),
+            Update::Log(c) => {
+                out.push(ENCODING_VERSION);
+                out.push(LOG_COMMIT_TAG);
+                put_window(out, &c.win);
+                put_u64(out, c.cutoff as u64);
+                put_u64(out, c.ts as u64);
+                put_u64(out, c.units);
+            }
+        }
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Update, &'static str> {
+        if bytes.get(1) != Some(&LOG_COMMIT_TAG) {
+            return State::decode(bytes).map(Update::Replace);
+        }
+        let mut r = Reader(bytes);
+        if r.u8()? != ENCODING_VERSION {
+            return Err("unknown encoding version");
+        }
+        r.u8()?;
+        let win = r.window()?;
+        let (cutoff, ts) = (r.i64()?, r.i64()?);
+        let units = r.units()?;
+        if !(0..=sliding_log::MAX_TS).contains(&ts) || units == 0 || !r.0.is_empty() {
+            return Err("invalid log commit");
+        }
+        Ok(Update::Log(sliding_log::Commit { win, cutoff, ts, units }))
+    }
+}
+
+fn decode_log(r: &mut Reader) -> Result<sliding_log::State, &'static str> {
+    let mut s = sliding_log::State::new(r.window()?);
+    let n = r.len()?;
+    let mut last_ts = 0;
+    let mut bigs = 0usize;
+    s.log.entries.reserve_exact(n);
+    for _ in 0..n {
+        let e = r.u64()?;
+        let (ts, count) = (sliding_log::ts_of(e), e >> 53);
+        if ts < last_ts || count == 0 {
+            return Err("log entries out of order");
+        }
+        last_ts = ts;
+        bigs += (count == sliding_log::BIG) as usize;
+        s.log.entries.push_back(e);
+    }
+    if r.len()? != bigs {
+        return Err("log counts do not match");
+    }
+    for _ in 0..bigs {
+        let c = r.units()?;
+        if c == 0 {
+            return Err("log count is zero");
+        }
+        s.log.big.push_back(c);
+    }
+    let mut total = 0u64;
+    for (_, c) in s.log.iter() {
+        total = total.checked_add(c).filter(|t| *t <= super::MAX_COUNT * 2).ok_or("log total too large")?;
+    }
+    s.log.total = total;
+    Ok(s)
+}
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_rate(out: &mut Vec<u8>, r: &Rate) {
+    put_u64(out, r.limit);
+    put_u64(out, r.period as u64);
+    put_u64(out, r.burst);
+}
+
+fn put_window(out: &mut Vec<u8>, w: &Window) {
+    put_u64(out, w.limit);
+    put_u64(out, w.window as u64);
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], &'static str> {
+        if self.0.len() < N {
+            return Err("truncated payload");
+        }
+        let (head, rest) = self.0.split_at(N);
+        self.0 = rest;
+        Ok(head.try_into().expect("split at N"))
+    }
+    fn u8(&mut self) -> Result<u8, &'static str> {
+        Ok(self.take::<1>()?[0])
+    }
+    fn u64(&mut self) -> Result<u64, &'static str> {
+        Ok(u64::from_le_bytes(self.take()?))
+    }
+    fn i64(&mut self) -> Result<i64, &'static str> {
+        Ok(i64::from_le_bytes(self.take()?))
+    }
+    fn units(&mut self) -> Result<u64, &'static str> {
+        let v = self.u64()?;
+        if v > super::MAX_COUNT * 2 {
+            return Err("count too large");
+        }
+        Ok(v)
+    }
+    /// A length no larger than the bytes left could hold (so a forged length cannot make us
+    /// reserve gigabytes).
+    fn len(&mut self) -> Result<usize, &'static str> {
+        let n = self.u64()?;
+        if n > (self.0.len() / 8) as u64 {
+            return Err("length exceeds payload");
+        }
+        Ok(n as usize)
+    }
+    fn scaled(&mut self) -> Result<i128, &'static str> {
+        let v = i128::from_le_bytes(self.take()?);
+        if !(-SCALED_BOUND..=SCALED_BOUND).contains(&v) {
+            return Err("stored value out of range");
+        }
+        Ok(v)
+    }
+    fn period(&mut self) -> Result<Nanos, &'static str> {
+        let p = self.i64()?;
+        super::check_period(p)?;
+        Ok(p)
+    }
+    fn rate(&mut self) -> Result<Rate, &'static str> {
+        let limit = self.u64()?;
+        let period = self.period()?;
+        Rate::new(limit, period, self.u64()?)
+    }
+    fn window(&mut self) -> Result<Window, &'static str> {
+        let limit = self.u64()?;
+        Window::new(limit, self.period()?)
+    }
+}

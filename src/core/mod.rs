@@ -1,0 +1,203 @@
+//! The pure core: every algorithm is a function of (stored state, parameters, now, request).
+//! No Redis types, no clock reads, no floating point. Time is integer nanoseconds since the
+//! Unix epoch; rates are kept exact by scaling time by the limit where a division would
+//! otherwise round (see `gcra`).
+
+pub mod codec;
+pub mod fixed;
+pub mod gcra;
+pub mod leaky;
+pub mod sliding;
+pub mod sliding_log;
+pub mod spec;
+pub mod token_bucket;
+
+/// Nanoseconds (an instant since the Unix epoch, or a duration).
+pub type Nanos = i64;
+
+pub const NANOS_PER_MICRO: Nanos = 1_000;
+pub const NANOS_PER_MILLI: Nanos = 1_000_000;
+pub const NANOS_PER_SEC: Nanos = 1_000_000_000;
+
+/// Largest limit, burst or cost accepted: large enough for any real quota, small enough that
+/// every scaled product (now × limit, burst × period) fits an i128 with room to spare.
+pub const MAX_COUNT: u64 = 1_000_000_000_000_000;
+/// Longest period or window: 100 Julian years.
+pub const MAX_PERIOD: Nanos = 36_525 * 86_400 * NANOS_PER_SEC;
+/// Longest time a bucket may take to refill from empty (burst × period / limit): 200 years.
+/// Keeps every TTL and retry time a sane i64 of milliseconds.
+pub const MAX_HORIZON: Nanos = 2 * MAX_PERIOD;
+
+/// One check: how many units the caller asks for, and whether a partial grant is acceptable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Units asked for; 0 peeks.
+    pub cost: u64,
+    /// Grant as many units as are available now, up to `cost`.
+    pub partial: bool,
+}
+
+impl Request {
+    pub const fn new(cost: u64) -> Self {
+        Request { cost, partial: false }
+    }
+
+    /// How many units are granted when `available` are free now.
+    pub(crate) fn grant(&self, available: u64) -> u64 {
+        if self.partial {
+            self.cost.min(available)
+        } else if self.cost <= available {
+            self.cost
+        } else {
+            0
+        }
+    }
+
+    /// The units a limited request waits for: all of them, or one when partial grants are fine.
+    pub(crate) fn needed(&self) -> u64 {
+        if self.partial {
+            1.min(self.cost)
+        } else {
+            self.cost
+        }
+    }
+}
+
+/// The answer to one check, in nanoseconds; the module converts to milliseconds, rounding up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Units admitted (0 when limited or peeking).
+    pub allowed: u64,
+    /// The capacity: BURST for buckets, the limit for windows.
+    pub limit: u64,
+    /// Units that would still be admitted right after this call.
+    pub remaining: u64,
+    /// When limited: time until the same request would be admitted; `None` when admitted
+    /// or when it never can be (its cost exceeds the capacity).
+    pub retry_after: Option<Nanos>,
+    /// Time until the limiter is back to the state of a missing key.
+    pub reset_after: Nanos,
+    /// RL.LEAKY only: how long an admitted request waits before it leaves the queue.
+    pub delay: Option<Nanos>,
+}
+
+impl Decision {
+    /// True when the request asked for units and got none.
+    pub fn limited(&self, req: &Request) -> bool {
+        req.cost > 0 && self.allowed == 0
+    }
+}
+
+/// Sustained rate `limit` per `period` with a capacity of `burst` units (GCRA, token bucket,
+/// leaky bucket).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Rate {
+    pub limit: u64,
+    pub period: Nanos,
+    pub burst: u64,
+}
+
+impl Rate {
+    /// Validates a rate; the message names the offending argument.
+    pub fn new(limit: u64, period: Nanos, burst: u64) -> Result<Rate, &'static str> {
+        check_count(limit, "limit")?;
+        check_count(burst, "BURST")?;
+        check_period(period)?;
+        let r = Rate { limit, period, burst };
+        if r.capacity_scaled() / limit as i128 > MAX_HORIZON as i128 {
+            return Err("BURST too large for this rate: refilling it would take more than 200 years");
+        }
+        Ok(r)
+    }
+
+    /// Capacity in scaled time units (ns × limit): burst × period.
+    pub(crate) fn capacity_scaled(&self) -> i128 {
+        self.burst as i128 * self.period as i128
+    }
+}
+
+/// `limit` units per `window` (sliding counter, fixed window, sliding log).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Window {
+    pub limit: u64,
+    pub window: Nanos,
+}
+
+impl Window {
+    pub fn new(limit: u64, window: Nanos) -> Result<Window, &'static str> {
+        check_count(limit, "limit")?;
+        check_period(window)?;
+        Ok(Window { limit, window })
+    }
+}
+
+pub(crate) fn check_count(n: u64, _name: &str) -> Result<(), &'static str> {
+    if n == 0 || n > MAX_COUNT {
+        // The caller's parser names the argument; this is the core's own guard.
+        return Err("count out of range");
+    }
+    Ok(())
+}
+
+pub(crate) fn check_period(p: Nanos) -> Result<(), &'static str> {
+    if p <= 0 || p > MAX_PERIOD {
+        return Err("period out of range");
+    }
+    Ok(())
+}
+
+/// Ceiling division for non-negative numerators and positive divisors.
+#[inline]
+pub fn div_ceil_i128(n: i128, d: i128) -> i128 {
+    debug_assert!(d > 0);
+    if n <= 0 {
+        -((-n) / d)
+    } else {
+        (n + d - 1) / d
+    }
+}
+
+/// Floor division (towards −∞).
+#[inline]
+pub fn div_floor_i128(n: i128, d: i128) -> i128 {
+    n.div_euclid(d)
+}
+
+/// Narrows a non-negative i128 duration to Nanos, saturating (validated parameters keep every
+/// real value far below the bound).
+#[inline]
+pub(crate) fn to_nanos(x: i128) -> Nanos {
+    x.clamp(0, Nanos::MAX as i128) as Nanos
+}
+
+/// Narrows an i128 count to u64, clamped to [0, max].
+#[inline]
+pub(crate) fn clamp_units(x: i128, max: u64) -> u64 {
+    x.clamp(0, max as i128) as u64
+}
+
+/// Milliseconds, rounded up: a client told to retry after this many ms is never early.
+#[inline]
+pub fn ceil_ms(ns: Nanos) -> i64 {
+    if ns <= 0 {
+        0
+    } else {
+        (ns - 1) / NANOS_PER_MILLI + 1
+    }
+}
+
+/// Converts a token balance kept in units of 1/period (scaled time) from one rate to another,
+/// rounding down so a change of parameters never hands out a fraction of a token, and capping
+/// at the new capacity.
+pub(crate) fn rescale_tokens(tokens: i128, from: &Rate, to: &Rate) -> i128 {
+    let (pf, pt) = (from.period as i128, to.period as i128);
+    let rescaled = if pf == pt {
+        tokens
+    } else {
+        // Whole tokens and the fraction separately, so nothing overflows.
+        let whole = div_floor_i128(tokens, pf);
+        let frac = tokens - whole * pf;
+        whole * pt + div_floor_i128(frac * pt, pf)
+    };
+    rescaled.min(to.capacity_scaled())
+}

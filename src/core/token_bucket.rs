@@ -1,0 +1,65 @@
+//! Token bucket: a token count and the time it was counted, refilled lazily.
+//!
+//! Tokens are kept in units of 1/period so that the refill of `limit` tokens per `period` is
+//! exactly `limit` units per nanosecond: no division, no rounding, no float. It implements the
+//! same admission model as GCRA and answers identically (a property test checks it).
+
+use super::{clamp_units, div_ceil_i128, div_floor_i128, rescale_tokens, to_nanos, Decision, Nanos, Rate, Request};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct State {
+    pub rate: Rate,
+    /// Tokens × period at `last`.
+    pub tokens: i128,
+    /// When `tokens` was counted.
+    pub last: Nanos,
+}
+
+impl State {
+    /// The balance at `now`, refilled up to the capacity (negative elapsed time drains it, so
+    /// a clock stepping backwards never creates tokens).
+    pub fn tokens_scaled(&self, now: Nanos) -> i128 {
+        let refill = (now as i128 - self.last as i128) * self.rate.limit as i128;
+        (self.tokens + refill).min(self.rate.capacity_scaled())
+    }
+}
+
+pub fn check(state: Option<&State>, rate: &Rate, now: Nanos, req: Request) -> (Decision, Option<State>) {
+    let l = rate.limit as i128;
+    let p = rate.period as i128;
+    let cap = rate.capacity_scaled();
+    let tokens = match state {
+        None => cap,
+        Some(s) if s.rate == *rate => s.tokens_scaled(now),
+        Some(s) => rescale_tokens(s.tokens_scaled(now), &s.rate, rate),
+    };
+    let available = clamp_units(div_floor_i128(tokens, p), rate.burst);
+    let granted = req.grant(available);
+    if granted > 0 {
+        let left = tokens - granted as i128 * p;
+        let decision = Decision {
+            allowed: granted,
+            limit: rate.burst,
+            remaining: clamp_units(div_floor_i128(left, p), rate.burst),
+            retry_after: None,
+            reset_after: to_nanos(div_ceil_i128(cap - left, l)),
+            delay: None,
+        };
+        return (decision, Some(State { rate: *rate, tokens: left, last: now }));
+    }
+    let need = req.needed() as i128 * p;
+    let retry_after = if req.cost == 0 || need > cap {
+        None
+    } else {
+        Some(to_nanos(div_ceil_i128(need - tokens, l)))
+    };
+    let decision = Decision {
+        allowed: 0,
+        limit: rate.burst,
+        remaining: available,
+        retry_after,
+        reset_after: to_nanos(div_ceil_i128(cap - tokens, l)),
+        delay: None,
+    };
+    (decision, None)
+}

@@ -1,0 +1,90 @@
+//! redis-ratelimit: native rate-limit commands for Redis. Registration only; see `commands`
+//! for the commands, `core` for the algorithms, `state` for the native type.
+
+pub mod alloc;
+pub mod args;
+pub mod clock;
+pub mod commands;
+pub mod core;
+pub mod metrics;
+pub mod reply;
+pub mod state;
+
+use std::ffi::CStr;
+use std::os::raw::c_int;
+
+use redis_module::{raw, redis_module, Context, RedisString, Status};
+
+use commands::Args;
+use state::RL_TYPE;
+
+type Body = fn(*mut raw::RedisModuleCtx, Args) -> commands::CommandResult;
+
+macro_rules! register {
+    ($ctx:expr, $name:literal, $body:path, $flags:literal, $first:expr, $last:expr, $step:expr) => {{
+        extern "C" fn run(ctx: *mut raw::RedisModuleCtx, argv: *mut *mut raw::RedisModuleString, argc: c_int) -> c_int {
+            commands::dispatch(ctx, argv, argc, $name, $body as Body)
+        }
+        create_command($ctx, CStr::from_bytes_with_nul(concat!($name, "\0").as_bytes()).unwrap(), run, $flags, $first, $last, $step)?;
+    }};
+}
+
+fn create_command(
+    ctx: *mut raw::RedisModuleCtx,
+    name: &CStr,
+    run: extern "C" fn(*mut raw::RedisModuleCtx, *mut *mut raw::RedisModuleString, c_int) -> c_int,
+    flags: &CStr,
+    first: c_int,
+    last: c_int,
+    step: c_int,
+) -> Result<(), String> {
+    let status = unsafe { raw::RedisModule_CreateCommand.unwrap()(ctx, name.as_ptr(), Some(run), flags.as_ptr(), first, last, step) };
+    if status != raw::REDISMODULE_OK as c_int {
+        return Err(format!("failed to register {}", name.to_string_lossy()));
+    }
+    Ok(())
+}
+
+fn register_commands(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
+    register!(ctx, "RL.GCRA", commands::gcra_command, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "RL.TOKENBUCKET", commands::token_bucket_command, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "RL.SLIDING", commands::sliding_command, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "RL.SLIDINGLOG", commands::sliding_log_command, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "RL.FIXED", commands::fixed_command, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "RL.LEAKY", commands::leaky_command, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "CL.THROTTLE", commands::cl_throttle, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "RL.INFO", commands::info, c"readonly fast", 1, 1, 1);
+    register!(ctx, "RL.RESET", commands::reset, c"write fast", 1, 1, 1);
+    register!(ctx, "RL.SETSTATE", commands::set_state, c"write deny-oom", 1, 1, 1);
+    register!(ctx, "RL.DEBUG", commands::debug, c"fast", 0, 0, 0);
+    Ok(())
+}
+
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
+    for arg in args {
+        match arg.to_string_lossy().to_ascii_uppercase().as_str() {
+            "DEBUG_CLOCK" => {
+                clock::enable_debug();
+                ctx.log_warning("ratelimit: DEBUG_CLOCK is on: RL.DEBUG can set the module's clock (tests only)");
+            }
+            other => {
+                ctx.log_warning(&format!("ratelimit: unknown module argument '{other}' (expected DEBUG_CLOCK)"));
+                return Status::Err;
+            }
+        }
+    }
+    if let Err(e) = register_commands(ctx.ctx) {
+        ctx.log_warning(&format!("ratelimit: {e}"));
+        return Status::Err;
+    }
+    unsafe { raw::RedisModule_RegisterInfoFunc.unwrap()(ctx.ctx, Some(metrics::info)) };
+    Status::Ok
+}
+
+redis_module! {
+    name: "ratelimit",
+    version: 1,
+    allocator: (alloc::ModuleAlloc, alloc::ModuleAlloc),
+    data_types: [RL_TYPE],
+    init: init,
+}

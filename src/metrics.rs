@@ -1,0 +1,59 @@
+//! Counters for `INFO ratelimit` and the `rl.limited` keyspace event.
+//!
+//! Redis 7.0 gives modules no hook into CONFIG RESETSTAT, so the counters run from module load
+//! (documented in docs/commands.md).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleInfoCtx, RedisModuleString};
+
+use crate::core::codec::Algorithm;
+
+struct Counters {
+    checks: AtomicU64,
+    admitted_units: AtomicU64,
+    limited: AtomicU64,
+}
+
+const ZERO: Counters = Counters { checks: AtomicU64::new(0), admitted_units: AtomicU64::new(0), limited: AtomicU64::new(0) };
+static COUNTERS: [Counters; 6] = [ZERO, ZERO, ZERO, ZERO, ZERO, ZERO];
+
+fn slot(a: Algorithm) -> &'static Counters {
+    &COUNTERS[Algorithm::ALL.iter().position(|x| *x == a).unwrap_or(0)]
+}
+
+pub fn record(algo: Algorithm, admitted: u64, limited: bool) {
+    let c = slot(algo);
+    c.checks.fetch_add(1, Relaxed);
+    c.admitted_units.fetch_add(admitted, Relaxed);
+    if limited {
+        c.limited.fetch_add(1, Relaxed);
+    }
+}
+
+/// Publishes `rl.limited` on the key (module event class): operators can watch what would be
+/// blocked without touching the application. Costs a flag test when notifications are off.
+pub fn notify_limited(ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) {
+    unsafe {
+        raw::RedisModule_NotifyKeyspaceEvent.unwrap()(ctx, raw::REDISMODULE_NOTIFY_MODULE as i32, c"rl.limited".as_ptr(), key);
+    }
+}
+
+/// The `ratelimit` section of INFO.
+pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: i32) {
+    let _ = std::panic::catch_unwind(|| unsafe {
+        raw::RedisModule_InfoAddSection.unwrap()(ctx, c"".as_ptr());
+        let version = concat!(env!("CARGO_PKG_VERSION"), "\0");
+        raw::RedisModule_InfoAddFieldCString.unwrap()(ctx, c"version".as_ptr(), version.as_ptr() as *mut _);
+        for a in Algorithm::ALL {
+            let c = slot(a);
+            let field = |suffix: &str, v: u64| {
+                let name = format!("{}_{}\0", a.name(), suffix);
+                raw::RedisModule_InfoAddFieldULongLong.unwrap()(ctx, name.as_ptr() as *mut _, v);
+            };
+            field("checks", c.checks.load(Relaxed));
+            field("admitted_units", c.admitted_units.load(Relaxed));
+            field("limited", c.limited.load(Relaxed));
+        }
+    });
+}

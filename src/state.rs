@@ -1,0 +1,214 @@
+//! The native data type `ratelimit`, its callbacks, and the key access the commands use.
+//!
+//! A key's value is a boxed `core::codec::State`. Every callback Redis 7.0 may call is
+//! implemented (it calls them without checking for null): RDB save/load, AOF rewrite, free,
+//! memory usage, digest and copy. Each runs behind `catch_unwind`: a panic must never reach
+//! redis-server.
+
+use std::os::raw::{c_char, c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use redis_module::native_types::RedisType;
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
+
+use crate::core::codec::{State, ENCODING_VERSION};
+
+/// The type name identifies the RDB payload for life: never change it.
+pub static RL_TYPE: RedisType = RedisType::new(
+    "ratelimit",
+    ENCODING_VERSION as i32,
+    raw::RedisModuleTypeMethods {
+        version: raw::REDISMODULE_TYPE_METHOD_VERSION as u64,
+        rdb_load: Some(rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: Some(aof_rewrite),
+        mem_usage: Some(mem_usage),
+        digest: Some(digest),
+        free: Some(free),
+        aux_load: None,
+        aux_save: None,
+        aux_save2: None,
+        aux_save_triggers: 0,
+        free_effort: None,
+        unlink: None,
+        copy: Some(copy),
+        defrag: None,
+        copy2: None,
+        free_effort2: None,
+        mem_usage2: None,
+        unlink2: None,
+    },
+);
+
+/// The internal command that carries a state (or a sliding-log change) to replicas, the AOF
+/// and AOF rewrites.
+pub const SETSTATE: &std::ffi::CStr = c"RL.SETSTATE";
+
+fn guarded<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
+}
+
+unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    guarded(std::ptr::null_mut(), || {
+        if encver < 1 || encver > ENCODING_VERSION as c_int {
+            return std::ptr::null_mut();
+        }
+        let mut len = 0usize;
+        let buf = raw::RedisModule_LoadStringBuffer.unwrap()(rdb, &mut len);
+        if buf.is_null() {
+            return std::ptr::null_mut();
+        }
+        let bytes = std::slice::from_raw_parts(buf as *const u8, len);
+        let state = State::decode(bytes);
+        raw::RedisModule_Free.unwrap()(buf as *mut c_void);
+        match state {
+            Ok(s) => Box::into_raw(Box::new(s)) as *mut c_void,
+            Err(_) => std::ptr::null_mut(),
+        }
+    })
+}
+
+unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
+    guarded((), || {
+        let bytes = (*(value as *const State)).encode();
+        raw::RedisModule_SaveStringBuffer.unwrap()(rdb, bytes.as_ptr() as *const c_char, bytes.len());
+    })
+}
+
+unsafe extern "C" fn aof_rewrite(aof: *mut raw::RedisModuleIO, key: *mut RedisModuleString, value: *mut c_void) {
+    guarded((), || {
+        // The TTL is written by Redis itself (PEXPIREAT) after the value.
+        let bytes = (*(value as *const State)).encode();
+        raw::RedisModule_EmitAOF.unwrap()(aof, SETSTATE.as_ptr(), c"sb".as_ptr(), key, bytes.as_ptr() as *const c_char, bytes.len());
+    })
+}
+
+unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
+    guarded(0, || std::mem::size_of::<State>() + heap_bytes(&*(value as *const State)))
+}
+
+pub fn heap_bytes(s: &State) -> usize {
+    match s {
+        State::SlidingLog(l) => l.log.heap_bytes(),
+        _ => 0,
+    }
+}
+
+unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
+    guarded((), || {
+        let bytes = (*(value as *const State)).encode();
+        raw::RedisModule_DigestAddStringBuffer.unwrap()(md, bytes.as_ptr() as *const c_char, bytes.len());
+        raw::RedisModule_DigestEndSequence.unwrap()(md);
+    })
+}
+
+unsafe extern "C" fn free(value: *mut c_void) {
+    guarded((), || drop(Box::from_raw(value as *mut State)))
+}
+
+unsafe extern "C" fn copy(_from: *mut RedisModuleString, _to: *mut RedisModuleString, value: *const c_void) -> *mut c_void {
+    guarded(std::ptr::null_mut(), || Box::into_raw(Box::new((*(value as *const State)).clone())) as *mut c_void)
+}
+
+/// What a key holds.
+pub enum Held<'a> {
+    Missing,
+    Ours(&'a mut State),
+    /// A string (redis-cell keeps its state in one).
+    String,
+    Other,
+}
+
+pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+/// An open key, closed on drop.
+pub struct Key {
+    ctx: *mut RedisModuleCtx,
+    key: *mut RedisModuleKey,
+    pub name: *mut RedisModuleString,
+}
+
+impl Key {
+    pub fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, write: bool) -> Key {
+        let mode = if write { raw::REDISMODULE_READ | raw::REDISMODULE_WRITE } else { raw::REDISMODULE_READ };
+        // SAFETY: ctx and name come from the command invocation.
+        let key = unsafe { raw::RedisModule_OpenKey.unwrap()(ctx, name, mode as c_int) } as *mut RedisModuleKey;
+        Key { ctx, key, name }
+    }
+
+    pub fn held(&self) -> Held<'_> {
+        unsafe {
+            match raw::RedisModule_KeyType.unwrap()(self.key) as isize {
+                raw::REDISMODULE_KEYTYPE_EMPTY => Held::Missing,
+                raw::REDISMODULE_KEYTYPE_STRING => Held::String,
+                raw::REDISMODULE_KEYTYPE_MODULE
+                    if raw::RedisModule_ModuleTypeGetType.unwrap()(self.key) == *RL_TYPE.raw_type.borrow() =>
+                {
+                    let v = raw::RedisModule_ModuleTypeGetValue.unwrap()(self.key) as *mut State;
+                    if v.is_null() {
+                        Held::Other
+                    } else {
+                        Held::Ours(&mut *v)
+                    }
+                }
+                _ => Held::Other,
+            }
+        }
+    }
+
+    /// The ratelimit state, None for a missing key, WRONGTYPE for any other value.
+    pub fn state(&self) -> Result<Option<&mut State>, String> {
+        match self.held() {
+            Held::Missing => Ok(None),
+            Held::Ours(s) => Ok(Some(s)),
+            _ => Err(WRONGTYPE.to_string()),
+        }
+    }
+
+    /// A string value's bytes.
+    pub fn string(&self) -> Option<&[u8]> {
+        let mut len = 0usize;
+        let p = unsafe { raw::RedisModule_StringDMA.unwrap()(self.key, &mut len, raw::REDISMODULE_READ as c_int) };
+        (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts(p as *const u8, len) })
+    }
+
+    /// Stores a new value, replacing whatever the key held.
+    pub fn set(&self, state: State) -> Result<(), String> {
+        let boxed = Box::into_raw(Box::new(state)) as *mut c_void;
+        let status = unsafe { raw::RedisModule_ModuleTypeSetValue.unwrap()(self.key, *RL_TYPE.raw_type.borrow(), boxed) };
+        if status != raw::REDISMODULE_OK as c_int {
+            drop(unsafe { Box::from_raw(boxed as *mut State) });
+            return Err("ERR could not store the value".into());
+        }
+        Ok(())
+    }
+
+    /// Expires the key at `at_ms` (unix ms on the server's clock).
+    pub fn expire_at(&self, at_ms: i64) {
+        unsafe { raw::RedisModule_SetAbsExpire.unwrap()(self.key, at_ms) };
+    }
+
+    /// Remaining TTL in ms, -1 without one.
+    pub fn ttl_ms(&self) -> i64 {
+        unsafe { raw::RedisModule_GetExpire.unwrap()(self.key) }
+    }
+
+    pub fn delete(&self) {
+        unsafe { raw::RedisModule_DeleteKey.unwrap()(self.key) };
+    }
+
+    pub fn ctx(&self) -> *mut RedisModuleCtx {
+        self.ctx
+    }
+}
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        unsafe { raw::RedisModule_CloseKey.unwrap()(self.key) };
+    }
+}
+
+/// The server's wall clock in ms (TTLs are the server's business, whatever the module clock).
+pub fn server_ms() -> i64 {
+    unsafe { raw::RedisModule_Milliseconds.unwrap()() }
+}
