@@ -192,3 +192,68 @@ pub fn integer(arg: &[u8], name: &str) -> ArgResult<i64> {
     let v = digits(body).filter(|&v| v <= i64::MAX as u64).ok_or_else(|| format!("ERR {name} must be an integer"))?;
     Ok(if neg { -(v as i64) } else { v as i64 })
 }
+
+/// The arguments of RL.MULTI after its keys: one limit spec per key
+/// (`ALGO limit period|window [BURST n]`), then `[COST n] [DRYRUN] [PARTIAL]` for the request.
+pub struct Multi {
+    pub specs: Vec<Spec>,
+    pub req: Request,
+    pub dryrun: bool,
+}
+
+fn algorithm_word(word: &[u8]) -> Option<Algorithm> {
+    let upper = word.to_ascii_uppercase();
+    Algorithm::ALL.into_iter().find(|a| a.name().as_bytes().eq_ignore_ascii_case(&upper))
+}
+
+pub fn multi(args: &[&[u8]], numkeys: usize) -> ArgResult<Multi> {
+    let mut specs = Vec::with_capacity(numkeys);
+    let mut globals: Vec<&[u8]> = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        if let Some(algo) = algorithm_word(args[i]) {
+            // The spec runs to the next algorithm name or request option.
+            let start = i + 1;
+            let mut end = start;
+            while end < args.len() {
+                let w = args[end].to_ascii_uppercase();
+                if algorithm_word(&w).is_some() || matches!(w.as_slice(), b"COST" | b"DRYRUN" | b"PARTIAL") {
+                    break;
+                }
+                end += 1;
+            }
+            let part = &args[start..end];
+            if part.len() < 2 {
+                return Err(format!("ERR {} needs a limit and a period", algo.name().to_ascii_uppercase()));
+            }
+            let (spec, o) = spec_and_options(algo, part, "RL.MULTI")?;
+            debug_assert!(o.cost.is_none() && !o.dryrun && !o.partial);
+            specs.push(spec);
+            i = end;
+        } else {
+            let w = args[i].to_ascii_uppercase();
+            match w.as_slice() {
+                b"COST" => {
+                    globals.extend(args.get(i..i + 2).unwrap_or(&args[i..]));
+                    i += 2;
+                }
+                b"DRYRUN" | b"PARTIAL" => {
+                    globals.push(args[i]);
+                    i += 1;
+                }
+                _ if specs.is_empty() => {
+                    return Err(format!(
+                        "ERR expected an algorithm (GCRA, TOKENBUCKET, SLIDING, SLIDINGLOG, FIXED, LEAKY), got '{}'",
+                        shown(args[i])
+                    ))
+                }
+                _ => return Err(format!("ERR unknown option '{}'", shown(args[i]))),
+            }
+        }
+    }
+    if specs.len() != numkeys {
+        return Err(format!("ERR RL.MULTI has {numkeys} keys but {} limits: give one limit per key", specs.len()));
+    }
+    let o = options(&globals, false, "RL.MULTI")?;
+    Ok(Multi { specs, req: Request { cost: o.cost.unwrap_or(1), partial: o.partial }, dryrun: o.dryrun })
+}

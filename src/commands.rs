@@ -9,7 +9,7 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use crate::args::{self, wrong_arity};
 use crate::core::codec::{Algorithm, State};
 use crate::core::spec::{AlgorithmMismatch, Spec, Update};
-use crate::core::{ceil_ms, gcra, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
+use crate::core::{ceil_ms, gcra, Decision, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
 use crate::reply::{self, Field};
 use crate::state::{server_ms, Held, Key, SETSTATE, WRONGTYPE};
 use crate::{clock, metrics};
@@ -358,4 +358,100 @@ pub fn debug(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         reply::simple(ctx, c"OK");
         Ok(())
     })
+}
+
+/// RL.MULTI numkeys key [key ...] ALGO args [ALGO args ...] [COST n] [DRYRUN] [PARTIAL]:
+/// several limits in one atomic call, all or nothing.
+pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
+    if argv.len() < 2 {
+        return Err(wrong_arity("rl.multi"));
+    }
+    let numkeys = match args::non_negative(bytes(argv[1]), "numkeys") {
+        Ok(n) if n >= 1 && (n as usize) <= argv.len() - 2 => n as usize,
+        _ => return Err("ERR numkeys must be a positive integer no larger than the number of keys given".into()),
+    };
+    let keys = &argv[2..2 + numkeys];
+    if unsafe { raw::RedisModule_IsKeysPositionRequest.unwrap()(ctx) } != 0 {
+        (2..2 + numkeys).for_each(|pos| unsafe { raw::RedisModule_KeyAtPos.unwrap()(ctx, pos as c_int) });
+        return Ok(());
+    }
+    for (i, a) in keys.iter().enumerate() {
+        if keys[..i].iter().any(|b| bytes(*a) == bytes(*b)) {
+            return Err("ERR RL.MULTI keys must be distinct".into());
+        }
+    }
+    let m = with_arg_bytes(&argv[2 + numkeys..], |a| args::multi(a, numkeys))?;
+    let now = clock::now();
+    let opened: Vec<Key> = keys.iter().map(|k| Key::open(ctx, *k, true)).collect();
+    let mut states = Vec::with_capacity(numkeys);
+    for key in &opened {
+        states.push(key.state()?.map(|s| &*s));
+    }
+    let decide = |req: Request| -> Result<Vec<_>, String> {
+        m.specs.iter().zip(&states).map(|(spec, st)| spec.check(*st, now, req).map_err(mismatch_error)).collect()
+    };
+    // How many units every limit grants: all of COST, or with PARTIAL the least any grants.
+    let first = decide(m.req)?;
+    let grant = if m.req.partial {
+        first.iter().map(|(d, _)| d.allowed).min().unwrap_or(0)
+    } else if first.iter().all(|(d, _)| d.allowed == m.req.cost) {
+        m.req.cost
+    } else {
+        0
+    };
+    let admitted = grant > 0;
+    let outcome = if admitted && grant != m.req.cost { decide(Request::new(grant))? } else { first };
+    // Refused: nothing is consumed; each limit reports its own view with its state unchanged.
+    let peeks = if admitted || m.req.cost == 0 { None } else { Some(decide(Request::new(0))?) };
+    drop(states);
+    if admitted && !m.dryrun {
+        for (key, (d, u)) in opened.iter().zip(&outcome) {
+            if let Some(u) = u {
+                store(key, u, d.reset_after)?;
+            }
+        }
+    }
+    let limited = m.req.cost > 0 && !admitted;
+    let mut retry: Option<i64> = None;
+    let mut never = false;
+    let mut replies = Vec::with_capacity(numkeys);
+    for (i, (d, _)) in outcome.iter().enumerate() {
+        let mut d = *d;
+        if let Some(p) = &peeks {
+            let refused = d.allowed == 0 || (!m.req.partial && d.allowed < m.req.cost);
+            if refused {
+                match d.retry_after {
+                    Some(r) => retry = Some(retry.map_or(r, |x| x.max(r))),
+                    None => never = true,
+                }
+            }
+            let unchanged = p[i].0;
+            d = Decision { allowed: 0, remaining: unchanged.remaining, reset_after: unchanged.reset_after, delay: None, ..d };
+        }
+        metrics::record(m.specs[i].algorithm(), if admitted { grant } else { 0 }, limited);
+        replies.push(d);
+    }
+    if limited {
+        opened.iter().for_each(|k| metrics::notify_limited(ctx, k.name));
+    }
+    let retry_ms = if never || !limited { -1 } else { reply::ms_or_minus_one(retry) };
+    let allowed = if admitted && m.req.cost > 0 { grant as i64 } else { 0 };
+    let resp3 = reply::resp3(ctx);
+    if resp3 {
+        reply::map(ctx, 3);
+        reply::bulk(ctx, b"allowed");
+        reply::integer(ctx, allowed);
+        reply::bulk(ctx, b"retry_after_ms");
+        reply::integer(ctx, retry_ms);
+        reply::bulk(ctx, b"limits");
+        reply::array(ctx, replies.len());
+    } else {
+        reply::array(ctx, 2 + replies.len());
+        reply::integer(ctx, allowed);
+        reply::integer(ctx, retry_ms);
+    }
+    for (d, spec) in replies.iter().zip(&m.specs) {
+        reply::decision(ctx, d, spec.algorithm() == Algorithm::Leaky);
+    }
+    Ok(())
 }

@@ -53,6 +53,7 @@ fn register_commands(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
     register!(ctx, "RL.FIXED", commands::fixed_command, c"write deny-oom fast", 1, 1, 1);
     register!(ctx, "RL.LEAKY", commands::leaky_command, c"write deny-oom fast", 1, 1, 1);
     register!(ctx, "CL.THROTTLE", commands::cl_throttle, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "RL.MULTI", commands::multi, c"write deny-oom fast getkeys-api", 0, 0, 0);
     register!(ctx, "RL.INFO", commands::info, c"readonly fast", 1, 1, 1);
     register!(ctx, "RL.RESET", commands::reset, c"write fast", 1, 1, 1);
     register!(ctx, "RL.SETSTATE", commands::set_state, c"write deny-oom", 1, 1, 1);
