@@ -4,6 +4,7 @@
 pub mod alloc;
 pub mod args;
 pub mod clock;
+pub mod command_info;
 pub mod commands;
 pub mod core;
 pub mod metrics;
@@ -46,18 +47,18 @@ fn create_command(
 }
 
 fn register_commands(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
-    register!(ctx, "RL.GCRA", commands::gcra_command, c"write deny-oom fast", 1, 1, 1);
-    register!(ctx, "RL.TOKENBUCKET", commands::token_bucket_command, c"write deny-oom fast", 1, 1, 1);
-    register!(ctx, "RL.SLIDING", commands::sliding_command, c"write deny-oom fast", 1, 1, 1);
-    register!(ctx, "RL.SLIDINGLOG", commands::sliding_log_command, c"write deny-oom fast", 1, 1, 1);
-    register!(ctx, "RL.FIXED", commands::fixed_command, c"write deny-oom fast", 1, 1, 1);
-    register!(ctx, "RL.LEAKY", commands::leaky_command, c"write deny-oom fast", 1, 1, 1);
-    register!(ctx, "CL.THROTTLE", commands::cl_throttle, c"write deny-oom fast", 1, 1, 1);
-    register!(ctx, "RL.MULTI", commands::multi, c"write deny-oom fast getkeys-api", 0, 0, 0);
-    register!(ctx, "RL.INFO", commands::info, c"readonly fast", 1, 1, 1);
-    register!(ctx, "RL.RESET", commands::reset, c"write fast", 1, 1, 1);
-    register!(ctx, "RL.SETSTATE", commands::set_state, c"write deny-oom", 1, 1, 1);
-    register!(ctx, "RL.DEBUG", commands::debug, c"fast", 0, 0, 0);
+    register!(ctx, "rl.gcra", commands::gcra_command, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "rl.tokenbucket", commands::token_bucket_command, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "rl.sliding", commands::sliding_command, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "rl.slidinglog", commands::sliding_log_command, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "rl.fixed", commands::fixed_command, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "rl.leaky", commands::leaky_command, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "cl.throttle", commands::cl_throttle, c"write deny-oom fast", 1, 1, 1);
+    register!(ctx, "rl.multi", commands::multi, c"write deny-oom fast getkeys-api", 0, 0, 0);
+    register!(ctx, "rl.info", commands::info, c"readonly fast", 1, 1, 1);
+    register!(ctx, "rl.reset", commands::reset, c"write fast", 1, 1, 1);
+    register!(ctx, "rl.setstate", commands::set_state, c"write deny-oom", 1, 1, 1);
+    register!(ctx, "rl.debug", commands::debug, c"fast", 0, 0, 0);
     Ok(())
 }
 
@@ -75,6 +76,10 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         }
     }
     if let Err(e) = register_commands(ctx.ctx) {
+        ctx.log_warning(&format!("ratelimit: {e}"));
+        return Status::Err;
+    }
+    if let Err(e) = command_info::register(ctx.ctx) {
         ctx.log_warning(&format!("ratelimit: {e}"));
         return Status::Err;
     }

@@ -1,0 +1,733 @@
+//! Test harness: starts and stops `redis-server` processes with the module
+//! loaded. Included by each integration test file via `mod common;`.
+//!
+//! Every `Server` gets its own free loopback port and its own fresh temp dir
+//! (removed on drop), so tests can run in parallel threads.
+//!
+//! Environment overrides:
+//! * `RL_MODULE`       – path of the module .so (default: target/release/libredis_ratelimit.so)
+//! * `RL_REDIS_SERVER` – redis-server binary (default: `redis-server` on PATH)
+//! * `RL_REDIS_CLI`    – redis-cli binary (default: `redis-cli` on PATH)
+//! * `RL_KEEP_DIRS`    – if set, server dirs are not removed on drop
+#![allow(dead_code)]
+
+use std::io::{Read, Seek, SeekFrom};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::thread::sleep;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How long to wait for a server to answer PING after (re)starting it.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many times a fresh start is retried with new ports when the port was
+/// grabbed by someone else between probing and binding.
+const START_ATTEMPTS: usize = 5;
+/// Read/write timeout set on connections from `Server::conn`, so that a hung
+/// server fails the test instead of hanging it.
+const CONN_IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Path of the module under test: `$RL_MODULE` if set, else
+/// `<CARGO_MANIFEST_DIR>/target/release/libredis_ratelimit.so`.
+pub fn module_path() -> PathBuf {
+    let p = match std::env::var_os("RL_MODULE") {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("target")
+            .join("release")
+            .join("libredis_ratelimit.so"),
+    };
+    if !p.is_file() {
+        panic!(
+            "module not found at {}: run `make test` or `cargo build --release` first \
+             (or point RL_MODULE at the .so)",
+            p.display()
+        );
+    }
+    // Absolute path: redis-server chdirs into its --dir before loading modules.
+    std::fs::canonicalize(&p).unwrap_or(p)
+}
+
+fn redis_server_bin() -> String {
+    std::env::var("RL_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_string())
+}
+
+fn redis_cli_bin() -> String {
+    std::env::var("RL_REDIS_CLI").unwrap_or_else(|_| "redis-cli".to_string())
+}
+
+#[derive(Clone, Debug)]
+pub struct Opts {
+    /// Pass the module argument `DEBUG_CLOCK` (default true).
+    pub debug_clock: bool,
+    /// `--appendonly yes` (default false). `appendfsync` is `everysec`; pass
+    /// `("appendfsync","always")` in `extra` for crash (kill9) durability tests.
+    pub appendonly: bool,
+    /// Start as a replica of `127.0.0.1:<port>`.
+    pub replica_of: Option<u16>,
+    /// Extra config directives appended to the command line as `--key value`
+    /// (later directives override earlier ones, e.g. `("appendfsync","always")`).
+    /// A value containing spaces is split into several arguments.
+    pub extra: Vec<(String, String)>,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            debug_clock: true,
+            appendonly: false,
+            replica_of: None,
+            extra: Vec::new(),
+        }
+    }
+}
+
+impl Opts {
+    fn cluster_enabled(&self) -> bool {
+        self.extra
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("cluster-enabled") && v.eq_ignore_ascii_case("yes"))
+    }
+}
+
+pub struct Server {
+    pub port: u16,
+    pub dir: PathBuf,
+    /// Cluster bus port (only when `cluster-enabled yes` is in `opts.extra`).
+    pub bus_port: Option<u16>,
+    pub opts: Opts,
+    module: PathBuf,
+    child: Option<Child>,
+}
+
+static DIR_COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+fn fresh_dir() -> PathBuf {
+    let n = DIR_COUNTER.fetch_add(1, Ordering::SeqCst);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!("rl-test-{}-{}-{}", std::process::id(), n, nanos));
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create temp dir {}: {e}", dir.display()));
+    dir
+}
+
+static USED_PORTS: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+
+/// A port that was free a moment ago (bind to :0, read it, drop the listener),
+/// never one already handed out to another server of this test process.
+fn free_port() -> u16 {
+    let mut used = USED_PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    let used = used.get_or_insert_with(HashSet::new);
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let p = l.local_addr().unwrap().port();
+        if used.insert(p) {
+            return p;
+        }
+    }
+}
+
+/// Redis 7 reports a failed bind like this; anything else is a real failure.
+fn is_port_conflict(log: &str) -> bool {
+    log.contains("Address already in use") || log.contains("Could not create server TCP listening socket")
+}
+
+fn read_from(path: &PathBuf, offset: u64) -> String {
+    let mut s = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let _ = f.seek(SeekFrom::Start(offset));
+        let mut buf = Vec::new();
+        let _ = f.read_to_end(&mut buf);
+        s = String::from_utf8_lossy(&buf).into_owned();
+    }
+    s
+}
+
+/// Connect and PING with short timeouts; Ok(reply) or Err(description).
+fn ping_port(port: u16, timeout: Duration) -> Result<String, String> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
+    let mut con = client.get_connection_with_timeout(timeout).map_err(|e| e.to_string())?;
+    con.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    con.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    redis::cmd("PING").query::<String>(&mut con).map_err(|e| e.to_string())
+}
+
+fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines().find_map(|l| {
+        l.strip_prefix(field)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .map(|v| v.trim())
+    })
+}
+
+fn send_signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+enum SpawnError {
+    /// Port taken by someone else; worth retrying with other ports.
+    PortConflict(String),
+    Fatal(String),
+}
+
+impl Server {
+    /// Start a server with `Opts::default()` (module loaded with DEBUG_CLOCK).
+    pub fn start() -> Server {
+        Server::start_with(Opts::default())
+    }
+
+    pub fn start_with(opts: Opts) -> Server {
+        let module = module_path();
+        let dir = fresh_dir();
+        let mut server = Server {
+            port: 0,
+            dir,
+            bus_port: None,
+            opts,
+            module,
+            child: None,
+        };
+        let mut last = String::new();
+        for _ in 0..START_ATTEMPTS {
+            server.port = free_port();
+            server.bus_port = if server.opts.cluster_enabled() {
+                // Any free port: passed explicitly as cluster-port, so port+10000
+                // does not have to be free (or <= 65535).
+                let mut b = free_port();
+                while b == server.port {
+                    b = free_port();
+                }
+                Some(b)
+            } else {
+                None
+            };
+            match server.spawn_and_wait() {
+                Ok(()) => return server,
+                Err(SpawnError::PortConflict(log)) => last = log,
+                Err(SpawnError::Fatal(msg)) => panic!("{msg}"),
+            }
+        }
+        panic!(
+            "redis-server could not bind a free port after {START_ATTEMPTS} attempts (dir {}).\n--- log ---\n{last}",
+            server.dir.display()
+        );
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join("redis.log")
+    }
+
+    /// stdout+stderr of redis-server (early config errors, Rust panic messages).
+    fn stderr_path(&self) -> PathBuf {
+        self.dir.join("stderr.log")
+    }
+
+    fn command_line(&self) -> Vec<String> {
+        let mut a: Vec<String> = Vec::new();
+        let mut push = |k: &str, vals: &[&str]| {
+            a.push(format!("--{k}"));
+            for v in vals {
+                a.push(v.to_string());
+            }
+        };
+        let port = self.port.to_string();
+        let dir = self.dir.to_string_lossy().into_owned();
+        let module = self.module.to_string_lossy().into_owned();
+        let log = self.log_path().to_string_lossy().into_owned();
+        push("port", &[&port]);
+        push("bind", &["127.0.0.1"]);
+        push("dir", &[&dir]);
+        push("save", &[""]);
+        push("appendonly", &[if self.opts.appendonly { "yes" } else { "no" }]);
+        push("appendfsync", &["everysec"]);
+        if self.opts.debug_clock {
+            push("loadmodule", &[&module, "DEBUG_CLOCK"]);
+        } else {
+            push("loadmodule", &[&module]);
+        }
+        push("logfile", &[&log]);
+        push("daemonize", &["no"]);
+        push("protected-mode", &["no"]);
+        push("enable-debug-command", &["yes"]);
+        push("enable-module-command", &["yes"]);
+        // Full syncs start at once instead of after the default 5 s batching delay.
+        push("repl-diskless-sync-delay", &["0"]);
+        if let Some(p) = self.opts.replica_of {
+            let p = p.to_string();
+            push("replicaof", &["127.0.0.1", &p]);
+        }
+        if let Some(b) = self.bus_port {
+            let b = b.to_string();
+            push("cluster-port", &[&b]);
+        }
+        for (k, v) in &self.opts.extra {
+            a.push(format!("--{k}"));
+            if v.is_empty() {
+                a.push(String::new());
+            } else {
+                a.extend(v.split_whitespace().map(str::to_string));
+            }
+        }
+        a
+    }
+
+    /// Spawn redis-server with the current port/dir/opts and wait until it
+    /// answers PING (i.e. is up and done loading).
+    fn spawn_and_wait(&mut self) -> Result<(), SpawnError> {
+        assert!(self.child.is_none(), "server on port {} is already running", self.port);
+        let log_path = self.log_path();
+        let log_start = std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0);
+        let err_path = self.stderr_path();
+        let err_start = std::fs::metadata(&err_path).map(|m| m.len()).unwrap_or(0);
+        let err_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&err_path)
+            .map_err(|e| SpawnError::Fatal(format!("cannot open {}: {e}", err_path.display())))?;
+        let err_file2 = err_file
+            .try_clone()
+            .map_err(|e| SpawnError::Fatal(format!("cannot dup stderr file: {e}")))?;
+        let args = self.command_line();
+        let child = Command::new(redis_server_bin())
+            .args(&args)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(err_file))
+            .stderr(Stdio::from(err_file2))
+            .spawn()
+            .map_err(|e| SpawnError::Fatal(format!("cannot spawn {}: {e} (is redis-server installed? run `make deps`)", redis_server_bin())))?;
+        self.child = Some(child);
+
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut last_err = String::new();
+        loop {
+            // Exited already (bad config, module failed to load, port taken...)?
+            let exited = self.child.as_mut().unwrap().try_wait().ok().flatten();
+            if let Some(status) = exited {
+                self.child = None;
+                let stderr = read_from(&err_path, err_start);
+                let log = read_from(&log_path, log_start);
+                let text = format!("--- stderr ---\n{stderr}\n--- log ({}) ---\n{log}", log_path.display());
+                if is_port_conflict(&log) || is_port_conflict(&stderr) {
+                    return Err(SpawnError::PortConflict(text));
+                }
+                return Err(SpawnError::Fatal(format!(
+                    "redis-server on port {} exited during startup with {status}\nargs: {:?}\n{text}",
+                    self.port, args
+                )));
+            }
+            match ping_port(self.port, Duration::from_millis(500)) {
+                Ok(ref r) if r == "PONG" => {
+                    if let Ok(info) = self.try_info("server persistence") {
+                        let ours = info_field(&info, "process_id") == self.pid().map(|p| p.to_string()).as_deref();
+                        if ours && info_field(&info, "loading") == Some("0") {
+                            return Ok(());
+                        }
+                        if !ours {
+                            last_err = format!("another process answers on port {}", self.port);
+                        }
+                    }
+                }
+                Ok(r) => last_err = r,
+                Err(e) => last_err = e,
+            }
+            if Instant::now() > deadline {
+                let pid = self.child.as_ref().map(|c| c.id());
+                self.kill_child();
+                let log = read_from(&log_path, log_start);
+                let stderr = read_from(&err_path, err_start);
+                // Something else may have been answering on the port.
+                if is_port_conflict(&log) || is_port_conflict(&stderr) {
+                    return Err(SpawnError::PortConflict(log));
+                }
+                return Err(SpawnError::Fatal(format!(
+                    "redis-server (pid {pid:?}) on port {} did not answer PING within {:?} (last: {last_err})\nargs: {:?}\n--- stderr ---\n{stderr}\n--- log ({}) ---\n{log}",
+                    self.port, START_TIMEOUT, args, log_path.display()
+                )));
+            }
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn start_same(&mut self, what: &str) {
+        // Same port, so a conflict can't be solved by picking another one;
+        // retry a few times in case a port is briefly held by someone else.
+        let mut last = String::new();
+        for _ in 0..START_ATTEMPTS {
+            match self.spawn_and_wait() {
+                Ok(()) => return,
+                Err(SpawnError::PortConflict(log)) => {
+                    last = log;
+                    sleep(Duration::from_millis(500));
+                }
+                Err(SpawnError::Fatal(msg)) => panic!("{what}: {msg}"),
+            }
+        }
+        panic!("{what}: port {} stayed in use.\n{last}", self.port);
+    }
+
+    fn kill_child(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, wait up to `grace`, then SIGKILL.
+    fn stop(&mut self, grace: Duration) {
+        if let Some(mut c) = self.child.take() {
+            if c.try_wait().ok().flatten().is_none() {
+                send_signal(c.id(), "TERM");
+                let deadline = Instant::now() + grace;
+                while Instant::now() < deadline {
+                    if c.try_wait().ok().flatten().is_some() {
+                        return;
+                    }
+                    sleep(Duration::from_millis(10));
+                }
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+    }
+
+    /// Send SIGTERM without waiting (used to stop many servers in parallel).
+    fn signal_term(&self) {
+        if let Some(c) = &self.child {
+            send_signal(c.id(), "TERM");
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A new RESP2 connection (30 s read/write timeouts).
+    pub fn conn(&self) -> redis::Connection {
+        let client = redis::Client::open(self.url()).expect("redis url");
+        let con = client
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("cannot connect to port {}: {e}\n--- log ---\n{}", self.port, self.log()));
+        con.set_read_timeout(Some(CONN_IO_TIMEOUT)).unwrap();
+        con.set_write_timeout(Some(CONN_IO_TIMEOUT)).unwrap();
+        con
+    }
+
+    fn try_info(&self, section: &str) -> Result<String, String> {
+        let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
+        let mut con = client
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .map_err(|e| e.to_string())?;
+        con.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+        let mut cmd = redis::cmd("INFO");
+        for sec in section.split_whitespace() {
+            cmd.arg(sec);
+        }
+        cmd.query::<String>(&mut con).map_err(|e| e.to_string())
+    }
+
+    /// `INFO <section> [section ...]` as text (sections separated by spaces;
+    /// panics if the server does not answer).
+    pub fn info(&self, section: &str) -> String {
+        self.try_info(section)
+            .unwrap_or_else(|e| panic!("INFO {section} on port {} failed: {e}\n--- log ---\n{}", self.port, self.log()))
+    }
+
+    /// Stop gracefully (SIGTERM; SIGKILL after 10 s) and start again on the same
+    /// port/dir/options, so AOF/RDB files in `dir` are reloaded. Returns when the
+    /// server answers PING and is done loading.
+    pub fn restart(&mut self) {
+        self.stop(Duration::from_secs(10));
+        self.start_same("restart");
+    }
+
+    /// SIGKILL the server and wait for it to exit (no shutdown work is done).
+    pub fn kill9(&mut self) {
+        self.kill_child();
+    }
+
+    /// Start again after `kill9` with the same port/dir/options.
+    pub fn start_again(&mut self) {
+        if self.child.is_some() {
+            self.stop(Duration::from_secs(2));
+        }
+        self.start_same("start_again");
+    }
+
+    /// True if the server answers PING with PONG.
+    pub fn alive(&self) -> bool {
+        matches!(ping_port(self.port, Duration::from_secs(1)), Ok(ref r) if r == "PONG")
+    }
+
+    /// Contents of the server's log file (whole history across restarts),
+    /// followed by anything redis-server wrote to stdout/stderr (e.g. a Rust
+    /// panic message from the module), if any.
+    pub fn log(&self) -> String {
+        let mut log = read_from(&self.log_path(), 0);
+        let stderr = read_from(&self.stderr_path(), 0);
+        if !stderr.trim().is_empty() {
+            log.push_str("\n--- redis-server stdout/stderr ---\n");
+            log.push_str(&stderr);
+        }
+        log
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Failing test: show where the server's files are and its last log lines.
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            eprintln!(
+                "--- redis-server port {} dir {} (last log lines) ---\n{}",
+                self.port,
+                self.dir.display(),
+                tail.join("\n")
+            );
+        }
+        self.stop(Duration::from_secs(2));
+        if std::env::var_os("RL_KEEP_DIRS").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Poll until `replica` reports `master_link_status:up` and its
+/// `master_repl_offset` equals the primary's (10 s timeout).
+pub fn wait_replica_synced(primary: &Server, replica: &Server) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let p = primary.try_info("replication").unwrap_or_else(|e| e);
+        let r = replica.try_info("replication").unwrap_or_else(|e| e);
+        let up = info_field(&r, "master_link_status") == Some("up");
+        let po = info_field(&p, "master_repl_offset");
+        let ro = info_field(&r, "master_repl_offset");
+        if up && po.is_some() && po == ro {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "replica on port {} did not sync with primary on port {} within 10 s\n\
+                 --- primary INFO replication ---\n{p}\n--- replica INFO replication ---\n{r}\n\
+                 --- replica log ---\n{}",
+                replica.port,
+                primary.port,
+                replica.log()
+            );
+        }
+        sleep(Duration::from_millis(20));
+    }
+}
+
+/// Send an arbitrary command built from raw byte arguments (args[0] is the
+/// command name).
+pub fn raw_cmd(con: &mut redis::Connection, args: &[&[u8]]) -> redis::RedisResult<redis::Value> {
+    let mut c = redis::Cmd::new();
+    for a in args {
+        c.arg(*a);
+    }
+    c.query(con)
+}
+
+/// A local Redis Cluster of `Server`s (each with the module loaded).
+/// `nodes[..primaries]` are the primaries right after `start`, the rest the
+/// replicas (roles may change later, e.g. after a failover).
+pub struct Cluster {
+    pub nodes: Vec<Server>,
+    pub primaries: usize,
+}
+
+impl Cluster {
+    pub fn start(primaries: usize, replicas_per_primary: usize) -> Cluster {
+        Cluster::start_with(primaries, replicas_per_primary, Opts::default())
+    }
+
+    /// Like `start`, with options for every node (cluster directives are added).
+    pub fn start_with(primaries: usize, replicas_per_primary: usize, opts: Opts) -> Cluster {
+        assert!(primaries >= 3, "redis-cli --cluster create needs at least 3 primaries");
+        let total = primaries * (1 + replicas_per_primary);
+        let mut opts = opts;
+        assert!(opts.replica_of.is_none(), "replica_of makes no sense for cluster nodes");
+        for (k, v) in [
+            ("cluster-enabled", "yes"),
+            ("cluster-config-file", "nodes.conf"),
+            ("cluster-node-timeout", "2000"),
+        ] {
+            opts.extra.push((k.to_string(), v.to_string()));
+        }
+
+        // Start all nodes in parallel threads (each waits for its own PING).
+        let handles: Vec<_> = (0..total)
+            .map(|_| {
+                let o = opts.clone();
+                std::thread::spawn(move || Server::start_with(o))
+            })
+            .collect();
+        let mut nodes = Vec::with_capacity(total);
+        let mut failure = None;
+        for h in handles {
+            match h.join() {
+                Ok(s) => nodes.push(s),
+                Err(e) => failure = Some(e),
+            }
+        }
+        if let Some(e) = failure {
+            drop(nodes);
+            std::panic::resume_unwind(e);
+        }
+        let cluster = Cluster { nodes, primaries };
+
+        let mut cmd = Command::new(redis_cli_bin());
+        cmd.arg("--cluster").arg("create");
+        for n in &cluster.nodes {
+            cmd.arg(format!("127.0.0.1:{}", n.port));
+        }
+        cmd.arg("--cluster-replicas")
+            .arg(replicas_per_primary.to_string())
+            .arg("--cluster-yes")
+            .stdin(Stdio::null());
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", redis_cli_bin()));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !out.status.success() || !text.contains("[OK] All 16384 slots covered") {
+            panic!("redis-cli --cluster create failed ({}):\n{text}", out.status);
+        }
+
+        cluster.wait_ok(Duration::from_secs(20));
+        cluster
+    }
+
+    /// Wait until every node reports cluster_state:ok with all slots ok and all
+    /// nodes known, and every replica is synced with its primary.
+    pub fn wait_ok(&self, timeout: Duration) {
+        let total = self.nodes.len().to_string();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut bad = None;
+            for n in &self.nodes {
+                let info = cluster_info(n);
+                let ok = info_field(&info, "cluster_state") == Some("ok")
+                    && info_field(&info, "cluster_slots_ok") == Some("16384")
+                    && info_field(&info, "cluster_known_nodes") == Some(total.as_str());
+                if !ok {
+                    bad = Some((n.port, info));
+                    break;
+                }
+            }
+            match bad {
+                None => break,
+                Some((port, info)) => {
+                    if Instant::now() > deadline {
+                        panic!("cluster not ok within {timeout:?}: node {port} says\n{info}");
+                    }
+                    sleep(Duration::from_millis(50));
+                }
+            }
+        }
+        for r in &self.nodes {
+            let info = r.info("replication");
+            if info_field(&info, "role") != Some("slave") {
+                continue;
+            }
+            let mport: u16 = info_field(&info, "master_port")
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("replica {} has no master_port:\n{info}", r.port));
+            let primary = self
+                .node_by_port(mport)
+                .unwrap_or_else(|| panic!("replica {} follows unknown port {mport}", r.port));
+            wait_replica_synced(primary, r);
+        }
+    }
+
+    pub fn node_by_port(&self, port: u16) -> Option<&Server> {
+        self.nodes.iter().find(|n| n.port == port)
+    }
+
+    /// Nodes whose INFO replication currently says role:master.
+    pub fn current_primaries(&self) -> Vec<&Server> {
+        self.nodes
+            .iter()
+            .filter(|n| n.alive() && info_field(&n.info("replication"), "role") == Some("master"))
+            .collect()
+    }
+
+    /// The node currently serving `key`'s slot as primary (asks the first live node).
+    pub fn primary_for_key(&self, key: &[u8]) -> &Server {
+        let any = self
+            .nodes
+            .iter()
+            .find(|n| n.alive())
+            .expect("no live cluster node");
+        let mut con = any.conn();
+        let slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query(&mut con).unwrap();
+        let slots: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut con).unwrap();
+        if let redis::Value::Array(ranges) = slots {
+            for r in ranges {
+                if let redis::Value::Array(items) = r {
+                    let (lo, hi) = match (&items[0], &items[1]) {
+                        (redis::Value::Int(a), redis::Value::Int(b)) => (*a, *b),
+                        _ => continue,
+                    };
+                    if lo <= slot && slot <= hi {
+                        if let redis::Value::Array(primary) = &items[2] {
+                            if let redis::Value::Int(p) = primary[1] {
+                                return self
+                                    .node_by_port(p as u16)
+                                    .unwrap_or_else(|| panic!("slot {slot} served by unknown port {p}"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        panic!("no node serves slot {slot}");
+    }
+}
+
+fn cluster_info(n: &Server) -> String {
+    let client = match redis::Client::open(n.url()) {
+        Ok(c) => c,
+        Err(e) => return e.to_string(),
+    };
+    let mut con = match client.get_connection_with_timeout(Duration::from_secs(2)) {
+        Ok(c) => c,
+        Err(e) => return e.to_string(),
+    };
+    let _ = con.set_read_timeout(Some(Duration::from_secs(5)));
+    redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query::<String>(&mut con)
+        .unwrap_or_else(|e| e.to_string())
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Signal every node first so they shut down in parallel; each Server's
+        // own Drop then waits (and SIGKILLs stragglers) and removes its dir.
+        for n in &self.nodes {
+            n.signal_term();
+        }
+    }
+}
