@@ -89,7 +89,7 @@ unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
 
 pub fn heap_bytes(s: &State) -> usize {
     match s {
-        State::SlidingLog(l) => l.log.heap_bytes(),
+        State::SlidingLog(l) => std::mem::size_of::<crate::core::sliding_log::State>() + l.log.heap_bytes(),
         _ => 0,
     }
 }

@@ -10,7 +10,9 @@ use super::{
     Request,
 };
 
+/// Packed to 8-byte alignment (the i128 would otherwise pad every key's value to 64 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(packed(8))]
 pub struct State {
     pub rate: Rate,
     /// Theoretical arrival time, in ns × rate.limit.

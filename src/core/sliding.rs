@@ -67,7 +67,7 @@ pub fn check(state: Option<&State>, win: &Window, now: Nanos, req: Request) -> (
         allowed: granted,
         limit: win.limit,
         remaining: clamp_units(div_floor_i128(after.free_weighted(elapsed), w), win.limit),
-        retry_after: if granted > 0 || req.cost == 0 { None } else { retry_after(&s, elapsed, req.needed()) },
+        retry_after: if granted > 0 || req.cost == 0 { None } else { retry_after(&s, now, req.needed()) },
         reset_after: reset_after(&after, now),
         delay: None,
     };
@@ -76,21 +76,24 @@ pub fn check(state: Option<&State>, win: &Window, now: Nanos, req: Request) -> (
 
 /// Exact time until `need` units fit: later in this window as the previous window's weight
 /// decays, or in the next one as the current count becomes the decaying previous count.
-fn retry_after(s: &State, elapsed: i128, need: u64) -> Option<Nanos> {
+fn retry_after(s: &State, now: Nanos, need: u64) -> Option<Nanos> {
     let (w, limit) = (s.win.window as i128, s.win.limit as i128);
     let need = need as i128;
     if need > limit {
         return None;
     }
+    // Until the end of the stored window: `w − elapsed`, or more when the clock stepped back
+    // into an earlier window (the stored window then has not even begun).
+    let to_end = (s.index as i128 + 1) * w - now as i128;
     let room_now = (limit - s.curr as i128 - need) * w;
     let wait = if room_now >= 0 && s.prev > 0 {
         // prev × (w − elapsed − t) ≤ room_now
-        w - elapsed - room_now / s.prev as i128
+        to_end - room_now / s.prev as i128
     } else {
         // Next window: curr × (w − e2) ≤ (limit − need) × w, with e2 ≥ 0.
         let room_next = (limit - need) * w;
         let e2 = if s.curr == 0 { 0 } else { (w - room_next / s.curr as i128).max(0) };
-        (w - elapsed) + e2
+        to_end + e2
     };
     Some(to_nanos(wait.max(1)))
 }

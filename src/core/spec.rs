@@ -69,7 +69,7 @@ impl Spec {
             Spec::SlidingLog(w) => {
                 let prior = match stored {
                     None => None,
-                    Some(State::SlidingLog(s)) => Some(s),
+                    Some(State::SlidingLog(s)) => Some(&**s),
                     Some(other) => return Err(mismatch(other)),
                 };
                 let (d, commit) = sliding_log::check(prior, w, now, req);
@@ -96,7 +96,7 @@ impl Update {
             (Update::Log(c), None) => {
                 let mut log = sliding_log::State::new(c.win);
                 log.apply(c);
-                Ok(Some(State::SlidingLog(log)))
+                Ok(Some(State::SlidingLog(Box::new(log))))
             }
             (Update::Log(_), Some(_)) => Err("key does not hold a sliding log"),
         }

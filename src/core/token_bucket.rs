@@ -6,7 +6,9 @@
 
 use super::{clamp_units, div_ceil_i128, div_floor_i128, rescale_tokens, to_nanos, Decision, Nanos, Rate, Request};
 
+/// Packed to 8-byte alignment, as gcra::State.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(packed(8))]
 pub struct State {
     pub rate: Rate,
     /// Tokens × period at `last`.
