@@ -63,15 +63,16 @@ pub fn period(arg: &[u8], name: &str) -> ArgResult<Nanos> {
     let split = arg.iter().position(|b| !b.is_ascii_digit()).unwrap_or(arg.len());
     let (num, unit) = arg.split_at(split);
     let n = digits(num).filter(|&n| n > 0).ok_or_else(bad)?;
-    let scale: Nanos = match unit.to_ascii_lowercase().as_slice() {
-        b"" | b"s" => NANOS_PER_SEC,
-        b"us" => NANOS_PER_MICRO,
-        b"ms" => NANOS_PER_MILLI,
-        b"m" => 60 * NANOS_PER_SEC,
-        b"h" => 3_600 * NANOS_PER_SEC,
-        b"d" => 86_400 * NANOS_PER_SEC,
-        _ => return Err(bad()),
-    };
+    const UNITS: [(&[u8], Nanos); 7] = [
+        (b"", NANOS_PER_SEC),
+        (b"s", NANOS_PER_SEC),
+        (b"us", NANOS_PER_MICRO),
+        (b"ms", NANOS_PER_MILLI),
+        (b"m", 60 * NANOS_PER_SEC),
+        (b"h", 3_600 * NANOS_PER_SEC),
+        (b"d", 86_400 * NANOS_PER_SEC),
+    ];
+    let scale = UNITS.iter().find(|(u, _)| unit.eq_ignore_ascii_case(u)).map(|(_, s)| *s).ok_or_else(bad)?;
     match (n as i128) * (scale as i128) {
         ns if ns <= MAX_PERIOD as i128 => Ok(ns as Nanos),
         _ => Err(format!("ERR invalid {name} '{}': at most 100 years (36525d)", shown(arg))),
@@ -92,17 +93,17 @@ fn options(args: &[&[u8]], allow_burst: bool, command: &str) -> ArgResult<Option
     let mut o = Options::default();
     let mut seen = [false; 4];
     let mut i = 0;
+    const NAMES: [&str; 4] = ["BURST", "COST", "DRYRUN", "PARTIAL"];
     while i < args.len() {
-        let word = args[i].to_ascii_uppercase();
-        let slot = match word.as_slice() {
-            b"BURST" if allow_burst => 0,
-            b"COST" => 1,
-            b"DRYRUN" => 2,
-            b"PARTIAL" => 3,
-            b"BURST" => return Err(format!("ERR BURST is not an option of {command}")),
-            _ => return Err(format!("ERR unknown option '{}'", shown(args[i]))),
-        };
-        let name = ["BURST", "COST", "DRYRUN", "PARTIAL"][slot];
+        // Compared in place, case-insensitively: the hot path copies no argument.
+        let slot = NAMES
+            .iter()
+            .position(|n| args[i].eq_ignore_ascii_case(n.as_bytes()))
+            .ok_or_else(|| format!("ERR unknown option '{}'", shown(args[i])))?;
+        if slot == 0 && !allow_burst {
+            return Err(format!("ERR BURST is not an option of {command}"));
+        }
+        let name = NAMES[slot];
         if std::mem::replace(&mut seen[slot], true) {
             return Err(format!("ERR option {name} given more than once"));
         }
@@ -202,8 +203,12 @@ pub struct Multi {
 }
 
 fn algorithm_word(word: &[u8]) -> Option<Algorithm> {
-    let upper = word.to_ascii_uppercase();
-    Algorithm::ALL.into_iter().find(|a| a.name().as_bytes().eq_ignore_ascii_case(&upper))
+    Algorithm::ALL.into_iter().find(|a| a.name().as_bytes().eq_ignore_ascii_case(word))
+}
+
+/// COST, DRYRUN or PARTIAL: the options of a whole RL.MULTI request.
+fn request_option(word: &[u8]) -> bool {
+    [&b"COST"[..], b"DRYRUN", b"PARTIAL"].iter().any(|o| word.eq_ignore_ascii_case(o))
 }
 
 pub fn multi(args: &[&[u8]], numkeys: usize) -> ArgResult<Multi> {
@@ -216,8 +221,7 @@ pub fn multi(args: &[&[u8]], numkeys: usize) -> ArgResult<Multi> {
             let start = i + 1;
             let mut end = start;
             while end < args.len() {
-                let w = args[end].to_ascii_uppercase();
-                if algorithm_word(&w).is_some() || matches!(w.as_slice(), b"COST" | b"DRYRUN" | b"PARTIAL") {
+                if algorithm_word(args[end]).is_some() || request_option(args[end]) {
                     break;
                 }
                 end += 1;
@@ -231,13 +235,12 @@ pub fn multi(args: &[&[u8]], numkeys: usize) -> ArgResult<Multi> {
             specs.push(spec);
             i = end;
         } else {
-            let w = args[i].to_ascii_uppercase();
-            match w.as_slice() {
-                b"COST" => {
+            match args[i] {
+                w if w.eq_ignore_ascii_case(b"COST") => {
                     globals.extend(args.get(i..i + 2).unwrap_or(&args[i..]));
                     i += 2;
                 }
-                b"DRYRUN" | b"PARTIAL" => {
+                w if request_option(w) => {
                     globals.push(args[i]);
                     i += 1;
                 }
