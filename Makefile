@@ -7,7 +7,7 @@ MODULE := target/release/libredis_ratelimit.so
 CLUSTER_BASE ?= 30001
 TEST_THREADS ?= 4
 
-.PHONY: all deps build run test cluster cluster-stop clean
+.PHONY: all deps build run test examples cluster cluster-stop clean
 
 all: build
 
@@ -22,6 +22,10 @@ run: build
 
 test: build
 	$(CARGO) test --release -- --test-threads=$(TEST_THREADS)
+	bash scripts/examples.sh
+
+examples: build
+	bash scripts/examples.sh
 
 cluster: build
 	bash scripts/cluster.sh start $(CLUSTER_BASE) $(CURDIR)/$(MODULE)
