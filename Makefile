@@ -7,7 +7,7 @@ MODULE := target/release/libredis_ratelimit.so
 CLUSTER_BASE ?= 30001
 TEST_THREADS ?= 4
 
-.PHONY: all deps build run test examples cluster cluster-stop clean
+.PHONY: all deps build run test examples burst cluster cluster-stop clean
 
 all: build
 
@@ -26,6 +26,10 @@ test: build
 
 examples: build
 	bash scripts/examples.sh
+
+# The effective-burst harness: worst count in any 60 s window per algorithm and trace.
+burst: build
+	$(CARGO) test --release --test effective_burst -- --ignored --nocapture print_table
 
 cluster: build
 	bash scripts/cluster.sh start $(CLUSTER_BASE) $(CURDIR)/$(MODULE)
