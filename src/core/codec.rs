@@ -61,9 +61,11 @@ pub enum State {
     Leaky(leaky::State),
 }
 
-/// Bound on stored scaled instants and balances (|x| ≤ 2^110): far beyond any reachable value,
-/// far below i128 overflow in the arithmetic that follows.
-const SCALED_BOUND: i128 = 1 << 110;
+/// Bound on stored scaled instants and balances (|x| ≤ 2^115). A GCRA arrival time is
+/// now × limit + debt: up to 2^63 × MAX_COUNT (< 2^113) plus burst × period (< 2^113), so every
+/// reachable value fits (2^110 did not: limit 10^15 at today's clock is already 1.7 × 10^33);
+/// still far below i128 overflow in the arithmetic that follows.
+const SCALED_BOUND: i128 = 1 << 115;
 
 impl State {
     pub fn algorithm(&self) -> Algorithm {

@@ -186,6 +186,11 @@ pub fn ceil_ms(ns: Nanos) -> i64 {
     }
 }
 
+/// The lowest rescaled balance kept: −2^120 scaled units is a wait of at least
+/// 2^120 / MAX_COUNT > 2^70 ns, beyond any Nanos; far from i128 overflow when added to an
+/// instant × limit (< 2^114).
+const DEEPEST_DEBT: i128 = -(1 << 120);
+
 /// Converts a token balance kept in units of 1/period (scaled time) from one rate to another,
 /// rounding down so a change of parameters never hands out a fraction of a token, and capping
 /// at the new capacity.
@@ -194,10 +199,16 @@ pub(crate) fn rescale_tokens(tokens: i128, from: &Rate, to: &Rate) -> i128 {
     let rescaled = if pf == pt {
         tokens
     } else {
-        // Whole tokens and the fraction separately, so nothing overflows.
+        // Whole tokens and the fraction separately, so nothing overflows. A debt so deep that
+        // `whole × pt` leaves i128 (a clock stepped back far with a large limit, or a forged
+        // state) is clamped at DEEPEST_DEBT: every wait it implies already exceeds i64 ns, so
+        // the answers are unchanged.
         let whole = div_floor_i128(tokens, pf);
         let frac = tokens - whole * pf;
-        whole * pt + div_floor_i128(frac * pt, pf)
+        match whole.checked_mul(pt) {
+            Some(w) => (w + div_floor_i128(frac * pt, pf)).max(DEEPEST_DEBT),
+            None => DEEPEST_DEBT,
+        }
     };
     rescaled.min(to.capacity_scaled())
 }

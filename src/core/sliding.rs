@@ -21,7 +21,8 @@ impl State {
     pub fn at(&self, now: Nanos) -> State {
         let w = self.win.window;
         let index = now.div_euclid(w);
-        let (prev, curr) = match index - self.index {
+        // In i128: a stored index comes from the payload (RL.SETSTATE) and may be any i64.
+        let (prev, curr) = match index as i128 - self.index as i128 {
             d if d < 0 => return State { ..*self },
             0 => (self.prev, self.curr),
             1 => (self.curr, 0),
