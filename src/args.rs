@@ -27,10 +27,19 @@ pub fn shown(arg: &[u8]) -> String {
 
 /// A non-negative decimal integer: ASCII digits only, no sign, no overflow.
 fn digits(arg: &[u8]) -> Option<u64> {
-    if arg.is_empty() || arg.len() > 20 || !arg.iter().all(u8::is_ascii_digit) {
+    if arg.is_empty() || !arg.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    arg.iter().try_fold(0u64, |acc, &d| acc.checked_mul(10)?.checked_add((d - b'0') as u64))
+    let significant = &arg[arg.iter().position(|&d| d != b'0').unwrap_or(arg.len())..];
+    if significant.len() > 20 {
+        return None;
+    }
+    significant.iter().try_fold(0u64, |acc, &d| acc.checked_mul(10)?.checked_add((d - b'0') as u64))
+}
+
+/// Digits only, but too many for a u64: reported as too large, not as malformed.
+fn overflows(arg: &[u8]) -> bool {
+    !arg.is_empty() && arg.iter().all(u8::is_ascii_digit) && digits(arg).is_none()
 }
 
 /// A count from 1 to MAX_COUNT (limit, BURST).
@@ -38,6 +47,9 @@ pub fn positive(arg: &[u8], name: &str) -> ArgResult<u64> {
     match digits(arg) {
         Some(n) if n >= 1 && n <= MAX_COUNT => Ok(n),
         Some(n) if n > MAX_COUNT => Err(format!("ERR {name} must be a positive integer no larger than {MAX_COUNT}")),
+        None if overflows(arg) => {
+            Err(format!("ERR {name} must be a positive integer no larger than {MAX_COUNT}"))
+        }
         _ => Err(format!("ERR {name} must be a positive integer")),
     }
 }
@@ -47,6 +59,7 @@ pub fn non_negative(arg: &[u8], name: &str) -> ArgResult<u64> {
     match digits(arg) {
         Some(n) if n <= MAX_COUNT => Ok(n),
         Some(_) => Err(format!("ERR {name} must be a non-negative integer no larger than {MAX_COUNT}")),
+        None if overflows(arg) => Err(format!("ERR {name} must be a non-negative integer no larger than {MAX_COUNT}")),
         None => Err(format!("ERR {name} must be a non-negative integer")),
     }
 }
@@ -230,7 +243,8 @@ pub fn multi(args: &[&[u8]], numkeys: usize) -> ArgResult<Multi> {
             if part.len() < 2 {
                 return Err(format!("ERR {} needs a limit and a period", algo.name().to_ascii_uppercase()));
             }
-            let (spec, o) = spec_and_options(algo, part, "RL.MULTI")?;
+            let context = format!("{} in RL.MULTI", algo.name().to_ascii_uppercase());
+            let (spec, o) = spec_and_options(algo, part, &context)?;
             debug_assert!(o.cost.is_none() && !o.dryrun && !o.partial);
             specs.push(spec);
             i = end;
