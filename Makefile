@@ -4,7 +4,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 CARGO ?= cargo
 MODULE := target/release/libredis_ratelimit.so
-CLUSTER_BASE ?= 30001
+CLUSTER_BASE ?= 7001
 TEST_THREADS ?= 4
 
 .PHONY: all deps build run test examples burst cluster cluster-stop clean

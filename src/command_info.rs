@@ -167,7 +167,7 @@ fn docs() -> Vec<Doc> {
             summary: "Internal: stores a limiter state as computed by the primary (replication, AOF)",
             complexity: "O(N) for a payload of N bytes",
             arity: -3,
-            keys: Keys::First((raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UPDATE) as u64),
+            keys: Keys::First(RW_UPDATE),
             args: vec![
                 arg("key", Kind::Key),
                 arg("payload", Kind::Text),

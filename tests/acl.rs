@@ -1,0 +1,330 @@
+//! ACLs and key declarations on a single server: key patterns confine every module command to
+//! a tenant's keys (NOPERM outside, success inside), module commands are granted by name on
+//! Redis 7.0 (they belong to no ACL category there), RL.DEBUG is refused without DEBUG_CLOCK and
+//! changes nothing, and every command declares exactly the keys it touches (COMMAND GETKEYS, and
+//! after running it only those keys exist).
+
+mod common;
+
+use common::{Opts, Server};
+use redis::{Connection, Value};
+use redis_ratelimit::core::{codec::State, gcra, Rate, Request, NANOS_PER_MICRO, NANOS_PER_SEC};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
+}
+
+fn err_text(e: &redis::RedisError) -> String {
+    format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or(&e.to_string()))
+}
+
+fn build(args: &[Vec<u8>]) -> redis::Cmd {
+    let mut c = redis::Cmd::new();
+    for a in args {
+        c.arg(a.as_slice());
+    }
+    c
+}
+
+fn try_run(con: &mut Connection, args: &[Vec<u8>]) -> redis::RedisResult<Value> {
+    build(args).query::<Value>(con)
+}
+
+fn shown(args: &[Vec<u8>]) -> String {
+    args.iter()
+        .map(|a| String::from_utf8(a.clone()).unwrap_or_else(|_| format!("<{} bytes>", a.len())))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn run(con: &mut Connection, args: &[&str]) -> Value {
+    let a: Vec<Vec<u8>> = args.iter().map(|s| s.as_bytes().to_vec()).collect();
+    try_run(con, &a).unwrap_or_else(|e| panic!("{} failed: {}", args.join(" "), err_text(&e)))
+}
+
+fn user_conn(s: &Server, user: &str, pw: &str) -> Connection {
+    let client = redis::Client::open(format!("redis://{user}:{pw}@127.0.0.1:{}/", s.port)).unwrap();
+    client.get_connection().unwrap_or_else(|e| panic!("AUTH as {user}: {e}"))
+}
+
+fn keys_star(con: &mut Connection) -> Vec<String> {
+    let mut k: Vec<String> = redis::cmd("KEYS").arg("*").query(con).unwrap();
+    k.sort();
+    k
+}
+
+fn dbsize(con: &mut Connection) -> i64 {
+    redis::cmd("DBSIZE").query(con).unwrap()
+}
+
+/// A valid RL.SETSTATE payload: a GCRA state (10 per 60 s) after one admitted unit now.
+fn gcra_payload() -> Vec<u8> {
+    let rate = Rate::new(10, 60 * NANOS_PER_SEC, 10).unwrap();
+    let (_, state) = gcra::check(None, &rate, now_us() * NANOS_PER_MICRO, Request::new(1));
+    State::Gcra(state.expect("an admitted check yields a state")).encode()
+}
+
+/// Every key-taking module command on `key` (RL.MULTI also on `key:2`), each with valid
+/// arguments. Returns (name, args, declared keys).
+fn all_commands(key: &str, payload: &[u8]) -> Vec<(&'static str, Vec<Vec<u8>>, Vec<String>)> {
+    let k2 = format!("{key}:2");
+    let pxat = (now_us() / 1000 + 60_000).to_string();
+    let s = |v: &[&str]| v.iter().map(|x| x.as_bytes().to_vec()).collect::<Vec<_>>();
+    let one = vec![key.to_string()];
+    vec![
+        ("rl.gcra", s(&["RL.GCRA", key, "10", "60s"]), one.clone()),
+        ("rl.tokenbucket", s(&["RL.TOKENBUCKET", key, "10", "60s"]), one.clone()),
+        ("rl.leaky", s(&["RL.LEAKY", key, "10", "60s"]), one.clone()),
+        ("rl.sliding", s(&["RL.SLIDING", key, "10", "60s"]), one.clone()),
+        ("rl.fixed", s(&["RL.FIXED", key, "10", "60s"]), one.clone()),
+        ("rl.slidinglog", s(&["RL.SLIDINGLOG", key, "10", "60s"]), one.clone()),
+        ("cl.throttle", s(&["CL.THROTTLE", key, "9", "10", "60"]), one.clone()),
+        ("rl.info", s(&["RL.INFO", key]), one.clone()),
+        (
+            "rl.multi",
+            s(&["RL.MULTI", "2", key, &k2, "GCRA", "10", "60s", "SLIDINGLOG", "10", "60s"]),
+            vec![key.to_string(), k2.clone()],
+        ),
+        (
+            "rl.setstate",
+            vec![b"RL.SETSTATE".to_vec(), key.as_bytes().to_vec(), payload.to_vec(), b"PXAT".to_vec(), pxat.into_bytes()],
+            one.clone(),
+        ),
+        ("rl.reset", s(&["RL.RESET", key]), one),
+    ]
+}
+
+fn is_noperm(r: &redis::RedisResult<Value>) -> bool {
+    matches!(r, Err(e) if e.code() == Some("NOPERM"))
+}
+
+/// Runs every command as `con` on a key inside and outside the user's pattern: NOPERM outside
+/// (nothing written), success inside. `denied` lists commands the user may not run at all.
+fn check_tenant_user(s: &Server, con: &mut Connection, denied: &[&str]) -> usize {
+    let mut admin = s.conn();
+    run(&mut admin, &["FLUSHALL"]);
+    let payload = gcra_payload();
+    let mut checked = 0;
+    for outside in ["tenantB:x", "other", "tenantA"] {
+        for (name, args, _) in all_commands(outside, &payload) {
+            let r = try_run(con, &args);
+            assert!(is_noperm(&r), "{} outside ~tenantA:* must be NOPERM, got {r:?}", shown(&args));
+            let msg = err_text(r.as_ref().unwrap_err());
+            if denied.contains(&name) {
+                assert!(msg.contains("no permissions to run"), "{name}: {msg}");
+            } else {
+                assert!(msg.contains("no permissions to access one of the keys"), "{name}: {msg}");
+            }
+            checked += 1;
+        }
+    }
+    // RL.MULTI with one key inside and one outside: NOPERM too.
+    if !denied.contains(&"rl.multi") {
+        let r = try_run(
+            con,
+            &["RL.MULTI", "2", "tenantA:ok", "tenantB:no", "GCRA", "10", "60s", "GCRA", "10", "60s"]
+                .map(|x| x.as_bytes().to_vec()),
+        );
+        assert!(is_noperm(&r), "RL.MULTI with a key outside the pattern: {r:?}");
+        checked += 1;
+    }
+    assert_eq!(dbsize(&mut admin), 0, "a refused command wrote: {:?}", keys_star(&mut admin));
+
+    let names: Vec<&str> = all_commands("x", &payload).iter().map(|c| c.0).collect();
+    for name in names {
+        // Each limiter on its own key; RL.INFO and RL.RESET on the RL.GCRA key (created first).
+        let key = match name {
+            "rl.info" | "rl.reset" => "tenantA:rl.gcra".to_string(),
+            _ => format!("tenantA:{name}"),
+        };
+        let args = all_commands(&key, &payload).into_iter().find(|c| c.0 == name).unwrap().1;
+        let r = try_run(con, &args);
+        if denied.contains(&name) {
+            assert!(is_noperm(&r), "{name} must be refused to this user: {r:?}");
+            assert!(err_text(r.as_ref().unwrap_err()).contains(&format!("no permissions to run the '{name}' command")));
+        } else {
+            let v = r.unwrap_or_else(|e| panic!("{} inside ~tenantA:* failed: {}", shown(&args), err_text(&e)));
+            match name {
+                "rl.info" => assert!(matches!(v, Value::Array(_)), "RL.INFO: {v:?}"),
+                "rl.reset" => assert_eq!(v, Value::Int(1), "RL.RESET"),
+                "rl.setstate" => assert!(matches!(v, Value::Okay) || v == Value::SimpleString("OK".into()), "RL.SETSTATE: {v:?}"),
+                _ => assert!(matches!(v, Value::Array(_)), "{name}: {v:?}"),
+            }
+        }
+        checked += 1;
+    }
+    checked
+}
+
+/// `~tenantA:* +@all`: every module command is NOPERM on a key outside the pattern (and on the
+/// bare `tenantA`), including RL.MULTI with a single outside key; inside, all succeed.
+#[test]
+fn key_patterns_confine_every_command() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    run(&mut admin, &["ACL", "SETUSER", "tenantA", "on", ">pw", "~tenantA:*", "+@all"]);
+    let mut con = user_conn(&s, "tenantA", "pw");
+    let n = check_tenant_user(&s, &mut con, &[]);
+    println!("acl figures [tenantA +@all]: commands checked {n}");
+}
+
+/// Granting by name (Redis 7.0: module commands have no ACL category, so `+@write` or `+@fast`
+/// do not cover them): the application user gets the checks, RL.INFO and RL.RESET, not
+/// RL.SETSTATE or RL.DEBUG.
+#[test]
+fn module_commands_are_granted_by_name() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    run(
+        &mut admin,
+        &[
+            "ACL", "SETUSER", "u2", "on", ">pw", "~tenantA:*", "+rl.gcra", "+rl.tokenbucket", "+rl.leaky",
+            "+rl.sliding", "+rl.fixed", "+rl.slidinglog", "+rl.multi", "+cl.throttle", "+rl.info",
+            "+rl.reset",
+        ],
+    );
+    let mut con = user_conn(&s, "u2", "pw");
+    let n = check_tenant_user(&s, &mut con, &["rl.setstate"]);
+    let r = try_run(&mut con, &["RL.DEBUG", "CLOCK", "GET"].map(|x| x.as_bytes().to_vec()));
+    assert!(is_noperm(&r), "RL.DEBUG not granted: {r:?}");
+
+    // The same user written as "everything except the internal commands".
+    run(&mut admin, &["ACL", "SETUSER", "app", "on", ">pw", "~tenantA:*", "+@all", "-rl.setstate", "-rl.debug"]);
+    let mut app = user_conn(&s, "app", "pw");
+    let n2 = check_tenant_user(&s, &mut app, &["rl.setstate"]);
+    let r = try_run(&mut app, &["RL.DEBUG", "CLOCK", "SET", "0"].map(|x| x.as_bytes().to_vec()));
+    assert!(is_noperm(&r), "-rl.debug: {r:?}");
+
+    // On Redis 7.0 the categories do not include module commands.
+    run(&mut admin, &["ACL", "SETUSER", "cats", "on", ">pw", "~*", "+@write", "+@read", "+@fast", "+@slow"]);
+    let mut cats = user_conn(&s, "cats", "pw");
+    let version: String = {
+        let info: String = redis::cmd("INFO").arg("server").query(&mut admin).unwrap();
+        info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("").trim().to_string()
+    };
+    let r = try_run(&mut cats, &["RL.GCRA", "k", "10", "60s"].map(|x| x.as_bytes().to_vec()));
+    if version.starts_with("7.0.") {
+        assert!(is_noperm(&r), "on {version} +@write/+@fast must not cover RL.GCRA: {r:?}");
+    }
+    println!(
+        "acl figures [granted by name]: commands checked {}, +@write/+@read/+@fast covers RL.GCRA on {version}: {}",
+        n + n2,
+        !is_noperm(&r)
+    );
+}
+
+/// RL.DEBUG on a module loaded without DEBUG_CLOCK: every form is an error, and the clock the
+/// limiters use stays the real one (state and TTLs agree with the wall clock afterwards).
+#[test]
+fn rl_debug_without_debug_clock_changes_nothing() {
+    let s = Server::start_with(Opts { debug_clock: false, ..Default::default() });
+    let mut con = s.conn();
+    let first = run(&mut con, &["RL.GCRA", "k", "10", "60s"]);
+    let info_before = run(&mut con, &["RL.INFO", "k"]);
+    for args in [
+        vec!["RL.DEBUG", "CLOCK", "SET", "0"],
+        vec!["RL.DEBUG", "CLOCK", "SET", "1700000000000000"],
+        vec!["RL.DEBUG", "CLOCK", "ADVANCE", "1000000000000"],
+        vec!["RL.DEBUG", "CLOCK", "ADVANCE", "-1000000000000"],
+        vec!["RL.DEBUG", "CLOCK", "REAL"],
+        vec!["RL.DEBUG", "CLOCK", "GET"],
+        vec!["RL.DEBUG", "CLOCK"],
+        vec!["RL.DEBUG", "NONSENSE"],
+        vec!["RL.DEBUG"],
+    ] {
+        let a: Vec<Vec<u8>> = args.iter().map(|x| x.as_bytes().to_vec()).collect();
+        let e = try_run(&mut con, &a).expect_err(&format!("{} must fail without DEBUG_CLOCK", args.join(" ")));
+        let msg = err_text(&e);
+        if args.len() > 2 {
+            assert!(
+                msg.contains("RL.DEBUG is disabled: load the module with the argument DEBUG_CLOCK"),
+                "{}: {msg}",
+                args.join(" ")
+            );
+        }
+    }
+    assert_eq!(keys_star(&mut con), vec!["k".to_string()], "RL.DEBUG wrote something");
+    let strip_ttl = |v: &Value| -> Vec<Value> {
+        let Value::Array(a) = v else { panic!("RL.INFO: {v:?}") };
+        a.chunks(2).filter(|kv| kv[0] != Value::BulkString(b"ttl_ms".to_vec())).flatten().cloned().collect()
+    };
+    assert_eq!(strip_ttl(&run(&mut con, &["RL.INFO", "k"])), strip_ttl(&info_before), "RL.DEBUG changed the state");
+    // The limiter still runs on the wall clock: a second call 2 intervals later than a frozen
+    // clock would say, and tat_us within a few seconds of now.
+    let second = run(&mut con, &["RL.GCRA", "k", "10", "60s"]);
+    let (Value::Array(a1), Value::Array(a2)) = (&first, &second) else { panic!("{first:?} {second:?}") };
+    assert_eq!(a1[2], Value::Int(9));
+    assert_eq!(a2[2], Value::Int(8), "second call: {second:?}");
+    let Value::Int(reset) = a2[4] else { panic!() };
+    assert!((11_000..=12_000).contains(&reset), "reset_after {reset} (expected ~12000 on the real clock)");
+    let Value::Array(info) = run(&mut con, &["RL.INFO", "k"]) else { panic!() };
+    let tat: i64 = info
+        .chunks(2)
+        .find(|kv| kv[0] == Value::BulkString(b"tat_us".to_vec()))
+        .and_then(|kv| match &kv[1] {
+            Value::Int(i) => Some(*i),
+            Value::BulkString(b) => String::from_utf8_lossy(b).parse().ok(),
+            _ => None,
+        })
+        .expect("tat_us");
+    let now = now_us();
+    assert!((tat - now - 12_000_000).abs() < 5_000_000, "tat_us {tat} vs now {now}: the clock moved");
+    let Value::Int(pttl) = run(&mut con, &["PTTL", "k"]) else { panic!() };
+    assert!((10_000..=12_000).contains(&pttl), "PTTL {pttl}");
+}
+
+/// COMMAND GETKEYS names exactly the declared key(s) for every command, and running each command
+/// (as admin, on an empty database) creates no key other than those: DBSIZE grows by at most the
+/// number of declared keys and KEYS * lists only them.
+#[test]
+fn commands_touch_only_their_declared_keys() {
+    let s = Server::start();
+    let mut con = s.conn();
+    let payload = gcra_payload();
+    let mut checked = 0;
+    for key in ["tenantA:k", "{t}:k", "k"] {
+        for (name, args, declared) in all_commands(key, &payload) {
+            let mut getkeys = vec![b"COMMAND".to_vec(), b"GETKEYS".to_vec()];
+            getkeys.extend(args.iter().cloned());
+            let got: Vec<String> = build(&getkeys).query(&mut con).unwrap_or_else(|e| panic!("GETKEYS {name}: {}", err_text(&e)));
+            assert_eq!(got, declared, "COMMAND GETKEYS {}", shown(&args));
+
+            // Run on an empty db (and, for RL.INFO / RL.RESET, on a db holding the key).
+            for prefill in [false, true] {
+                run(&mut con, &["FLUSHALL"]);
+                if prefill {
+                    if name == "rl.info" || name == "rl.reset" {
+                        run(&mut con, &["RL.GCRA", key, "10", "60s"]);
+                    } else {
+                        try_run(&mut con, &args).unwrap_or_else(|e| panic!("{}: {}", shown(&args), err_text(&e)));
+                    }
+                }
+                let before = dbsize(&mut con);
+                try_run(&mut con, &args).unwrap_or_else(|e| panic!("{}: {}", shown(&args), err_text(&e)));
+                let after = dbsize(&mut con);
+                let ks = keys_star(&mut con);
+                assert!(after - before <= declared.len() as i64, "{name}: DBSIZE {before} → {after}");
+                assert!(ks.iter().all(|k| declared.contains(k)), "{name} left keys {ks:?}, declared {declared:?}");
+                checked += 1;
+            }
+        }
+    }
+    // RL.DEBUG declares no key.
+    let e = redis::cmd("COMMAND")
+        .arg("GETKEYS")
+        .arg("RL.DEBUG")
+        .arg("CLOCK")
+        .arg("GET")
+        .query::<Vec<String>>(&mut con)
+        .expect_err("RL.DEBUG has no keys");
+    assert!(err_text(&e).contains("no key arguments"), "{}", err_text(&e));
+    // RL.MULTI with three keys declares all three, in order.
+    let got: Vec<String> = redis::cmd("COMMAND")
+        .arg("GETKEYS")
+        .arg(&["RL.MULTI", "3", "a", "b", "c", "GCRA", "1", "1s", "FIXED", "1", "1s", "SLIDING", "1", "1s"])
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(got, vec!["a", "b", "c"]);
+    println!("acl figures [declared keys]: command runs checked {checked}");
+}
