@@ -2,7 +2,7 @@
 # Local 6-node Redis Cluster (3 primaries, 3 replicas) with the module loaded.
 #
 # usage: scripts/cluster.sh start|stop|status [base_port] [module_path]
-#   base_port   first port (default 30001); nodes use base_port..base_port+5
+#   base_port   first port (default 7001); nodes use base_port..base_port+5
 #               and cluster bus ports base_port+10000..
 #   module_path default: <repo>/target/release/libredis_ratelimit.so
 #   MODULE_ARGS env: extra module arguments (e.g. MODULE_ARGS=DEBUG_CLOCK)
@@ -10,7 +10,7 @@
 set -euo pipefail
 
 cmd=${1:-}
-base=${2:-30001}
+base=${2:-7001}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 module=${3:-$root/target/release/libredis_ratelimit.so}
 dir=/tmp/rl-cluster-$base
