@@ -7,7 +7,7 @@ MODULE := target/release/libredis_ratelimit.so
 CLUSTER_BASE ?= 7001
 TEST_THREADS ?= 4
 
-.PHONY: all deps build run test examples burst cluster cluster-stop clean
+.PHONY: all deps build run test test-long examples burst fuzz fuzz-long cluster cluster-stop clean
 
 all: build
 
@@ -26,6 +26,17 @@ test: build
 
 examples: build
 	bash scripts/examples.sh
+
+# Longer load, hostile-input, fault and fuzz-property runs (RL_LONG=1).
+test-long: build
+	RL_LONG=1 RL_FUZZ_CASES=50000 $(CARGO) test --release --test load --test hostile --test faults --test fuzz_props -- --test-threads=$(TEST_THREADS) --nocapture
+
+# cargo fuzz targets (args, codec, algorithms): FUZZ_SECONDS each (default 10); fuzz-long: 600.
+fuzz:
+	bash scripts/fuzz.sh
+
+fuzz-long:
+	FUZZ_SECONDS=$${FUZZ_SECONDS:-600} bash scripts/fuzz.sh
 
 # The effective-burst harness: worst count in any 60 s window per algorithm and trace.
 burst: build

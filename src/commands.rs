@@ -297,6 +297,7 @@ pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         }
     }
     let key = Key::open(ctx, argv[1], true);
+    let log_or_missing = matches!(key.held(), Held::Ours(State::SlidingLog(_)) | Held::Missing);
     let stored = match key.held() {
         Held::Ours(s) => Some(s),
         Held::Missing => None,
@@ -305,7 +306,11 @@ pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         _ if matches!(update, Update::Replace(_)) => None,
         _ => return Err(WRONGTYPE.to_string()),
     };
-    if let Some(new) = update.apply(stored).map_err(|e| format!("WRONGTYPE {e}"))? {
+    let applied = update.apply(stored).map_err(|e| match log_or_missing {
+        true => format!("ERR invalid state payload: {e}"),
+        false => format!("WRONGTYPE {e}"),
+    })?;
+    if let Some(new) = applied {
         key.set(new)?;
     }
     if let Some(at) = expire_at {
@@ -375,12 +380,12 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         (2..2 + numkeys).for_each(|pos| unsafe { raw::RedisModule_KeyAtPos.unwrap()(ctx, pos as c_int) });
         return Ok(());
     }
-    for (i, a) in keys.iter().enumerate() {
-        if keys[..i].iter().any(|b| bytes(*a) == bytes(*b)) {
-            return Err("ERR RL.MULTI keys must be distinct".into());
-        }
-    }
+    // Parse first: the limits must match the keys before any per-key work is done.
     let m = with_arg_bytes(&argv[2 + numkeys..], |a| args::multi(a, numkeys))?;
+    let mut seen = std::collections::HashSet::with_capacity(numkeys);
+    if !keys.iter().all(|k| seen.insert(bytes(*k))) {
+        return Err("ERR RL.MULTI keys must be distinct".into());
+    }
     let now = clock::now();
     let opened: Vec<Key> = keys.iter().map(|k| Key::open(ctx, *k, true)).collect();
     let mut states = Vec::with_capacity(numkeys);
@@ -404,9 +409,11 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     // Refused: nothing is consumed; each limit reports its own view with its state unchanged.
     let peeks = if admitted || m.req.cost == 0 { None } else { Some(decide(Request::new(0))?) };
     drop(states);
-    if admitted && !m.dryrun {
+    if !m.dryrun {
         for (key, (d, u)) in opened.iter().zip(&outcome) {
-            if let Some(u) = u {
+            // Refused: nothing is consumed, but a limit that refused under new parameters
+            // keeps its converted state, exactly as the single-key command does.
+            if let (Some(u), true) = (u, admitted || d.allowed == 0) {
                 store(key, u, d.reset_after)?;
             }
         }

@@ -48,5 +48,7 @@ pub fn check(state: Option<&State>, win: &Window, now: Nanos, req: Request) -> (
         reset_after: if after.count > 0 { to_end } else { 0 },
         delay: None,
     };
-    (decision, if granted > 0 { Some(after) } else { None })
+    // New parameters are kept even when nothing is granted (see gcra).
+    let converted = state.is_some_and(|s| s.win != *win) && req.cost > 0 && decision.reset_after > 0;
+    (decision, if granted > 0 || converted { Some(after) } else { None })
 }

@@ -81,5 +81,8 @@ pub(crate) fn decide(state: Option<&State>, rate: &Rate, now: Nanos, req: Reques
         reset_after: to_nanos(div_ceil_i128(debt, l)),
         delay: None,
     };
-    (decision, None)
+    // New parameters are kept even when nothing is granted (nothing is consumed either):
+    // otherwise the old rate would keep refilling the key and retry_after would be too early.
+    let converted = state.is_some_and(|s| s.rate != *rate) && req.cost > 0 && debt > 0 && debt <= cap;
+    (decision, converted.then_some(State { rate: *rate, tat: n + debt }))
 }

@@ -72,7 +72,9 @@ pub fn check(state: Option<&State>, win: &Window, now: Nanos, req: Request) -> (
         reset_after: reset_after(&after, now),
         delay: None,
     };
-    (decision, if granted > 0 { Some(after) } else { None })
+    // New parameters are kept even when nothing is granted (see gcra).
+    let converted = state.is_some_and(|s| s.win != *win) && req.cost > 0 && decision.reset_after > 0;
+    (decision, if granted > 0 || converted { Some(after) } else { None })
 }
 
 /// Exact time until `need` units fit: later in this window as the previous window's weight

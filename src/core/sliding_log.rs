@@ -161,6 +161,13 @@ impl State {
         }
     }
 
+    /// The stored total once `c` is applied: the module never writes more than the limit, and
+    /// a commit that would (a forged RL.SETSTATE) is refused so every log stays loadable.
+    pub fn total_after(&self, c: &Commit) -> u64 {
+        let expired = self.log.units_through(c.cutoff);
+        (self.log.total - expired.min(self.log.total)).saturating_add(c.units)
+    }
+
     /// Units admitted within (now − window, now].
     pub fn in_window(&self, now: Nanos) -> u64 {
         let cutoff = micros(now) - window_us(&self.win);

@@ -90,6 +90,9 @@ impl Update {
             }
             (Update::Replace(s), None) => Ok(Some(s.clone())),
             (Update::Log(c), Some(State::SlidingLog(log))) => {
+                if log.total_after(c) > super::MAX_COUNT {
+                    return Err("the log would hold more units than any limit allows");
+                }
                 log.apply(c);
                 Ok(None)
             }

@@ -63,5 +63,7 @@ pub fn check(state: Option<&State>, rate: &Rate, now: Nanos, req: Request) -> (D
         reset_after: to_nanos(div_ceil_i128(cap - tokens, l)),
         delay: None,
     };
-    (decision, None)
+    // New parameters are kept even when nothing is granted (see gcra).
+    let converted = state.is_some_and(|s| s.rate != *rate) && req.cost > 0 && (0..cap).contains(&tokens);
+    (decision, converted.then_some(State { rate: *rate, tokens, last: now }))
 }

@@ -1,0 +1,5 @@
+#![no_main]
+//! cargo fuzz target: see rl_fuzz::algorithms_target (fuzz/src/lib.rs).
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| rl_fuzz::algorithms_target(data));

@@ -1,0 +1,225 @@
+//! Helpers shared by the robustness tests (load, hostile, faults): a seeded PRNG, reply
+//! validation, and a driver of the pure core used as the exact model of the server.
+//! Included with `#[path = "common/robust.rs"] mod robust;` next to `resp`.
+#![allow(dead_code)]
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use redis_ratelimit::core::codec::State;
+use redis_ratelimit::core::spec::{Spec, Update};
+use redis_ratelimit::core::{ceil_ms, Decision, Nanos, Rate, Request, Window, NANOS_PER_MICRO, NANOS_PER_SEC};
+
+use crate::resp::Reply;
+
+/// xorshift64*: seeded, no extra crates.
+#[derive(Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + self.below((hi - lo + 1) as u64) as i64
+    }
+    pub fn chance(&mut self, pct: u64) -> bool {
+        self.below(100) < pct
+    }
+    pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+        &xs[self.below(xs.len() as u64) as usize]
+    }
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// Seed from `RL_SEED` (decimal) or the given default; printed by the tests so a failure can
+/// be replayed.
+pub fn seed(default: u64) -> u64 {
+    std::env::var("RL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// True when the long variants were asked for (`RL_LONG=1`, e.g. `make test-long`).
+pub fn long() -> bool {
+    matches!(std::env::var("RL_LONG").as_deref(), Ok(v) if !v.is_empty() && v != "0")
+}
+
+/// The host's wall clock in µs (the same clock the module reads without DEBUG_CLOCK).
+pub fn wall_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
+}
+
+pub fn wall_ms() -> i64 {
+    wall_us() / 1000
+}
+
+/// The six limiter commands (CL.THROTTLE is separate: other arguments and reply).
+pub const LIMITERS: [&str; 6] = ["RL.GCRA", "RL.TOKENBUCKET", "RL.LEAKY", "RL.SLIDING", "RL.FIXED", "RL.SLIDINGLOG"];
+
+pub fn is_bucket(cmd: &str) -> bool {
+    matches!(cmd.to_ascii_uppercase().as_str(), "RL.GCRA" | "RL.TOKENBUCKET" | "RL.LEAKY" | "CL.THROTTLE")
+}
+
+/// Decision fields of a limiter reply, RESP2 array or RESP3 map, after checking the shape.
+pub fn limiter_ints(r: &Reply, leaky: bool) -> Result<Vec<i64>, String> {
+    let n = if leaky { 6 } else { 5 };
+    let v: Vec<i64> = match r {
+        Reply::Array(Some(a)) => a.iter().map(|x| x.int()).collect::<Option<Vec<_>>>().ok_or("non-integer field")?,
+        Reply::Map(m) => {
+            const NAMES: [&str; 6] = ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms"];
+            let mut out = Vec::new();
+            for (i, (k, v)) in m.iter().enumerate() {
+                if k.bulk() != NAMES.get(i).map(|s| s.as_bytes()) {
+                    return Err(format!("map key {i} is {k:?}"));
+                }
+                out.push(v.int().ok_or("non-integer map value")?);
+            }
+            out
+        }
+        other => return Err(format!("not an array: {other:?}")),
+    };
+    if v.len() != n {
+        return Err(format!("{} fields, expected {n}: {v:?}", v.len()));
+    }
+    let (allowed, limit, remaining, retry, reset) = (v[0], v[1], v[2], v[3], v[4]);
+    let ok = allowed >= 0
+        && allowed <= limit
+        && limit >= 1
+        && (0..=limit).contains(&remaining)
+        && (retry == -1 || retry >= 1)
+        && reset >= 0
+        && (allowed == 0 || retry == -1);
+    if !ok {
+        return Err(format!("fields out of range: {v:?}"));
+    }
+    if leaky {
+        let delay = v[5];
+        if (allowed > 0 && delay < 0) || (allowed == 0 && delay != -1) {
+            return Err(format!("delay_ms inconsistent: {v:?}"));
+        }
+    }
+    Ok(v)
+}
+
+/// CL.THROTTLE's reply: [limited 0/1, limit, remaining, retry_s, reset_s].
+pub fn throttle_ints(r: &Reply) -> Result<Vec<i64>, String> {
+    let v = r.ints().ok_or_else(|| format!("CL.THROTTLE reply not an integer array: {r:?}"))?;
+    let ok = v.len() == 5
+        && (v[0] == 0 || v[0] == 1)
+        && v[1] >= 1
+        && (0..=v[1]).contains(&v[2])
+        && v[3] >= -1
+        && v[4] >= 0
+        && (v[0] == 1 || v[3] == -1);
+    if !ok {
+        return Err(format!("CL.THROTTLE reply out of range: {v:?}"));
+    }
+    Ok(v)
+}
+
+/// Strips DUMP's trailer (2-byte RDB version + 8-byte CRC64) so payloads compare across Redis
+/// versions.
+pub fn dump_body(d: &[u8]) -> &[u8] {
+    &d[..d.len().saturating_sub(10)]
+}
+
+pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    needle.is_empty() || hay.windows(needle.len()).any(|w| w == needle)
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap()).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The core as the server's exact model.
+
+/// The spec a limiter command builds (period in ns).
+pub fn spec_of(cmd: &str, limit: u64, period: Nanos, burst: Option<u64>) -> Spec {
+    let rate = || Rate::new(limit, period, burst.unwrap_or(limit)).unwrap();
+    let win = || Window::new(limit, period).unwrap();
+    match cmd.to_ascii_uppercase().as_str() {
+        "RL.GCRA" => Spec::Gcra(rate()),
+        "RL.TOKENBUCKET" => Spec::TokenBucket(rate()),
+        "RL.LEAKY" => Spec::Leaky(rate()),
+        "RL.SLIDING" => Spec::Sliding(win()),
+        "RL.FIXED" => Spec::Fixed(win()),
+        "RL.SLIDINGLOG" => Spec::SlidingLog(win()),
+        other => panic!("no spec for {other}"),
+    }
+}
+
+/// CL.THROTTLE's model: GCRA at `count` per `secs` with a burst of max_burst + 1.
+pub fn throttle_spec(max_burst: u64, count: u64, secs: i64) -> Spec {
+    Spec::Gcra(Rate::new(count, secs * NANOS_PER_SEC, max_burst + 1).unwrap())
+}
+
+/// One key's model state.
+#[derive(Clone, Debug, Default)]
+pub struct Model {
+    pub state: Option<State>,
+}
+
+impl Model {
+    /// Runs one check at `now_us` and stores the update unless `dryrun`.
+    pub fn check(&mut self, spec: &Spec, now_us: i64, req: Request, dryrun: bool) -> Decision {
+        let (d, u) = spec.check(self.state.as_ref(), now_us * NANOS_PER_MICRO, req).expect("model: algorithm mismatch");
+        if let (Some(u), false) = (u, dryrun) {
+            self.apply(&u);
+        }
+        d
+    }
+
+    pub fn apply(&mut self, u: &Update) {
+        if let Some(new) = u.apply(self.state.as_mut()).expect("model: apply") {
+            self.state = Some(new);
+        }
+    }
+
+    pub fn encoded(&self) -> Option<Vec<u8>> {
+        self.state.as_ref().map(|s| s.encode())
+    }
+}
+
+/// The RESP2 integers the module replies for a decision.
+pub fn decision_ints(d: &Decision, leaky: bool) -> Vec<i64> {
+    let ms = |x: Option<Nanos>| x.map_or(-1, ceil_ms);
+    let mut v = vec![d.allowed as i64, d.limit as i64, d.remaining as i64, ms(d.retry_after), ceil_ms(d.reset_after)];
+    if leaky {
+        v.push(ms(d.delay));
+    }
+    v
+}
+
+/// redis-cell's whole seconds (as the module computes them for CL.THROTTLE).
+pub fn cell_seconds(ns: Option<Nanos>) -> i64 {
+    match ns {
+        None => -1,
+        Some(ns) => ns / NANOS_PER_SEC + ((ns % NANOS_PER_SEC) / 1_000_000 >= 1) as i64,
+    }
+}
+
+/// The CL.THROTTLE reply for a decision of a quantity-`q` request.
+pub fn throttle_ints_of(d: &Decision, q: u64) -> Vec<i64> {
+    let limited = q > 0 && d.allowed == 0;
+    vec![limited as i64, d.limit as i64, d.remaining as i64, cell_seconds(d.retry_after), cell_seconds(Some(d.reset_after))]
+}
