@@ -7,7 +7,7 @@ MODULE := target/release/libredis_ratelimit.so
 CLUSTER_BASE ?= 7001
 TEST_THREADS ?= 4
 
-.PHONY: all deps build run test test-long examples burst fuzz fuzz-long cluster cluster-stop clean
+.PHONY: all deps build run test test-long examples burst bench profile fuzz fuzz-long cluster cluster-stop clean
 
 all: build
 
@@ -37,6 +37,16 @@ fuzz:
 
 fuzz-long:
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-600} bash scripts/fuzz.sh
+
+# Benchmarks: INCR, every RL command and the seeds' Lua scripts on one server in one run
+# (target/bench-report.md), then the cores alone (criterion).
+bench: build
+	bash scripts/bench.sh
+	$(CARGO) bench --bench core
+
+# Instructions per call under callgrind (repeatable whatever the machine load).
+profile: build
+	bash scripts/profile.sh
 
 # The effective-burst harness: worst count in any 60 s window per algorithm and trace.
 burst: build

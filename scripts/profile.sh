@@ -8,7 +8,8 @@
 #
 # Environment: PROFILE_PORT [6391], RL_MODULE [target/release/libredis_ratelimit.so],
 # PROFILE_KEYS [20000] (-r), PROFILE_N [20000] (measured calls per command),
-# PROFILE_OUT [target/profile] (callgrind.out.* files and profile.md).
+# PROFILE_OUT [target/profile] (callgrind.out.* files and profile.md),
+# PROFILE_LOG_LIMITS ["10 1000 100000"] (the sliding log at its limit; empty to skip).
 #
 # For each command: FLUSHALL, one unmeasured call on every key (keys exist, as in the benchmark),
 # counters zeroed, PROFILE_N pipelined calls, counters dumped. Read a dump with
@@ -36,7 +37,7 @@ cp "$MODULE" "$OUT/module.so"   # symbols stay resolvable even if the module is 
 
 valgrind --tool=callgrind --toggle-collect=call --callgrind-out-file="$OUT/callgrind.out.%p" \
   redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$OUT" \
-  --loadmodule "$OUT/module.so" >"$OUT/valgrind.log" 2>&1 &
+  --loadmodule "$OUT/module.so" DEBUG_CLOCK >"$OUT/valgrind.log" 2>&1 &
 VPID=$!
 cleanup() { kill "$VPID" 2>/dev/null || true; wait "$VPID" 2>/dev/null || true; }
 trap cleanup EXIT
@@ -47,6 +48,8 @@ cli ping >/dev/null
 SHA_TB=$(cli SCRIPT LOAD "$(cat scripts/lua/token_bucket.lua)")
 SHA_SW=$(cli SCRIPT LOAD "$(cat scripts/lua/sliding_counter.lua)")
 SHA_ZL=$(cli SCRIPT LOAD "$(cat scripts/lua/zset_log.lua)")
+SHA_STEP=$(cli SCRIPT LOAD "$(cat scripts/lua/log_step.lua)")
+read -r -a LOG_LIMITS <<<"${PROFILE_LOG_LIMITS-10 1000 100000}"
 
 CASES=(
   "INCR|INCR key:__rand_int__"
@@ -87,10 +90,32 @@ for c in "${CASES[@]}"; do
   redis-benchmark -p "$PORT" -c 50 -P 16 -n "$N" -r "$KEYS" -q "${argv[@]}" >/dev/null 2>&1
   i=$((i + 1))
   callgrind_control -d "case$i" "$VPID" >/dev/null 2>&1
-  f=$(ls -t "$OUT"/callgrind.out.*.* | head -1)
+  f=$(grep -l "^desc: Trigger: dump case$i\$" "$OUT"/callgrind.out.*.* | head -1)
+  [ -n "$f" ] || { echo "profile: no callgrind dump for $label" >&2; exit 1; }
   FILE[$label]=$f
   total=$(callgrind_annotate "$f" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
   IR[$label]=$((total / N))
+done
+
+# The sliding log at its limit: `limit` entries one second apart on the debug clock (window =
+# limit seconds), then PROFILE_N/2 calls of scripts/lua/log_step.lua, each stepping the clock one
+# second: every call evicts one entry and admits one. Counted: RL.SLIDINGLOG's command body.
+declare -A LOG_IR
+for limit in "${LOG_LIMITS[@]}"; do
+  echo "profile: sliding log at its limit $limit" >&2
+  cli FLUSHALL >/dev/null
+  cli RL.DEBUG CLOCK SET "$(( $(date +%s) * 1000000 ))" >/dev/null
+  awk -v n="$limit" -v sha="$SHA_STEP" 'BEGIN {
+    for (i = 0; i < n; i++) printf "EVALSHA %s 1 hot %d %ds 1000000\r\n", sha, n, n }' |
+    cli --pipe >/dev/null 2>&1 || { echo "profile: filling the log failed" >&2; exit 1; }
+  callgrind_control -z "$VPID" >/dev/null 2>&1
+  redis-benchmark -p "$PORT" -c 50 -P 16 -n $((N / 2)) -q EVALSHA "$SHA_STEP" 1 hot "$limit" "${limit}s" 1000000 >/dev/null 2>&1
+  i=$((i + 1))
+  callgrind_control -d "case$i" "$VPID" >/dev/null 2>&1
+  f=$(grep -l "^desc: Trigger: dump case$i\$" "$OUT"/callgrind.out.*.* | head -1)
+  ir=$(callgrind_annotate --inclusive=yes "$f" 2>/dev/null | awk '/=>/ { next } /commands::sliding_log_command([[:space:]]|$)/ && !done { gsub(",", "", $1); print $1; done = 1 }')
+  LOG_IR[$limit]=$(( ${ir:-0} / (N / 2) ))
+  cli RL.DEBUG CLOCK REAL >/dev/null
 done
 
 {
@@ -109,11 +134,21 @@ done
   echo "|---|---:|"
   callgrind_annotate --inclusive=yes "${FILE[RL.GCRA]}" 2>/dev/null |
     awk -v n="$N" '
+      # (callgrind_annotate prints "file:function [object]" or, depending on the directory it
+      # runs in, "file:function": match both)
       /=>/ { next }
-      /:(RM_Replicate|lookupCommandByCString|moduleCreateArgvFromUserFormat|RM_OpenKey|RM_SetAbsExpire|RM_ReplyWithLongLong|RM_ReplyWithArray|RM_GetContextFlags|RM_CloseKey|RM_Milliseconds|RM_ModuleTypeSetValue)[[:space:]]/ ||
-      /redis_ratelimit::(commands::store|reply::named_integers|core::spec::Spec::check|args::spec_and_options|commands::limiter) \[/ {
+      /:(RM_Replicate|lookupCommandByCString|moduleCreateArgvFromUserFormat|RM_OpenKey|RM_SetAbsExpire|RM_ReplyWithLongLong|RM_ReplyWithArray|RM_GetContextFlags|RM_CloseKey|RM_Milliseconds|RM_ModuleTypeSetValue)([[:space:]]|$)/ ||
+      /redis_ratelimit::(commands::store|reply::named_integers|core::spec::Spec::check|args::spec_and_options|commands::limiter)([[:space:]]|$)/ {
         ir = $1; gsub(",", "", ir); name = $0; sub(/^[^:]*:/, "", name); sub(/ \[.*/, "", name)
         if (!(name in seen)) { seen[name] = 1; printf "| %s | %d |\n", name, ir / n }
       }'
+  if [ ${#LOG_LIMITS[@]} -gt 0 ]; then
+    echo ""
+    echo "### RL.SLIDINGLOG at its limit, admit one and evict one per call (its command body, Ir per call)"
+    echo ""
+    echo "| limit | Ir/call |"
+    echo "|---:|---:|"
+    for limit in "${LOG_LIMITS[@]}"; do echo "| $limit | ${LOG_IR[$limit]} |"; done
+  fi
 } | tee "$OUT/profile.md"
 echo "profile: dumps and profile.md in $OUT" >&2
