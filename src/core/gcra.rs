@@ -5,10 +5,7 @@
 //! exactly `period` and the tolerance exactly `burst × period`; nothing is ever rounded until
 //! a duration is reported.
 
-use super::{
-    clamp_units, div_ceil_i128, div_floor_i128, rescale_tokens, to_nanos, Decision, Nanos, Rate,
-    Request,
-};
+use super::{bucket_decision, div_ceil_i128, rescale_tokens, to_nanos, Decision, Nanos, Rate, Request};
 
 /// Packed to 8-byte alignment (the i128 would otherwise pad every key's value to 64 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,7 +40,6 @@ pub fn check(state: Option<&State>, rate: &Rate, now: Nanos, req: Request) -> (D
 /// `check`, also reporting in `delay` the debt found on arrival (the leaky bucket's wait).
 pub(crate) fn decide(state: Option<&State>, rate: &Rate, now: Nanos, req: Request) -> (Decision, Option<State>) {
     let l = rate.limit as i128;
-    let p = rate.period as i128;
     let n = now as i128 * l;
     let cap = rate.capacity_scaled();
     let tat = match state {
@@ -52,35 +48,11 @@ pub(crate) fn decide(state: Option<&State>, rate: &Rate, now: Nanos, req: Reques
         Some(s) => n + cap - rescale_tokens(s.tokens_scaled(now), &s.rate, rate),
     };
     let debt = (tat - n).max(0);
-    let tokens = cap - debt;
-    let available = clamp_units(div_floor_i128(tokens, p), rate.burst);
-    let granted = req.grant(available);
-    if granted > 0 {
-        let new_debt = debt + granted as i128 * p;
-        let decision = Decision {
-            allowed: granted,
-            limit: rate.burst,
-            remaining: clamp_units(div_floor_i128(cap - new_debt, p), rate.burst),
-            retry_after: None,
-            reset_after: to_nanos(div_ceil_i128(new_debt, l)),
-            delay: Some(to_nanos(div_ceil_i128(debt, l))),
-        };
-        return (decision, Some(State { rate: *rate, tat: n + new_debt }));
+    let (mut decision, left) = bucket_decision(rate, cap - debt, req);
+    if decision.allowed > 0 {
+        decision.delay = Some(to_nanos(div_ceil_i128(debt, l)));
+        return (decision, Some(State { rate: *rate, tat: n + cap - left }));
     }
-    let need = req.needed() as i128 * p;
-    let retry_after = if req.cost == 0 || need > cap {
-        None
-    } else {
-        Some(to_nanos(div_ceil_i128(need - tokens, l)))
-    };
-    let decision = Decision {
-        allowed: 0,
-        limit: rate.burst,
-        remaining: available,
-        retry_after,
-        reset_after: to_nanos(div_ceil_i128(debt, l)),
-        delay: None,
-    };
     // New parameters are kept even when nothing is granted (nothing is consumed either):
     // otherwise the old rate would keep refilling the key and retry_after would be too early.
     let converted = state.is_some_and(|s| s.rate != *rate) && req.cost > 0 && debt > 0 && debt <= cap;

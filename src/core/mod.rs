@@ -212,3 +212,31 @@ pub(crate) fn rescale_tokens(tokens: i128, from: &Rate, to: &Rate) -> i128 {
     };
     rescaled.min(to.capacity_scaled())
 }
+
+/// The bucket model's answer (GCRA, token bucket, leaky bucket) given the balance found on
+/// arrival, `tokens` in units of 1/period (at most the capacity). Shared, so the algorithms
+/// that keep this balance in different forms answer identically. Returns the decision and the
+/// balance left after it.
+pub(crate) fn bucket_decision(rate: &Rate, tokens: i128, req: Request) -> (Decision, i128) {
+    let l = rate.limit as i128;
+    let p = rate.period as i128;
+    let cap = rate.capacity_scaled();
+    let available = clamp_units(div_floor_i128(tokens, p), rate.burst);
+    let granted = req.grant(available);
+    let left = tokens - granted as i128 * p;
+    let need = req.needed() as i128 * p;
+    let retry_after = if granted > 0 || req.cost == 0 || need > cap {
+        None
+    } else {
+        Some(to_nanos(div_ceil_i128(need - tokens, l)))
+    };
+    let decision = Decision {
+        allowed: granted,
+        limit: rate.burst,
+        remaining: clamp_units(div_floor_i128(left, p), rate.burst),
+        retry_after,
+        reset_after: to_nanos(div_ceil_i128(cap - left, l)),
+        delay: None,
+    };
+    (decision, left)
+}

@@ -4,7 +4,7 @@
 //! exactly `limit` units per nanosecond: no division, no rounding, no float. It implements the
 //! same admission model as GCRA and answers identically (a property test checks it).
 
-use super::{clamp_units, div_ceil_i128, div_floor_i128, rescale_tokens, to_nanos, Decision, Nanos, Rate, Request};
+use super::{bucket_decision, rescale_tokens, Decision, Nanos, Rate, Request};
 
 /// Packed to 8-byte alignment, as gcra::State.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,42 +27,16 @@ impl State {
 }
 
 pub fn check(state: Option<&State>, rate: &Rate, now: Nanos, req: Request) -> (Decision, Option<State>) {
-    let l = rate.limit as i128;
-    let p = rate.period as i128;
     let cap = rate.capacity_scaled();
     let tokens = match state {
         None => cap,
         Some(s) if s.rate == *rate => s.tokens_scaled(now),
         Some(s) => rescale_tokens(s.tokens_scaled(now), &s.rate, rate),
     };
-    let available = clamp_units(div_floor_i128(tokens, p), rate.burst);
-    let granted = req.grant(available);
-    if granted > 0 {
-        let left = tokens - granted as i128 * p;
-        let decision = Decision {
-            allowed: granted,
-            limit: rate.burst,
-            remaining: clamp_units(div_floor_i128(left, p), rate.burst),
-            retry_after: None,
-            reset_after: to_nanos(div_ceil_i128(cap - left, l)),
-            delay: None,
-        };
+    let (decision, left) = bucket_decision(rate, tokens, req);
+    if decision.allowed > 0 {
         return (decision, Some(State { rate: *rate, tokens: left, last: now }));
     }
-    let need = req.needed() as i128 * p;
-    let retry_after = if req.cost == 0 || need > cap {
-        None
-    } else {
-        Some(to_nanos(div_ceil_i128(need - tokens, l)))
-    };
-    let decision = Decision {
-        allowed: 0,
-        limit: rate.burst,
-        remaining: available,
-        retry_after,
-        reset_after: to_nanos(div_ceil_i128(cap - tokens, l)),
-        delay: None,
-    };
     // New parameters are kept even when nothing is granted (see gcra).
     let converted = state.is_some_and(|s| s.rate != *rate) && req.cost > 0 && (0..cap).contains(&tokens);
     (decision, converted.then_some(State { rate: *rate, tokens, last: now }))
