@@ -45,7 +45,7 @@ fn overflows(arg: &[u8]) -> bool {
 /// A count from 1 to MAX_COUNT (limit, BURST).
 pub fn positive(arg: &[u8], name: &str) -> ArgResult<u64> {
     match digits(arg) {
-        Some(n) if n >= 1 && n <= MAX_COUNT => Ok(n),
+        Some(n) if (1..=MAX_COUNT).contains(&n) => Ok(n),
         Some(n) if n > MAX_COUNT => Err(format!("ERR {name} must be a positive integer no larger than {MAX_COUNT}")),
         None if overflows(arg) => {
             Err(format!("ERR {name} must be a positive integer no larger than {MAX_COUNT}"))

@@ -26,7 +26,7 @@ pub fn real_us() -> i64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes into the timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    ts.tv_sec as i64 * 1_000_000 + ts.tv_nsec as i64 / 1_000
+    ts.tv_sec * 1_000_000 + ts.tv_nsec / 1_000
 }
 
 /// Now, in µs since the epoch.

@@ -15,6 +15,7 @@ struct Counters {
     limited: AtomicU64,
 }
 
+#[allow(clippy::declare_interior_mutable_const)] // only used to initialise the static array
 const ZERO: Counters = Counters { checks: AtomicU64::new(0), admitted_units: AtomicU64::new(0), limited: AtomicU64::new(0) };
 static COUNTERS: [Counters; 6] = [ZERO, ZERO, ZERO, ZERO, ZERO, ZERO];
 
@@ -35,7 +36,7 @@ pub fn record(algo: Algorithm, admitted: u64, limited: bool) {
 /// blocked without touching the application. Costs a flag test when notifications are off.
 pub fn notify_limited(ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) {
     unsafe {
-        raw::RedisModule_NotifyKeyspaceEvent.unwrap()(ctx, raw::REDISMODULE_NOTIFY_MODULE as i32, c"rl.limited".as_ptr(), key);
+        raw::RedisModule_NotifyKeyspaceEvent.unwrap()(ctx, raw::REDISMODULE_NOTIFY_MODULE, c"rl.limited".as_ptr(), key);
     }
 }
 

@@ -132,7 +132,7 @@ impl Key {
     pub fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, write: bool) -> Key {
         let mode = if write { raw::REDISMODULE_READ | raw::REDISMODULE_WRITE } else { raw::REDISMODULE_READ };
         // SAFETY: ctx and name come from the command invocation.
-        let key = unsafe { raw::RedisModule_OpenKey.unwrap()(ctx, name, mode as c_int) } as *mut RedisModuleKey;
+        let key = unsafe { raw::RedisModule_OpenKey.unwrap()(ctx, name, mode as c_int) };
         Key { ctx, key, name }
     }
 

@@ -9,7 +9,7 @@ use super::{bucket_decision, div_ceil_i128, rescale_tokens, to_nanos, Decision, 
 
 /// Packed to 8-byte alignment (the i128 would otherwise pad every key's value to 64 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(packed(8))]
+#[repr(Rust, packed(8))]
 pub struct State {
     pub rate: Rate,
     /// Theoretical arrival time, in ns × rate.limit.

@@ -8,7 +8,7 @@ use super::{bucket_decision, rescale_tokens, Decision, Nanos, Rate, Request};
 
 /// Packed to 8-byte alignment, as gcra::State.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(packed(8))]
+#[repr(Rust, packed(8))]
 pub struct State {
     pub rate: Rate,
     /// Tokens × period at `last`.
