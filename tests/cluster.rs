@@ -9,8 +9,11 @@
 //! `cargo test --release --test cluster -- --nocapture`. docs/operations.md summarises them.
 
 mod common;
+#[path = "common/values.rs"]
+mod values;
 
 use common::{Cluster, Server};
+use values::ints;
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::cluster_routing::{get_slot, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{ConnectionLike, ErrorKind, RedisResult, Value};
@@ -49,19 +52,6 @@ fn run<C: ConnectionLike>(con: &mut C, args: &[&str]) -> Value {
 
 fn try_run<C: ConnectionLike>(con: &mut C, args: &[&str]) -> RedisResult<Value> {
     build(args).query::<Value>(con)
-}
-
-fn ints(v: &Value) -> Vec<i64> {
-    match v {
-        Value::Array(a) => a
-            .iter()
-            .map(|x| match x {
-                Value::Int(i) => *i,
-                other => panic!("expected integers, got {other:?} in {v:?}"),
-            })
-            .collect(),
-        other => panic!("expected an array of integers, got {other:?}"),
-    }
 }
 
 fn text(v: &Value) -> String {

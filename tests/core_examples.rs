@@ -3,11 +3,16 @@
 //! No Redis needed.
 
 use redis_ratelimit::core::{
-    ceil_ms, codec, fixed, gcra, leaky, sliding, sliding_log, token_bucket, Decision, Nanos, Rate,
+    ceil_ms, codec, gcra, leaky, sliding, sliding_log, token_bucket, Decision, Nanos, Rate,
     Request, Window, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
 };
 
 use codec::{Algorithm, State};
+
+#[path = "common/core_dispatch.rs"]
+mod core_dispatch;
+
+use core_dispatch::{check, Params};
 
 /// A realistic "now": 2023-11-14T22:13:20Z.
 const T0: Nanos = 1_700_000_000 * NANOS_PER_SEC;
@@ -24,66 +29,7 @@ fn partial(cost: u64) -> Request {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A uniform driver over all six algorithms (state kept as the codec's `State`).
-
-#[derive(Clone, Copy, Debug)]
-enum Params {
-    Rate(Rate),
-    Win(Window),
-}
-
-impl Params {
-    fn capacity(&self) -> u64 {
-        match self {
-            Params::Rate(r) => r.burst,
-            Params::Win(w) => w.limit,
-        }
-    }
-}
-
-fn check(algo: Algorithm, st: Option<&State>, p: &Params, now: Nanos, r: Request) -> (Decision, Option<State>) {
-    macro_rules! un {
-        ($variant:path) => {
-            st.map(|s| match s {
-                $variant(x) => x,
-                other => panic!("state {other:?} given to {algo:?}"),
-            })
-        };
-    }
-    match (algo, p) {
-        (Algorithm::Gcra, Params::Rate(rate)) => {
-            let (d, n) = gcra::check(un!(State::Gcra), rate, now, r);
-            (d, n.map(State::Gcra))
-        }
-        (Algorithm::TokenBucket, Params::Rate(rate)) => {
-            let (d, n) = token_bucket::check(un!(State::TokenBucket), rate, now, r);
-            (d, n.map(State::TokenBucket))
-        }
-        (Algorithm::Leaky, Params::Rate(rate)) => {
-            let (d, n) = leaky::check(un!(State::Leaky), rate, now, r);
-            (d, n.map(State::Leaky))
-        }
-        (Algorithm::Sliding, Params::Win(w)) => {
-            let (d, n) = sliding::check(un!(State::Sliding), w, now, r);
-            (d, n.map(State::Sliding))
-        }
-        (Algorithm::Fixed, Params::Win(w)) => {
-            let (d, n) = fixed::check(un!(State::Fixed), w, now, r);
-            (d, n.map(State::Fixed))
-        }
-        (Algorithm::SlidingLog, Params::Win(w)) => {
-            let old = un!(State::SlidingLog).map(|b| &**b);
-            let (d, c) = sliding_log::check(old, w, now, r);
-            let n = c.map(|c| {
-                let mut s = old.cloned().unwrap_or_else(|| sliding_log::State::new(*w));
-                s.apply(&c);
-                State::SlidingLog(Box::new(s))
-            });
-            (d, n)
-        }
-        (a, p) => panic!("{a:?} with {p:?}"),
-    }
-}
+// A uniform driver over all six algorithms: `check` and `Params` in common/core_dispatch.rs.
 
 /// Runs one call and stores the new state (a limited call leaves the state as it was).
 fn step(algo: Algorithm, st: &mut Option<State>, p: &Params, now: Nanos, r: Request) -> Decision {

@@ -3,8 +3,11 @@
 //! unchanged).
 
 mod common;
+#[path = "common/values.rs"]
+mod values;
 
 use common::{raw_cmd, Opts, Server};
+use values::{full_error, into_ints as ints};
 use redis::{Connection, Value};
 
 const T0: i64 = 1_700_000_000_000_000;
@@ -26,14 +29,6 @@ const LIMITERS: [(&str, &str, bool); 6] = [
 const OTHER_TYPES: [&str; 6] = ["t:string", "t:intstring", "t:list", "t:hash", "t:set", "t:zset"];
 
 // ---------------------------------------------------------------- helpers
-
-fn full_error(e: &redis::RedisError) -> String {
-    match (e.code(), e.detail()) {
-        (Some(code), Some(detail)) => format!("{code} {detail}"),
-        (Some(code), None) => code.to_string(),
-        _ => e.to_string(),
-    }
-}
 
 fn words(line: &str) -> Vec<Vec<u8>> {
     line.split(' ').filter(|w| !w.is_empty()).map(|w| w.as_bytes().to_vec()).collect()
@@ -64,19 +59,6 @@ fn show(args: &[Vec<u8>]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-fn ints(v: Value) -> Vec<i64> {
-    match v {
-        Value::Array(items) => items
-            .into_iter()
-            .map(|i| match i {
-                Value::Int(n) => n,
-                other => panic!("not an integer: {other:?}"),
-            })
-            .collect(),
-        other => panic!("not an array: {other:?}"),
-    }
 }
 
 /// A server holding one key per algorithm and one per other type; checks after every bad

@@ -2,11 +2,18 @@
 //! single-key commands (a partial grant never exceeds what single calls would admit).
 
 mod common;
+#[path = "common/traffic.rs"]
+mod traffic;
+#[path = "common/values.rs"]
+mod values;
 
 use common::{wait_replica_synced, Cluster, Opts, Server};
 use redis::{Connection, Value};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::collections::HashMap;
+use traffic::{
+    assert_same, clock_advance, clock_set, cmd_of, err_text, now_ms, snapshot, Rng, ALGOS,
+};
+use values::ints;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -15,65 +22,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// A multiple of 1 h (and so of every window used here).
 const T0_US: i64 = 1_699_999_200_000_000;
 
-const ALGOS: [&str; 6] = [
-    "GCRA",
-    "TOKENBUCKET",
-    "LEAKY",
-    "SLIDING",
-    "FIXED",
-    "SLIDINGLOG",
-];
-
-/// xorshift64*: a seeded PRNG, no extra crates.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + self.below((hi - lo + 1) as u64) as i64
-    }
-    fn chance(&mut self, pct: u64) -> bool {
-        self.below(100) < pct
-    }
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len() as u64) as usize]
-    }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn err_text(e: &redis::RedisError) -> String {
-    format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or(""))
-}
-
 fn words(s: &str) -> Vec<String> {
     s.split_whitespace().map(str::to_string).collect()
-}
-
-fn cmd_of(args: &[String]) -> redis::Cmd {
-    let mut c = redis::cmd(&args[0]);
-    for a in &args[1..] {
-        c.arg(a.as_str());
-    }
-    c
 }
 
 fn try_run(con: &mut Connection, line: &str) -> redis::RedisResult<Value> {
@@ -96,13 +46,6 @@ fn int(v: &Value) -> i64 {
     match v {
         Value::Int(i) => *i,
         other => panic!("expected an integer, got {other:?}"),
-    }
-}
-
-fn ints(v: &Value) -> Vec<i64> {
-    match v {
-        Value::Array(a) => a.iter().map(int).collect(),
-        other => panic!("expected an array of integers, got {other:?}"),
     }
 }
 
@@ -135,24 +78,6 @@ fn multi(con: &mut Connection, line: &str) -> Multi {
     parse_multi(&run(con, line))
 }
 
-fn clock_set(con: &mut Connection, us: i64) {
-    let _: () = redis::cmd("RL.DEBUG")
-        .arg("CLOCK")
-        .arg("SET")
-        .arg(us)
-        .query(con)
-        .unwrap();
-}
-
-fn clock_advance(con: &mut Connection, us: i64) {
-    let _: () = redis::cmd("RL.DEBUG")
-        .arg("CLOCK")
-        .arg("ADVANCE")
-        .arg(us)
-        .query(con)
-        .unwrap();
-}
-
 fn dump(con: &mut Connection, key: &str) -> Option<Vec<u8>> {
     redis::cmd("DUMP").arg(key).query(con).unwrap()
 }
@@ -171,60 +96,6 @@ fn states(con: &mut Connection, keys: &[&str]) -> Vec<(Option<Vec<u8>>, i64)> {
     keys.iter()
         .map(|k| (dump(con, k), pexpiretime(con, k)))
         .collect()
-}
-
-type Snap = BTreeMap<Vec<u8>, (Vec<u8>, i64)>;
-
-fn snapshot(con: &mut Connection) -> Snap {
-    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(con).unwrap();
-    let mut p = redis::pipe();
-    for k in &keys {
-        p.cmd("DUMP").arg(k).cmd("PEXPIRETIME").arg(k);
-    }
-    let vals: Vec<Value> = p.query(con).unwrap();
-    let mut snap = Snap::new();
-    for (k, pair) in keys.iter().zip(vals.chunks(2)) {
-        let Value::BulkString(d) = &pair[0] else {
-            continue;
-        };
-        let at = int(&pair[1]);
-        if at != -2 {
-            snap.insert(k.clone(), (d.clone(), at));
-        }
-    }
-    snap
-}
-
-/// Same keys, byte-identical DUMPs, same PEXPIRETIME; a key on one side only must have
-/// expired by `now`. Returns the number of keys compared.
-fn assert_same(a: &Snap, b: &Snap, now: i64, what: &str) -> usize {
-    let mut compared = 0;
-    let mut problems = Vec::new();
-    let all: BTreeSet<&Vec<u8>> = a.keys().chain(b.keys()).collect();
-    for k in all {
-        let name = String::from_utf8_lossy(k);
-        match (a.get(k), b.get(k)) {
-            (Some((da, ea)), Some((db, eb))) => {
-                compared += 1;
-                if da != db {
-                    problems.push(format!("{name}: DUMP differs\n  {da:02x?}\n  {db:02x?}"));
-                }
-                if ea != eb {
-                    problems.push(format!("{name}: PEXPIRETIME {ea} vs {eb}"));
-                }
-            }
-            (Some((_, e)), None) | (None, Some((_, e))) => {
-                if *e < 0 || *e > now {
-                    problems.push(format!(
-                        "{name}: on one side only, PEXPIRETIME {e}, now {now}"
-                    ));
-                }
-            }
-            (None, None) => unreachable!(),
-        }
-    }
-    assert!(problems.is_empty(), "{what}:\n{}", problems.join("\n"));
-    compared
 }
 
 // ---------------------------------------------------------------------------------------------

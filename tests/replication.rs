@@ -4,13 +4,21 @@
 //! RL.SETSTATE, never the check commands; DRYRUN, peeks and limited calls propagate nothing.
 
 mod common;
+#[path = "common/traffic.rs"]
+mod traffic;
+#[path = "common/values.rs"]
+mod values;
 
 use common::{wait_replica_synced, Opts, Server};
 use redis::{Connection, Value};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::thread::sleep;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+use traffic::{
+    assert_same, clock_get, clock_set, cmd_of, err_text, now_ms, snapshot, Rng, ALGOS,
+};
+use values::ints;
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers
@@ -19,88 +27,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// 2023-11-14T22:13:20Z, a multiple of 1 h (and so of every window used here).
 const T0_US: i64 = 1_699_999_200_000_000;
 
-/// xorshift64*: a seeded PRNG, no extra crates.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + self.below((hi - lo + 1) as u64) as i64
-    }
-    fn chance(&mut self, pct: u64) -> bool {
-        self.below(100) < pct
-    }
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len() as u64) as usize]
-    }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn err_text(e: &redis::RedisError) -> String {
-    format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or(""))
-}
-
-fn cmd_of(args: &[String]) -> redis::Cmd {
-    let mut c = redis::cmd(&args[0]);
-    for a in &args[1..] {
-        c.arg(a.as_str());
-    }
-    c
-}
-
 fn run(con: &mut Connection, args: &[String]) -> Value {
     cmd_of(args)
         .query::<Value>(con)
         .unwrap_or_else(|e| panic!("{} failed: {}", args.join(" "), err_text(&e)))
-}
-
-fn ints(v: &Value) -> Vec<i64> {
-    match v {
-        Value::Array(a) => a
-            .iter()
-            .map(|x| match x {
-                Value::Int(i) => *i,
-                other => panic!("expected integers, got {other:?} in {v:?}"),
-            })
-            .collect(),
-        other => panic!("expected an array of integers, got {other:?}"),
-    }
-}
-
-fn clock_set(con: &mut Connection, us: i64) {
-    let _: () = redis::cmd("RL.DEBUG")
-        .arg("CLOCK")
-        .arg("SET")
-        .arg(us)
-        .query(con)
-        .unwrap();
-}
-
-fn clock_get(con: &mut Connection) -> i64 {
-    redis::cmd("RL.DEBUG")
-        .arg("CLOCK")
-        .arg("GET")
-        .query(con)
-        .unwrap()
 }
 
 fn info_field(info: &str, field: &str) -> Option<String> {
@@ -121,15 +51,6 @@ fn repl_offset(s: &Server) -> i64 {
 // ---------------------------------------------------------------------------------------------
 // Random traffic over all algorithms, CL.THROTTLE and RL.MULTI
 // ---------------------------------------------------------------------------------------------
-
-const ALGOS: [&str; 6] = [
-    "GCRA",
-    "TOKENBUCKET",
-    "LEAKY",
-    "SLIDING",
-    "FIXED",
-    "SLIDINGLOG",
-];
 
 fn is_bucket(algo: &str) -> bool {
     matches!(algo, "GCRA" | "TOKENBUCKET" | "LEAKY")
@@ -437,76 +358,6 @@ fn traffic(con: &mut Connection, rng: &mut Rng, calls: usize, prefix: &str, wild
 // ---------------------------------------------------------------------------------------------
 // Snapshots: DUMP and PEXPIRETIME of every key
 // ---------------------------------------------------------------------------------------------
-
-type Snap = BTreeMap<Vec<u8>, (Vec<u8>, i64)>;
-
-fn snapshot(con: &mut Connection) -> Snap {
-    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(con).unwrap();
-    let mut p = redis::pipe();
-    for k in &keys {
-        p.cmd("DUMP").arg(k).cmd("PEXPIRETIME").arg(k);
-    }
-    let vals: Vec<Value> = p.query(con).unwrap();
-    let mut snap = Snap::new();
-    for (k, pair) in keys.iter().zip(vals.chunks(2)) {
-        let dump = match &pair[0] {
-            Value::BulkString(b) => b.clone(),
-            Value::Nil => continue, // expired between KEYS and DUMP
-            other => panic!("DUMP {}: {other:?}", String::from_utf8_lossy(k)),
-        };
-        let at = match &pair[1] {
-            Value::Int(i) => *i,
-            other => panic!("PEXPIRETIME {}: {other:?}", String::from_utf8_lossy(k)),
-        };
-        if at == -2 {
-            continue;
-        }
-        snap.insert(k.clone(), (dump, at));
-    }
-    snap
-}
-
-/// Asserts two snapshots hold the same keys with byte-identical DUMPs and identical absolute
-/// expiry. A key present on one side only is accepted only if its expiry had passed by
-/// `now` (the wall clock read after both snapshots). Returns the number of keys compared.
-fn assert_same(a: &Snap, b: &Snap, now: i64, what: &str) -> usize {
-    let mut compared = 0;
-    let all: BTreeSet<&Vec<u8>> = a.keys().chain(b.keys()).collect();
-    let mut problems = Vec::new();
-    for k in all {
-        let name = String::from_utf8_lossy(k);
-        match (a.get(k), b.get(k)) {
-            (Some((da, ea)), Some((db, eb))) => {
-                compared += 1;
-                if da != db {
-                    problems.push(format!(
-                        "{name}: DUMP differs\n  {:02x?}\n  {:02x?}",
-                        da, db
-                    ));
-                }
-                if ea != eb {
-                    problems.push(format!("{name}: PEXPIRETIME differs: {ea} vs {eb}"));
-                }
-            }
-            (Some((_, e)), None) | (None, Some((_, e))) => {
-                let side = if a.contains_key(k) { "first" } else { "second" };
-                if *e < 0 || *e > now {
-                    problems.push(format!(
-                        "{name}: only on the {side} side, with PEXPIRETIME {e} (now {now}): not explained by expiry"
-                    ));
-                }
-            }
-            (None, None) => unreachable!(),
-        }
-    }
-    assert!(
-        problems.is_empty(),
-        "{what}: {} problem(s):\n{}",
-        problems.len(),
-        problems.join("\n")
-    );
-    compared
-}
 
 fn rl_info(con: &mut Connection, key: &str) -> Vec<(String, Value)> {
     let v: Value = redis::cmd("RL.INFO").arg(key).query(con).unwrap();

@@ -3,8 +3,11 @@
 //! The expectations come from docs (notes/semantics.md), computed by hand in the comments.
 
 mod common;
+#[path = "common/values.rs"]
+mod values;
 
 use common::Server;
+use values::{full_error, into_ints as ints};
 use redis::{Connection, Value};
 use std::time::Duration;
 
@@ -44,34 +47,12 @@ fn err(c: &mut Connection, line: &str) -> String {
     }
 }
 
-/// The server's error line ("CODE detail").
-fn full_error(e: &redis::RedisError) -> String {
-    match (e.code(), e.detail()) {
-        (Some(code), Some(detail)) => format!("{code} {detail}"),
-        (Some(code), None) => code.to_string(),
-        _ => e.to_string(),
-    }
-}
-
 fn clock(c: &mut Connection, us: i64) {
     run(c, &format!("RL.DEBUG CLOCK SET {us}"));
 }
 
 fn advance(c: &mut Connection, us: i64) {
     run(c, &format!("RL.DEBUG CLOCK ADVANCE {us}"));
-}
-
-fn ints(v: Value) -> Vec<i64> {
-    match v {
-        Value::Array(items) => items
-            .into_iter()
-            .map(|i| match i {
-                Value::Int(n) => n,
-                other => panic!("not an integer: {other:?}"),
-            })
-            .collect(),
-        other => panic!("not an array: {other:?}"),
-    }
 }
 
 fn q(c: &mut Connection, line: &str) -> Vec<i64> {
