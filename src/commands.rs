@@ -98,19 +98,20 @@ fn replicate(key: &Key, update: &Update, expire_at: i64) {
         let mut buf = buf.borrow_mut();
         buf.clear();
         update.encode_into(&mut buf);
-        unsafe {
-            raw::RedisModule_Replicate.unwrap()(
-                key.ctx(),
-                SETSTATE.as_ptr(),
-                c"sbcl".as_ptr(),
-                key.name,
-                buf.as_ptr() as *const c_char,
-                buf.len(),
-                c"PXAT".as_ptr(),
-                expire_at as std::os::raw::c_longlong,
-            );
-        }
+        replicate_payload(key.ctx(), key.name, &buf, Some(expire_at));
     });
+}
+
+/// Propagates `RL.SETSTATE key payload [PXAT expire_at]` to replicas and the AOF.
+fn replicate_payload(ctx: *mut RedisModuleCtx, key: *mut RedisModuleString, payload: &[u8], expire_at: Option<i64>) {
+    let (p, len) = (payload.as_ptr() as *const c_char, payload.len());
+    let replicate = unsafe { raw::RedisModule_Replicate.unwrap() };
+    unsafe {
+        match expire_at {
+            Some(at) => replicate(ctx, SETSTATE.as_ptr(), c"sbcl".as_ptr(), key, p, len, c"PXAT".as_ptr(), at as std::os::raw::c_longlong),
+            None => replicate(ctx, SETSTATE.as_ptr(), c"sb".as_ptr(), key, p, len),
+        };
+    }
 }
 
 /// RL.GCRA, RL.TOKENBUCKET, RL.SLIDING, RL.SLIDINGLOG, RL.FIXED, RL.LEAKY.
@@ -316,28 +317,7 @@ pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     if let Some(at) = expire_at {
         key.expire_at(at);
     }
-    unsafe {
-        match expire_at {
-            Some(at) => raw::RedisModule_Replicate.unwrap()(
-                ctx,
-                SETSTATE.as_ptr(),
-                c"sbcl".as_ptr(),
-                argv[1],
-                payload.as_ptr() as *const c_char,
-                payload.len(),
-                c"PXAT".as_ptr(),
-                at as std::os::raw::c_longlong,
-            ),
-            None => raw::RedisModule_Replicate.unwrap()(
-                ctx,
-                SETSTATE.as_ptr(),
-                c"sb".as_ptr(),
-                argv[1],
-                payload.as_ptr() as *const c_char,
-                payload.len(),
-            ),
-        };
-    }
+    replicate_payload(ctx, argv[1], payload, expire_at);
     reply::simple(ctx, c"OK");
     Ok(())
 }
