@@ -79,6 +79,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             }
         }
     }
+    state::set_module_options(ctx.ctx);
     if let Err(e) = register_commands(ctx.ctx) {
         ctx.log_warning(&format!("ratelimit: {e}"));
         return Status::Err;

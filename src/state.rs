@@ -44,10 +44,23 @@ pub static RL_TYPE: RedisType = RedisType::new(
 /// and AOF rewrites.
 pub const SETSTATE: &std::ffi::CStr = c"RL.SETSTATE";
 
+/// Module options, set once at load:
+/// * `HANDLE_IO_ERRORS`: `rdb_load` checks `RedisModule_IsIOError` and refuses a malformed
+///   value, instead of Redis aborting the whole server on a short read inside the module.
+pub fn set_module_options(ctx: *mut RedisModuleCtx) {
+    let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS;
+    unsafe { raw::RedisModule_SetModuleOptions.unwrap()(ctx, options as c_int) };
+}
+
 fn guarded<T>(fallback: T, f: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
 }
 
+/// Loads a value from an RDB file, a full sync or a RESTORE payload. The bytes are untrusted
+/// (a DUMP payload only carries a checksum): with `REDISMODULE_OPTIONS_HANDLE_IO_ERRORS` set
+/// (see `set_module_options`) a short read or a wrong opcode sets the IO error instead of
+/// aborting redis-server, and returning NULL makes Redis refuse the value (RESTORE answers an
+/// error and stores nothing; a file that fails to load stops the load as it always did).
 unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     guarded(std::ptr::null_mut(), || {
         if encver < 1 || encver > ENCODING_VERSION as c_int {
@@ -55,7 +68,11 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
         }
         let mut len = 0usize;
         let buf = raw::RedisModule_LoadStringBuffer.unwrap()(rdb, &mut len);
-        if buf.is_null() {
+        let failed = raw::RedisModule_IsIOError.unwrap()(rdb) != 0;
+        if buf.is_null() || failed {
+            if !buf.is_null() {
+                raw::RedisModule_Free.unwrap()(buf as *mut c_void);
+            }
             return std::ptr::null_mut();
         }
         let bytes = std::slice::from_raw_parts(buf as *const u8, len);
