@@ -7,7 +7,7 @@ MODULE := target/release/libredis_ratelimit.so
 CLUSTER_BASE ?= 7001
 TEST_THREADS ?= 4
 
-.PHONY: all deps build run test test-long examples burst bench profile fuzz fuzz-long cluster cluster-stop clean
+.PHONY: all deps build run test test-long examples burst bench profile fuzz fuzz-long cluster cluster-stop clean simulate
 
 all: build
 
@@ -22,6 +22,7 @@ run: build
 
 test: build
 	$(CARGO) test --release -- --test-threads=$(TEST_THREADS)
+	$(CARGO) test --release -p redis-ratelimit-sim -- --test-threads=$(TEST_THREADS)
 	bash scripts/examples.sh
 
 examples: build
@@ -51,6 +52,11 @@ profile: build
 # The effective-burst harness: worst count in any 60 s window per algorithm and trace.
 burst: build
 	$(CARGO) test --release --test effective_burst -- --ignored --nocapture print_table
+
+# Local reservations: the deterministic simulator (scenarios S1–S5, leases against per-request
+# checking); writes target/simulate/summary.json and fails when an invariant is violated.
+simulate:
+	$(CARGO) run --release -p redis-ratelimit-sim -- --out target/simulate
 
 cluster: build
 	bash scripts/cluster.sh start $(CLUSTER_BASE) $(CURDIR)/$(MODULE)

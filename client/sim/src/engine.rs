@@ -1,0 +1,436 @@
+//! The discrete-event loop: arrivals, calls travelling to the server and back, client ticks,
+//! instances joining, leaving and crashing. Virtual time in integer nanoseconds; events at the
+//! same instant run in the order they were scheduled, so a run is a function of its seed.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use crate::model::{CallId, CallerId, ClientModel, Effect, Outcome, Verdict};
+use crate::net::{sample_rtt, Availability, Outages};
+use crate::rng::Rng;
+use crate::server::{Answer, Command, Server};
+use crate::Nanos;
+use redis_ratelimit::core::spec::Spec;
+
+/// The server's clock at virtual time 0 (late 2025, not aligned to any window).
+pub const SERVER_EPOCH: Nanos = 1_764_000_123_456_789_000;
+
+/// Demand for one key: a Poisson process whose rate (per second) changes at given instants.
+#[derive(Clone, Debug)]
+pub struct Source {
+    pub key: usize,
+    /// (from, rate per second), sorted by time; rate 0 before the first entry.
+    pub rate: Vec<(Nanos, f64)>,
+}
+
+impl Source {
+    fn rate_at(&self, t: Nanos) -> (f64, Option<Nanos>) {
+        let i = self.rate.iter().rposition(|(from, _)| *from <= t);
+        let rate = i.map_or(0.0, |i| self.rate[i].1);
+        let next = self.rate.get(i.map_or(0, |i| i + 1)).map(|(from, _)| *from);
+        (rate, next)
+    }
+
+    /// The next arrival after `t` (memoryless: at a rate change, draw again from there).
+    fn next_after(&self, mut t: Nanos, rng: &mut Rng) -> Option<Nanos> {
+        loop {
+            let (rate, change) = self.rate_at(t);
+            let next = if rate > 0.0 { Some(t + (rng.exp(1e9 / rate) as Nanos).max(1)) } else { None };
+            match (next, change) {
+                (Some(n), Some(c)) if n >= c => t = c,
+                (None, Some(c)) => t = c,
+                (n, _) => return n,
+            }
+        }
+    }
+}
+
+/// How an instance leaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// Shuts down and gives back what it holds.
+    Graceful,
+    /// Disappears holding whatever it holds; its calls in flight are lost.
+    Crash,
+}
+
+#[derive(Clone, Debug)]
+pub struct InstancePlan {
+    pub start: Nanos,
+    pub exit: Option<(Nanos, Exit)>,
+    /// Share of the traffic while running (relative to the other running instances).
+    pub weight: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Setup {
+    pub specs: Vec<Spec>,
+    pub sources: Vec<Source>,
+    pub instances: Vec<InstancePlan>,
+    pub duration: Nanos,
+    pub outages: Outages,
+    /// Named phase starts (sorted); counters are kept per phase.
+    pub phases: Vec<(Nanos, &'static str)>,
+    pub timeout: Nanos,
+    pub seed: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PhaseCounters {
+    pub requests: u64,
+    pub enforced: u64,
+    pub open: u64,
+    pub fallback: u64,
+    pub limited: u64,
+    pub calls: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct InstanceRecord {
+    pub demand: u64,
+    pub admitted: u64,
+    /// Units granted in answers this instance received (claims and per-request checks).
+    pub units_received: u64,
+    /// Units this instance sent back with RL.RETURN.
+    pub units_sent_back: u64,
+    pub enforced: u64,
+    pub counters: crate::model::ModelCounters,
+}
+
+/// Everything a run leaves behind for the metrics and the invariants.
+#[derive(Debug, Default)]
+pub struct Record {
+    /// Per key: the instants of admissions against granted units, in order.
+    pub enforced_at: Vec<Vec<Nanos>>,
+    /// Fallback admissions: (instance, key, instant).
+    pub fallback_at: Vec<(usize, usize, Nanos)>,
+    /// Added latency of every request, ns (0 for a local decision).
+    pub latency: Vec<u32>,
+    pub instances: Vec<InstanceRecord>,
+    pub phases: Vec<(&'static str, Nanos, PhaseCounters)>,
+    pub checks_sent: u64,
+    pub returns_sent: u64,
+    pub refused: u64,
+    pub timeouts: u64,
+    pub granted: Vec<u64>,
+    pub credited: Vec<u64>,
+    /// What a zero-latency central limiter (the core checked at every arrival) admits, per key.
+    pub ideal_admitted: Vec<u64>,
+    pub demand: Vec<u64>,
+    pub duration: Nanos,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Start(usize),
+    Exit(usize),
+    Arrival(usize),
+    ServerReceives(CallId),
+    Deliver(CallId),
+    Tick(usize),
+}
+
+struct Call {
+    instance: usize,
+    generation: u64,
+    command: Command,
+    sent: Nanos,
+    outcome: Option<Outcome>,
+}
+
+struct Instance {
+    model: Option<Box<dyn ClientModel>>,
+    generation: u64,
+    /// The instance's monotonic clock reads virtual time + offset.
+    offset: Nanos,
+    tick_at: Option<Nanos>,
+}
+
+struct Pending {
+    arrival: Nanos,
+    instance: usize,
+    key: usize,
+}
+
+pub struct Engine<'a> {
+    setup: &'a Setup,
+    make_model: &'a dyn Fn(usize) -> Box<dyn ClientModel>,
+    now: Nanos,
+    seq: u64,
+    queue: BinaryHeap<Reverse<(Nanos, u64, Event)>>,
+    server: Server,
+    ideal: Server,
+    instances: Vec<Instance>,
+    calls: HashMap<CallId, Call>,
+    next_call: CallId,
+    pending: HashMap<CallerId, Pending>,
+    next_caller: CallerId,
+    arrivals_rng: Vec<Rng>,
+    routing_rng: Rng,
+    net_rng: Rng,
+    record: Record,
+}
+
+impl<'a> Engine<'a> {
+    pub fn run(setup: &'a Setup, make_model: &'a dyn Fn(usize) -> Box<dyn ClientModel>) -> Record {
+        let keys = setup.specs.len();
+        let mut clock_rng = Rng::fork(setup.seed, 3);
+        let instances = (0..setup.instances.len())
+            .map(|_| Instance { model: None, generation: 0, offset: clock_rng.below(1_000_000_000_000) as Nanos, tick_at: None })
+            .collect();
+        let mut e = Engine {
+            setup,
+            make_model,
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            server: Server::new(setup.specs.clone()),
+            ideal: Server::new(setup.specs.clone()),
+            instances,
+            calls: HashMap::new(),
+            next_call: 0,
+            pending: HashMap::new(),
+            next_caller: 0,
+            arrivals_rng: (0..setup.sources.len()).map(|i| Rng::fork(setup.seed, 1000 + i as u64)).collect(),
+            routing_rng: Rng::fork(setup.seed, 1),
+            net_rng: Rng::fork(setup.seed, 2),
+            record: Record {
+                enforced_at: vec![Vec::new(); keys],
+                instances: vec![InstanceRecord::default(); setup.instances.len()],
+                phases: setup.phases.iter().map(|(t, n)| (*n, *t, PhaseCounters::default())).collect(),
+                ideal_admitted: vec![0; keys],
+                demand: vec![0; keys],
+                duration: setup.duration,
+                ..Default::default()
+            },
+        };
+        for (i, plan) in setup.instances.iter().enumerate() {
+            e.schedule(plan.start, Event::Start(i));
+            if let Some((at, _)) = plan.exit {
+                e.schedule(at, Event::Exit(i));
+            }
+        }
+        for s in 0..setup.sources.len() {
+            if let Some(t) = setup.sources[s].next_after(0, &mut e.arrivals_rng[s]) {
+                e.schedule(t, Event::Arrival(s));
+            }
+        }
+        while let Some(Reverse((t, _, ev))) = e.queue.pop() {
+            if t > setup.duration {
+                break;
+            }
+            e.now = t;
+            e.handle(ev);
+        }
+        e.now = setup.duration;
+        for i in 0..e.instances.len() {
+            if let Some(m) = e.instances[i].model.as_ref() {
+                e.record.instances[i].counters = m.counters();
+            }
+        }
+        e.record.granted = e.server.granted.clone();
+        e.record.credited = e.server.credited.clone();
+        e.record.ideal_admitted = e.ideal.granted.clone();
+        e.record
+    }
+
+    fn schedule(&mut self, t: Nanos, ev: Event) {
+        self.seq += 1;
+        self.queue.push(Reverse((t, self.seq, ev)));
+    }
+
+    fn phase(&mut self) -> &mut PhaseCounters {
+        let now = self.now;
+        let i = self.record.phases.iter().rposition(|(_, from, _)| *from <= now).unwrap_or(0);
+        &mut self.record.phases[i].2
+    }
+
+    fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::Start(i) => {
+                let inst = &mut self.instances[i];
+                inst.generation += 1;
+                inst.model = Some((self.make_model)(i));
+                inst.tick_at = None;
+                self.after_model(i);
+            }
+            Event::Exit(i) => {
+                if self.setup.instances[i].exit.map(|(_, x)| x) == Some(Exit::Graceful) {
+                    self.drive(i, |m, now, ids, out| m.shutdown(now, ids, out));
+                }
+                if let Some(m) = self.instances[i].model.take() {
+                    self.record.instances[i].counters = m.counters();
+                }
+                self.instances[i].generation += 1;
+                // Callers still waiting on this instance get no verdict (their process is gone).
+                self.pending.retain(|_, p| p.instance != i);
+            }
+            Event::Arrival(s) => {
+                let src = &self.setup.sources[s];
+                let key = src.key;
+                if let Some(t) = src.next_after(self.now, &mut self.arrivals_rng[s]) {
+                    self.schedule(t, Event::Arrival(s));
+                }
+                self.record.demand[key] += 1;
+                self.ideal.execute(Command::Check { key, cost: 1, partial: false }, self.now + SERVER_EPOCH);
+                let Some(i) = self.route() else { return };
+                self.record.instances[i].demand += 1;
+                self.phase().requests += 1;
+                let caller = self.next_caller;
+                self.next_caller += 1;
+                self.pending.insert(caller, Pending { arrival: self.now, instance: i, key });
+                self.drive(i, |m, now, ids, out| m.request(now, key, caller, ids, out));
+            }
+            Event::ServerReceives(id) => {
+                let Some(call) = self.calls.get(&id) else { return };
+                let command = call.command;
+                if self.setup.outages.at(self.now) != Availability::Up {
+                    return; // lost with the connection: the caller times out
+                }
+                let answer = self.server.execute(command, self.now + SERVER_EPOCH);
+                self.calls.get_mut(&id).unwrap().outcome = Some(Outcome::Answer(answer));
+            }
+            Event::Deliver(id) => {
+                let Some(call) = self.calls.remove(&id) else { return };
+                let i = call.instance;
+                if call.generation != self.instances[i].generation || self.instances[i].model.is_none() {
+                    return; // the instance is gone: a crash loses what was in flight
+                }
+                let outcome = match call.outcome {
+                    Some(o) if self.now - call.sent <= self.setup.timeout => o,
+                    Some(Outcome::Refused) => Outcome::Refused,
+                    _ => Outcome::Timeout,
+                };
+                match outcome {
+                    Outcome::Refused => self.record.refused += 1,
+                    Outcome::Timeout => self.record.timeouts += 1,
+                    Outcome::Answer(Answer::Decision(d)) => self.record.instances[i].units_received += d.allowed,
+                    Outcome::Answer(_) => {}
+                }
+                self.drive(i, |m, now, ids, out| m.outcome(now, id, outcome, ids, out));
+            }
+            Event::Tick(i) => {
+                let inst = &self.instances[i];
+                let due = inst.tick_at.map(|t| t - inst.offset);
+                if due != Some(self.now) || inst.model.is_none() {
+                    return; // superseded
+                }
+                self.instances[i].tick_at = None;
+                self.drive(i, |m, now, ids, out| m.tick(now, ids, out));
+            }
+        }
+    }
+
+    /// Runs one model entry point on instance `i` (in its own clock), then carries out what
+    /// it asked for.
+    fn drive(&mut self, i: usize, f: impl FnOnce(&mut dyn ClientModel, Nanos, &mut dyn FnMut() -> CallId, &mut Vec<Effect>)) {
+        let now = self.now + self.instances[i].offset;
+        let mut out = Vec::new();
+        let next = &mut self.next_call;
+        let mut ids = || {
+            *next += 1;
+            *next
+        };
+        let Some(m) = self.instances[i].model.as_mut() else { return };
+        f(m.as_mut(), now, &mut ids, &mut out);
+        self.apply(i, out);
+    }
+
+    /// Picks a running instance by weight.
+    fn route(&mut self) -> Option<usize> {
+        let total: f64 = self.running().map(|i| self.setup.instances[i].weight).sum();
+        if total <= 0.0 {
+            return None;
+        }
+        let mut x = self.routing_rng.unit() * total;
+        let mut last = None;
+        for i in self.running() {
+            last = Some(i);
+            x -= self.setup.instances[i].weight;
+            if x <= 0.0 {
+                return Some(i);
+            }
+        }
+        last
+    }
+
+    fn running(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.instances.len()).filter(|&i| self.instances[i].model.is_some())
+    }
+
+    fn apply(&mut self, i: usize, out: Vec<Effect>) {
+        for effect in out {
+            match effect {
+                Effect::Send { call, command } => self.send(i, call, command),
+                Effect::Verdict { caller, verdict } => self.verdict(i, caller, verdict),
+            }
+        }
+        self.after_model(i);
+    }
+
+    /// Reschedules the instance's tick after the model changed.
+    fn after_model(&mut self, i: usize) {
+        let inst = &mut self.instances[i];
+        let Some(m) = inst.model.as_ref() else { return };
+        let want = m.next_tick();
+        if want != inst.tick_at {
+            inst.tick_at = want;
+            if let Some(t) = want {
+                let at = (t - inst.offset).max(self.now);
+                inst.tick_at = Some(at + inst.offset);
+                self.schedule(at, Event::Tick(i));
+            }
+        }
+    }
+
+    fn send(&mut self, i: usize, id: CallId, command: Command) {
+        match command {
+            Command::Check { .. } => self.record.checks_sent += 1,
+            Command::Return { units, .. } => {
+                self.record.returns_sent += 1;
+                self.record.instances[i].units_sent_back += units;
+            }
+        }
+        self.phase().calls += 1;
+        let rtt = sample_rtt(&mut self.net_rng);
+        let generation = self.instances[i].generation;
+        let mut call = Call { instance: i, generation, command, sent: self.now, outcome: None };
+        match self.setup.outages.at(self.now) {
+            Availability::Up => {
+                self.schedule(self.now + rtt / 2, Event::ServerReceives(id));
+                self.schedule(self.now + rtt.min(self.setup.timeout), Event::Deliver(id));
+            }
+            Availability::Refusing => {
+                call.outcome = Some(Outcome::Refused);
+                self.schedule(self.now + (rtt / 2).min(self.setup.timeout), Event::Deliver(id));
+            }
+            Availability::Hanging => self.schedule(self.now + self.setup.timeout, Event::Deliver(id)),
+        }
+        self.calls.insert(id, call);
+    }
+
+    fn verdict(&mut self, i: usize, caller: CallerId, verdict: Verdict) {
+        let Some(p) = self.pending.remove(&caller) else { return };
+        debug_assert_eq!(p.instance, i);
+        let waited = (self.now - p.arrival).clamp(0, u32::MAX as Nanos) as u32;
+        self.record.latency.push(waited);
+        let rec = &mut self.record.instances[i];
+        if verdict != Verdict::Limited {
+            rec.admitted += 1;
+        }
+        match verdict {
+            Verdict::Enforced => {
+                rec.enforced += 1;
+                self.record.enforced_at[p.key].push(self.now);
+                self.phase().enforced += 1;
+            }
+            Verdict::Open => self.phase().open += 1,
+            Verdict::Fallback => {
+                self.record.fallback_at.push((i, p.key, self.now));
+                self.phase().fallback += 1;
+            }
+            Verdict::Limited => self.phase().limited += 1,
+        }
+    }
+}
+
