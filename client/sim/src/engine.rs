@@ -75,6 +75,34 @@ pub struct Setup {
     pub seed: u64,
 }
 
+/// A ledger of the units an instance received for a key, each usable until its claim's send
+/// plus the lease length: every admission against granted units must find one (earliest
+/// expiry first, which serves the most). Returns are ignored, which only makes it lenient.
+#[derive(Default)]
+struct Ledger(BinaryHeap<Reverse<(Nanos, u64)>>);
+
+impl Ledger {
+    fn receive(&mut self, usable_until: Nanos, units: u64) {
+        if units > 0 {
+            self.0.push(Reverse((usable_until, units)));
+        }
+    }
+
+    /// Takes one unit usable at `t`; false when there is none.
+    fn take(&mut self, t: Nanos) -> bool {
+        while let Some(Reverse((until, units))) = self.0.pop() {
+            if until < t {
+                continue; // expired
+            }
+            if units > 1 {
+                self.0.push(Reverse((until, units - 1)));
+            }
+            return true;
+        }
+        false
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PhaseCounters {
     pub requests: u64,
@@ -118,6 +146,8 @@ pub struct Record {
     pub ideal_admitted: Vec<u64>,
     pub demand: Vec<u64>,
     pub duration: Nanos,
+    /// Admissions against granted units that no unexpired received unit covers (must be 0).
+    pub uncovered: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -166,13 +196,17 @@ pub struct Engine<'a> {
     pending: HashMap<CallerId, Pending>,
     next_caller: CallerId,
     arrivals_rng: Vec<Rng>,
+    ledgers: HashMap<(usize, usize), Ledger>,
+    /// How long after its claim's send a granted unit may be admitted (the lease, or the
+    /// timeout for per-request checks).
+    usable_for: Nanos,
     routing_rng: Rng,
     net_rng: Rng,
     record: Record,
 }
 
 impl<'a> Engine<'a> {
-    pub fn run(setup: &'a Setup, make_model: &'a dyn Fn(usize) -> Box<dyn ClientModel>) -> Record {
+    pub fn run(setup: &'a Setup, usable_for: Nanos, make_model: &'a dyn Fn(usize) -> Box<dyn ClientModel>) -> Record {
         let keys = setup.specs.len();
         let mut clock_rng = Rng::fork(setup.seed, 3);
         let instances = (0..setup.instances.len())
@@ -191,6 +225,8 @@ impl<'a> Engine<'a> {
             next_call: 0,
             pending: HashMap::new(),
             next_caller: 0,
+            ledgers: HashMap::new(),
+            usable_for,
             arrivals_rng: (0..setup.sources.len()).map(|i| Rng::fork(setup.seed, 1000 + i as u64)).collect(),
             routing_rng: Rng::fork(setup.seed, 1),
             net_rng: Rng::fork(setup.seed, 2),
@@ -304,7 +340,12 @@ impl<'a> Engine<'a> {
                 match outcome {
                     Outcome::Refused => self.record.refused += 1,
                     Outcome::Timeout => self.record.timeouts += 1,
-                    Outcome::Answer(Answer::Decision(d)) => self.record.instances[i].units_received += d.allowed,
+                    Outcome::Answer(Answer::Decision(d)) => {
+                        self.record.instances[i].units_received += d.allowed;
+                        if let Command::Check { key, .. } = call.command {
+                            self.ledgers.entry((i, key)).or_default().receive(call.sent + self.usable_for, d.allowed);
+                        }
+                    }
                     Outcome::Answer(_) => {}
                 }
                 self.drive(i, |m, now, ids, out| m.outcome(now, id, outcome, ids, out));
@@ -422,6 +463,9 @@ impl<'a> Engine<'a> {
             Verdict::Enforced => {
                 rec.enforced += 1;
                 self.record.enforced_at[p.key].push(self.now);
+                if !self.ledgers.entry((i, p.key)).or_default().take(self.now) {
+                    self.record.uncovered += 1;
+                }
                 self.phase().enforced += 1;
             }
             Verdict::Open => self.phase().open += 1,

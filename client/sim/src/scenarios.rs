@@ -236,16 +236,16 @@ pub type LeaseFactory = dyn Fn(&Scenario, FailurePolicy, usize) -> Box<dyn Clien
 
 /// Runs one scenario in one mode; `None` when the mode is not available.
 pub fn run(sc: &Scenario, mode: Mode, leases: Option<&LeaseFactory>) -> Option<Summary> {
+    let (lag, usable_for) = match mode {
+        Mode::PerRequest(_) => (Lag::Answer(sc.setup.timeout), sc.setup.timeout),
+        Mode::Leases(_) => (Lag::Lease(sc.lease), sc.lease),
+    };
     let mut rec = match mode {
-        Mode::PerRequest(p) => Engine::run(&sc.setup, &|_| Box::new(PerRequest::new(p))),
+        Mode::PerRequest(p) => Engine::run(&sc.setup, usable_for, &|_| Box::new(PerRequest::new(p))),
         Mode::Leases(p) => {
             let f = leases?;
-            Engine::run(&sc.setup, &|i| f(sc, p, i))
+            Engine::run(&sc.setup, usable_for, &|i| f(sc, p, i))
         }
-    };
-    let lag = match mode {
-        Mode::PerRequest(_) => Lag::Answer(sc.setup.timeout),
-        Mode::Leases(_) => Lag::Lease(sc.lease),
     };
     let mut s = summarize(&sc.name, &mode.name(), &sc.setup.specs, lag, &mut rec);
     s.violations = invariants(sc, mode, lag, &rec, &s);
@@ -268,6 +268,9 @@ pub fn invariants(sc: &Scenario, mode: Mode, lag: Lag, rec: &Record, s: &Summary
         if c.units_served + c.units_returned + c.units_expired > c.units_claimed {
             v.push(format!("instance {i}: model counters served+returned+expired > claimed: {c:?}"));
         }
+    }
+    if rec.uncovered > 0 {
+        v.push(format!("{} admissions not covered by an unexpired unit the instance received", rec.uncovered));
     }
     let enforced: u64 = rec.instances.iter().map(|r| r.enforced).sum();
     let granted: u64 = rec.granted.iter().sum();

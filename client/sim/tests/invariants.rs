@@ -21,3 +21,33 @@ fn runs_are_deterministic() {
     let b = json(&run_all(Scale::Quick, Some("S2")));
     assert_eq!(a, b);
 }
+
+/// The checks are not vacuous: a client that admits without claiming is caught.
+#[test]
+fn a_client_that_admits_without_claiming_is_caught() {
+    use redis_ratelimit_sim::model::{CallId, CallerId, ClientModel, Effect, FailurePolicy, ModelCounters, Outcome, Verdict};
+    use redis_ratelimit_sim::scenarios::{run, s2, LeaseFactory, Mode};
+    use redis_ratelimit_sim::Nanos;
+
+    struct AdmitsEverything;
+    impl ClientModel for AdmitsEverything {
+        fn request(&mut self, _: Nanos, _: usize, caller: CallerId, _: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+            out.push(Effect::Verdict { caller, verdict: Verdict::Enforced });
+        }
+        fn outcome(&mut self, _: Nanos, _: CallId, _: Outcome, _: &mut dyn FnMut() -> CallId, _: &mut Vec<Effect>) {}
+        fn tick(&mut self, _: Nanos, _: &mut dyn FnMut() -> CallId, _: &mut Vec<Effect>) {}
+        fn next_tick(&self) -> Option<Nanos> {
+            None
+        }
+        fn shutdown(&mut self, _: Nanos, _: &mut dyn FnMut() -> CallId, _: &mut Vec<Effect>) {}
+        fn counters(&self) -> ModelCounters {
+            ModelCounters::default()
+        }
+    }
+    let factory: Box<LeaseFactory> = Box::new(|_, _, _| Box::new(AdmitsEverything));
+    let s = run(&s2(Scale::Quick), Mode::Leases(FailurePolicy::Closed), Some(&*factory)).unwrap();
+    let all = s.violations.join("\n");
+    assert!(all.contains("not covered"), "{all}");
+    assert!(all.contains("max in window"), "{all}");
+    assert!(all.contains("granted"), "{all}");
+}
