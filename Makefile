@@ -39,7 +39,8 @@ fuzz:
 fuzz-long:
 	FUZZ_SECONDS=$${FUZZ_SECONDS:-600} bash scripts/fuzz.sh
 
-# Benchmarks: INCR, every RL command and the seeds' Lua scripts on one server in one run
+# Benchmarks: server CPU per op of every RL command against INCR, SET EX, redis-cell (built from
+# ../shared/peers, or BENCH_REDIS_CELL_SRC) and the seeds' Lua scripts, alone and with a replica
 # (target/bench-report.md), then the cores alone (criterion).
 bench: build
 	bash scripts/bench.sh
