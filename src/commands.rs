@@ -9,9 +9,9 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use crate::args::{self, wrong_arity};
 use crate::core::codec::{Algorithm, State};
 use crate::core::spec::{AlgorithmMismatch, Spec, Update};
-use crate::core::{ceil_ms, gcra, Decision, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
+use crate::core::{ceil_ms, Decision, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
 use crate::reply::{self, Field};
-use crate::state::{server_ms, Held, Key, SETSTATE, WRONGTYPE};
+use crate::state::{server_ms, Held, Key, Stored, SETSTATE, WRONGTYPE};
 use crate::{clock, metrics};
 
 pub type Args<'a> = &'a [*mut RedisModuleString];
@@ -122,7 +122,7 @@ pub fn limiter(ctx: *mut RedisModuleCtx, argv: Args, algo: Algorithm, command: &
     let check = with_arg_bytes(&argv[2..], |a| args::check(algo, a, command))?;
     let now = clock::now();
     let key = Key::open(ctx, argv[1], true);
-    let stored = key.state()?;
+    let stored = key.state_for(&check.spec)?;
     let (decision, update) = check.spec.check(stored.as_deref(), now, check.req).map_err(mismatch_error)?;
     if let (Some(u), false) = (&update, check.dryrun) {
         store(&key, u, decision.reset_after)?;
@@ -161,7 +161,7 @@ fn cell_seconds(ns: Option<Nanos>) -> i64 {
 
 /// CL.THROTTLE key max_burst count_per_period period [quantity]: redis-cell's command and
 /// reply, on this module's exact GCRA. A key redis-cell left (a string holding the arrival
-/// time in ns) is read and taken over on the first admitted call.
+/// time in ns) is read, and taken over by the first call that writes (as by every command).
 pub fn cl_throttle(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     if argv.len() < 5 {
         return Err(wrong_arity("cl.throttle"));
@@ -169,20 +169,10 @@ pub fn cl_throttle(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let (rate, quantity) = with_arg_bytes(&argv[2..], args::cl_throttle)?;
     let now = clock::now();
     let key = Key::open(ctx, argv[1], true);
-    let imported;
-    let stored = match key.held() {
-        Held::Missing => None,
-        Held::Ours(s) => Some(&*s),
-        Held::String => {
-            let tat_ns = key.string().and_then(|b| std::str::from_utf8(b).ok()?.parse::<i64>().ok());
-            let tat_ns = tat_ns.ok_or_else(|| format!("{WRONGTYPE} (not a redis-cell arrival time)"))?;
-            imported = State::Gcra(gcra::State { rate, tat: tat_ns as i128 * rate.limit as i128 });
-            Some(&imported)
-        }
-        Held::Other => return Err(WRONGTYPE.to_string()),
-    };
+    let spec = Spec::Gcra(rate);
+    let stored = key.state_for(&spec)?;
     let req = Request::new(quantity);
-    let (d, update) = Spec::Gcra(rate).check(stored, now, req).map_err(mismatch_error)?;
+    let (d, update) = spec.check(stored.as_deref(), now, req).map_err(mismatch_error)?;
     if let Some(u) = &update {
         store(&key, u, d.reset_after)?;
     }
@@ -204,9 +194,21 @@ pub fn info(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         return Err(wrong_arity("rl.info"));
     }
     let key = Key::open(ctx, argv[1], false);
-    let Some(state) = key.state()? else {
-        reply::null(ctx);
-        return Ok(());
+    let state = match key.stored()? {
+        Stored::Missing => {
+            reply::null(ctx);
+            return Ok(());
+        }
+        Stored::Ours(s) => s,
+        Stored::Cell { tat_ns } => {
+            // redis-cell stores only the arrival time: the parameters come with each call.
+            let tat_us = Field::Int(tat_ns.div_euclid(1_000) + (tat_ns.rem_euclid(1_000) != 0) as i64);
+            reply::fields(
+                ctx,
+                &[("algorithm", Field::Text("gcra")), ("source", Field::Text("redis-cell")), ("tat_us", tat_us), ("ttl_ms", Field::Int(key.ttl_ms()))],
+            );
+            return Ok(());
+        }
     };
     let now = clock::now();
     let us = |ns: i128| Field::Int((ns / 1_000).clamp(i64::MIN as i128, i64::MAX as i128) as i64);
@@ -263,13 +265,13 @@ pub fn info(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     Ok(())
 }
 
-/// RL.RESET key: deletes a ratelimit key.
+/// RL.RESET key: deletes a ratelimit key (or a key redis-cell left).
 pub fn reset(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     if argv.len() != 2 {
         return Err(wrong_arity("rl.reset"));
     }
     let key = Key::open(ctx, argv[1], true);
-    let deleted = key.state()?.is_some();
+    let deleted = !matches!(key.stored()?, Stored::Missing);
     if deleted {
         key.delete();
         unsafe { raw::RedisModule_Replicate.unwrap()(ctx, c"DEL".as_ptr(), c"s".as_ptr(), argv[1]) };
@@ -298,6 +300,8 @@ pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         }
     }
     let key = Key::open(ctx, argv[1], true);
+    // Replacing another type's value drops its TTL in Redis: without PXAT it is kept.
+    let kept_expiry = if expire_at.is_none() { key.expires_at() } else { None };
     let log_or_missing = matches!(key.held(), Held::Ours(State::SlidingLog(_)) | Held::Missing);
     let stored = match key.held() {
         Held::Ours(s) => Some(s),
@@ -311,10 +315,11 @@ pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         true => format!("ERR invalid state payload: {e}"),
         false => format!("WRONGTYPE {e}"),
     })?;
-    if let Some(new) = applied {
-        key.set(new)?;
+    match applied {
+        Some(new) => key.set(new)?,
+        None => key.changed_in_place(),
     }
-    if let Some(at) = expire_at {
+    if let Some(at) = expire_at.or(kept_expiry) {
         key.expire_at(at);
     }
     replicate_payload(ctx, argv[1], payload, expire_at);
@@ -369,11 +374,11 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let now = clock::now();
     let opened: Vec<Key> = keys.iter().map(|k| Key::open(ctx, *k, true)).collect();
     let mut states = Vec::with_capacity(numkeys);
-    for key in &opened {
-        states.push(key.state()?.map(|s| &*s));
+    for (key, spec) in opened.iter().zip(&m.specs) {
+        states.push(key.state_for(spec)?);
     }
     let decide = |req: Request| -> Result<Vec<_>, String> {
-        m.specs.iter().zip(&states).map(|(spec, st)| spec.check(*st, now, req).map_err(mismatch_error)).collect()
+        m.specs.iter().zip(&states).map(|(spec, st)| spec.check(st.as_deref(), now, req).map_err(mismatch_error)).collect()
     };
     // How many units every limit grants: all of COST, or with PARTIAL the least any grants.
     let first = decide(m.req)?;

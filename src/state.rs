@@ -11,7 +11,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 
+use std::borrow::Cow;
+use std::cell::Cell;
+
 use crate::core::codec::{State, ENCODING_VERSION};
+use crate::core::gcra;
+use crate::core::spec::Spec;
+use crate::core::Rate;
 
 /// The type name identifies the RDB payload for life: never change it.
 pub static RL_TYPE: RedisType = RedisType::new(
@@ -47,8 +53,11 @@ pub const SETSTATE: &std::ffi::CStr = c"RL.SETSTATE";
 /// Module options, set once at load:
 /// * `HANDLE_IO_ERRORS`: `rdb_load` checks `RedisModule_IsIOError` and refuses a malformed
 ///   value, instead of Redis aborting the whole server on a short read inside the module.
+/// * `NO_IMPLICIT_SIGNAL_MODIFIED`: closing a key opened for writing is not by itself a
+///   modification (that would abort other clients' WATCH and send CLIENT TRACKING
+///   invalidations for calls that write nothing); `Key` signals only real writes.
 pub fn set_module_options(ctx: *mut RedisModuleCtx) {
-    let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS;
+    let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
     unsafe { raw::RedisModule_SetModuleOptions.unwrap()(ctx, options as c_int) };
 }
 
@@ -136,13 +145,37 @@ pub enum Held<'a> {
     Other,
 }
 
+/// What a key holds as the commands see it: a ratelimit state, or a key redis-cell left (a
+/// string holding the theoretical arrival time in ns, in decimal).
+pub enum Stored<'a> {
+    Missing,
+    Ours(&'a mut State),
+    Cell { tat_ns: i64 },
+}
+
 pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
-/// An open key, closed on drop.
+/// A redis-cell key as the GCRA state it is under `spec`'s rate. redis-cell stores only the
+/// arrival time (its parameters come with every call, as ours do), so the same instant read
+/// with the caller's rate is exactly the state CL.THROTTLE would have decided on. For any
+/// other algorithm the GCRA state only makes the check answer the usual algorithm mismatch.
+pub fn cell_state(tat_ns: i64, spec: &Spec) -> State {
+    let rate = match *spec {
+        Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => r,
+        Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => Rate { limit: w.limit, period: w.window, burst: w.limit },
+    };
+    State::Gcra(gcra::State { rate, tat: tat_ns as i128 * rate.limit as i128 })
+}
+
+/// An open key, closed on drop. Keys are opened for writing by the commands that may write,
+/// but with `NO_IMPLICIT_SIGNAL_MODIFIED` closing one is not a modification: only `set`,
+/// `delete` and `expire_at` mark the key, and a marked key is signalled (WATCH, CLIENT
+/// TRACKING) once when it is closed.
 pub struct Key {
     ctx: *mut RedisModuleCtx,
     key: *mut RedisModuleKey,
     pub name: *mut RedisModuleString,
+    modified: Cell<bool>,
 }
 
 impl Key {
@@ -150,7 +183,7 @@ impl Key {
         let mode = if write { raw::REDISMODULE_READ | raw::REDISMODULE_WRITE } else { raw::REDISMODULE_READ };
         // SAFETY: ctx and name come from the command invocation.
         let key = unsafe { raw::RedisModule_OpenKey.unwrap()(ctx, name, mode as c_int) };
-        Key { ctx, key, name }
+        Key { ctx, key, name, modified: Cell::new(false) }
     }
 
     pub fn held(&self) -> Held<'_> {
@@ -173,23 +206,51 @@ impl Key {
         }
     }
 
-    /// The ratelimit state, None for a missing key, WRONGTYPE for any other value.
-    pub fn state(&self) -> Result<Option<&mut State>, String> {
+    /// The one place that decides what a key holds for the commands: a ratelimit state, a
+    /// redis-cell string, or WRONGTYPE for anything else (a string that is not an arrival
+    /// time included).
+    pub fn stored(&self) -> Result<Stored<'_>, String> {
         match self.held() {
-            Held::Missing => Ok(None),
-            Held::Ours(s) => Ok(Some(s)),
-            _ => Err(WRONGTYPE.to_string()),
+            Held::Missing => Ok(Stored::Missing),
+            Held::Ours(s) => Ok(Stored::Ours(s)),
+            Held::String => match self.string().and_then(|b| std::str::from_utf8(&b).ok()?.parse::<i64>().ok()) {
+                Some(tat_ns) => Ok(Stored::Cell { tat_ns }),
+                None => Err(format!("{WRONGTYPE} (not a redis-cell arrival time)")),
+            },
+            Held::Other => Err(WRONGTYPE.to_string()),
         }
     }
 
-    /// A string value's bytes.
-    pub fn string(&self) -> Option<&[u8]> {
-        let mut len = 0usize;
-        let p = unsafe { raw::RedisModule_StringDMA.unwrap()(self.key, &mut len, raw::REDISMODULE_READ as c_int) };
-        (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts(p as *const u8, len) })
+    /// The state a check of `spec` decides against (a redis-cell key read as `cell_state`);
+    /// None for a missing key.
+    pub fn state_for(&self, spec: &Spec) -> Result<Option<Cow<'_, State>>, String> {
+        Ok(match self.stored()? {
+            Stored::Missing => None,
+            Stored::Ours(s) => Some(Cow::Borrowed(&*s)),
+            Stored::Cell { tat_ns } => Some(Cow::Owned(cell_state(tat_ns, spec))),
+        })
     }
 
-    /// Stores a new value, replacing whatever the key held.
+    /// A string value's bytes, read through `GET`: `RedisModule_StringDMA` would convert an
+    /// int-encoded string (redis-cell's) to raw, a visible change (`OBJECT ENCODING`) made by
+    /// a call that writes nothing. Only keys redis-cell left take this path.
+    fn string(&self) -> Option<Vec<u8>> {
+        unsafe {
+            let reply = raw::RedisModule_Call.unwrap()(self.ctx, c"GET".as_ptr(), c"s".as_ptr(), self.name);
+            if reply.is_null() {
+                return None;
+            }
+            let mut len = 0usize;
+            let value = (raw::RedisModule_CallReplyType.unwrap()(reply) == raw::REDISMODULE_REPLY_STRING as c_int).then(|| {
+                let p = raw::RedisModule_CallReplyStringPtr.unwrap()(reply, &mut len);
+                std::slice::from_raw_parts(p as *const u8, len).to_vec()
+            });
+            raw::RedisModule_FreeCallReply.unwrap()(reply);
+            value
+        }
+    }
+
+    /// Stores a new value, replacing whatever the key held (Redis drops the key's TTL).
     pub fn set(&self, state: State) -> Result<(), String> {
         let boxed = Box::into_raw(Box::new(state)) as *mut c_void;
         let status = unsafe { raw::RedisModule_ModuleTypeSetValue.unwrap()(self.key, *RL_TYPE.raw_type.borrow(), boxed) };
@@ -197,12 +258,25 @@ impl Key {
             drop(unsafe { Box::from_raw(boxed as *mut State) });
             return Err("ERR could not store the value".into());
         }
+        self.modified.set(true);
         Ok(())
+    }
+
+    /// Marks a state changed in place (through `held`/`stored`) as a modification.
+    pub fn changed_in_place(&self) {
+        self.modified.set(true);
     }
 
     /// Expires the key at `at_ms` (unix ms on the server's clock).
     pub fn expire_at(&self, at_ms: i64) {
         unsafe { raw::RedisModule_SetAbsExpire.unwrap()(self.key, at_ms) };
+        self.modified.set(true);
+    }
+
+    /// The absolute expiry in unix ms, None without one.
+    pub fn expires_at(&self) -> Option<i64> {
+        let at = unsafe { raw::RedisModule_GetAbsExpire.unwrap()(self.key) };
+        (at != raw::REDISMODULE_NO_EXPIRE as i64).then_some(at)
     }
 
     /// Remaining TTL in ms, -1 without one.
@@ -212,6 +286,7 @@ impl Key {
 
     pub fn delete(&self) {
         unsafe { raw::RedisModule_DeleteKey.unwrap()(self.key) };
+        self.modified.set(true);
     }
 
     pub fn ctx(&self) -> *mut RedisModuleCtx {
@@ -221,7 +296,12 @@ impl Key {
 
 impl Drop for Key {
     fn drop(&mut self) {
-        unsafe { raw::RedisModule_CloseKey.unwrap()(self.key) };
+        unsafe {
+            if self.modified.get() {
+                raw::RedisModule_SignalModifiedKey.unwrap()(self.ctx, self.name);
+            }
+            raw::RedisModule_CloseKey.unwrap()(self.key);
+        }
     }
 }
 

@@ -73,7 +73,7 @@ fn states(c: &mut Resp) -> Vec<(String, Vec<u8>)> {
         }
         let d = c.c(&["DUMP", &key]);
         let d = d.bulk().unwrap_or_else(|| panic!("DUMP {key}: {d:?}")).to_vec();
-        out.push((format!("{}", args.join(" ")), d));
+        out.push((args.join(" "), d));
     }
     out
 }
