@@ -274,3 +274,32 @@ pub fn multi(args: &[&[u8]], numkeys: usize) -> ArgResult<Multi> {
     let o = options(&globals, false, "RL.MULTI")?;
     Ok(Multi { specs, req: Request { cost: o.cost.unwrap_or(1), partial: o.partial }, dryrun: o.dryrun })
 }
+
+/// The arguments of RL.RETURN after the key: `n [AGE ms]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GiveBack {
+    /// Units given back, 1 to MAX_COUNT.
+    pub n: u64,
+    /// Time since the caller sent the claim, in ns (given in ms; saturates beyond i64).
+    pub age: Option<Nanos>,
+}
+
+pub fn give_back(args: &[&[u8]]) -> ArgResult<GiveBack> {
+    let Some((n, mut rest)) = args.split_first() else {
+        return Err(wrong_arity("rl.return"));
+    };
+    let n = positive(n, "n")?;
+    let mut age = None;
+    while let Some((word, tail)) = rest.split_first() {
+        if !word.eq_ignore_ascii_case(b"AGE") {
+            return Err(format!("ERR unknown option '{}'", shown(word)));
+        }
+        if age.is_some() {
+            return Err("ERR option AGE given more than once".into());
+        }
+        let (ms, tail) = tail.split_first().ok_or("ERR AGE needs a value")?;
+        age = Some((non_negative(ms, "AGE")? as Nanos).saturating_mul(NANOS_PER_MILLI));
+        rest = tail;
+    }
+    Ok(GiveBack { n, age })
+}

@@ -190,6 +190,14 @@ fn docs() -> Vec<Doc> {
                 ]),
             ],
         },
+        Doc {
+            name: c"rl.return",
+            summary: "Gives unused units back to a limiter: never above its capacity, only into the window they were taken from",
+            complexity: "O(1)",
+            arity: -3,
+            keys: Keys::First(RW_UPDATE),
+            args: vec![arg("key", Kind::Key), arg("n", Kind::Integer), arg("ms", Kind::Integer).token("AGE").optional()],
+        },
     ]
 }
 

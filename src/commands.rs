@@ -9,6 +9,7 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use crate::args::{self, wrong_arity};
 use crate::core::codec::{Algorithm, State};
 use crate::core::spec::{AlgorithmMismatch, Spec, Update};
+use crate::core::give_back::{self, Refusal};
 use crate::core::{ceil_ms, Decision, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
 use crate::reply::{self, Field};
 use crate::state::{server_ms, Held, Key, Stored, SETSTATE, WRONGTYPE};
@@ -445,5 +446,37 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     for (d, spec) in replies.iter().zip(&m.specs) {
         reply::decision(ctx, d, spec.algorithm() == Algorithm::Leaky);
     }
+    Ok(())
+}
+
+/// RL.RETURN key n [AGE ms]: gives unused units back to a limiter (see core::give_back);
+/// replies the units credited. Crediting nothing writes and replicates nothing.
+pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
+    if argv.len() < 3 {
+        return Err(wrong_arity("rl.return"));
+    }
+    let req = with_arg_bytes(&argv[2..], args::give_back)?;
+    let now = clock::now();
+    let key = Key::open(ctx, argv[1], true);
+    let stored = match key.stored()? {
+        Stored::Ours(s) => s,
+        Stored::Missing => {
+            return Err("ERR no limiter at this key (a limiter that expired is already full: nothing to give back)".into())
+        }
+        // redis-cell keeps only the arrival time; the rate comes with each call.
+        Stored::Cell { .. } => {
+            return Err("ERR RL.RETURN needs the key's rate: it holds a redis-cell arrival time (an admitted CL.THROTTLE or RL.GCRA stores it)".into())
+        }
+    };
+    let credit = give_back::give_back(stored, req.n, req.age, now).map_err(|r| match r {
+        Refusal::SlidingLog => "ERR RL.RETURN does not support the sliding log: its entries cannot be identified".to_string(),
+        Refusal::AgeRequired => {
+            "ERR AGE is required for window limiters (fixed, sliding): the ms since the claim was sent".to_string()
+        }
+    })?;
+    if let Some(new) = credit.state {
+        store(&key, &Update::Replace(new), credit.reset_after)?;
+    }
+    reply::integer(ctx, credit.credited as i64);
     Ok(())
 }

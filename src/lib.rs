@@ -63,6 +63,7 @@ fn register_commands(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
     register!(ctx, "rl.reset", commands::reset, c"write fast", 1, 1, 1);
     register!(ctx, "rl.setstate", commands::set_state, c"write deny-oom", 1, 1, 1);
     register!(ctx, "rl.debug", commands::debug, c"fast", 0, 0, 0);
+    register!(ctx, "rl.return", commands::give_back, c"write deny-oom fast", 1, 1, 1);
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 pub mod codec;
 pub mod fixed;
 pub mod gcra;
+pub mod give_back;
 pub mod leaky;
 pub mod sliding;
 pub mod sliding_log;

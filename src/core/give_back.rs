@@ -1,0 +1,134 @@
+//! Giving unused units back to a key (RL.RETURN): the other half of claiming a batch with
+//! `COST b PARTIAL` and serving it locally.
+//!
+//! Buckets (GCRA, token bucket, leaky bucket) take the units back into the balance, never above
+//! the capacity: returning right after claiming, with no other admission in between, leaves
+//! exactly the state of never having claimed them. Windows (fixed, sliding counter) take them
+//! back only into the window they were counted in, and only when the caller's `age` proves the
+//! claim was made in the current window. The sliding log is refused: its entries carry no owner,
+//! so removing "n units" would remove other callers' entries.
+
+use super::codec::State;
+use super::spec::Spec;
+use super::{div_ceil_i128, fixed, gcra, sliding, token_bucket, Nanos, Request};
+
+/// Why units cannot be given back to this key at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// A sliding log's entries cannot be told apart from other callers'.
+    SlidingLog,
+    /// A window limiter needs the claim's age to know which window the units came from.
+    AgeRequired,
+}
+
+/// The outcome of giving units back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credit {
+    /// Units taken back, 0 ≤ credited ≤ n: how much `remaining` grows (for a bucket, the rest
+    /// would have overflowed its capacity; for a window, the rest were not counted there).
+    pub credited: u64,
+    /// The state to store; None when nothing was credited (nothing to write).
+    pub state: Option<State>,
+    /// The new state's reset_after at `now` (its TTL); 0 when nothing was credited.
+    pub reset_after: Nanos,
+}
+
+impl Credit {
+    const NOTHING: Credit = Credit { credited: 0, state: None, reset_after: 0 };
+}
+
+/// Gives `n` units back to `state` at `now`. `age` is how long ago the caller sent the claim the
+/// units came from (an upper bound on the claim's true age); required for window limiters,
+/// ignored by buckets.
+pub fn give_back(state: &State, n: u64, age: Option<Nanos>, now: Nanos) -> Result<Credit, Refusal> {
+    let (credited, new) = match state {
+        State::Gcra(s) => wrap(credit_gcra(s, n, now), State::Gcra),
+        State::Leaky(s) => wrap(credit_gcra(&s.0, n, now), |g| State::Leaky(super::leaky::State(g))),
+        State::TokenBucket(s) => wrap(credit_token_bucket(s, n, now), State::TokenBucket),
+        State::Fixed(s) => wrap(credit_fixed(s, n, age.ok_or(Refusal::AgeRequired)?, now), State::Fixed),
+        State::Sliding(s) => wrap(credit_sliding(s, n, age.ok_or(Refusal::AgeRequired)?, now), State::Sliding),
+        State::SlidingLog(_) => return Err(Refusal::SlidingLog),
+    };
+    let Some(new) = new.filter(|_| credited > 0) else {
+        return Ok(Credit::NOTHING);
+    };
+    let reset_after = reset_after(&new, now);
+    Ok(Credit { credited, state: Some(new), reset_after })
+}
+
+fn wrap<S>((credited, new): (u64, Option<S>), to_state: impl FnOnce(S) -> State) -> (u64, Option<State>) {
+    (credited, new.map(to_state))
+}
+
+/// The state's own reset_after at `now`: a peek with its stored parameters.
+fn reset_after(state: &State, now: Nanos) -> Nanos {
+    let spec = match state {
+        State::Gcra(s) => Spec::Gcra(s.rate),
+        State::Leaky(s) => Spec::Leaky(s.0.rate),
+        State::TokenBucket(s) => Spec::TokenBucket(s.rate),
+        State::Fixed(s) => Spec::Fixed(s.win),
+        State::Sliding(s) => Spec::Sliding(s.win),
+        State::SlidingLog(s) => Spec::SlidingLog(s.win),
+    };
+    // Same parameters and cost 0: never a mismatch, never a conversion.
+    spec.check(Some(state), now, Request::new(0)).map_or(0, |(d, _)| d.reset_after)
+}
+
+/// Units of a scaled deficit (capacity − balance) that `n` units fill: all n, or as many as it
+/// takes to fill the bucket (a partly filled unit counts: `remaining` grows by one for it).
+fn units_filled(n: u64, deficit: i128, period: i128) -> u64 {
+    (n as i128).min(div_ceil_i128(deficit, period)) as u64
+}
+
+/// GCRA (and the leaky bucket's queue): the arrival time moves back by n emission intervals,
+/// never before now (a full bucket; an empty queue).
+pub fn credit_gcra(s: &gcra::State, n: u64, now: Nanos) -> (u64, Option<gcra::State>) {
+    let full = now as i128 * s.rate.limit as i128;
+    let debt = s.tat - full;
+    if debt <= 0 {
+        return (0, None);
+    }
+    let p = s.rate.period as i128;
+    let tat = (s.tat - n as i128 * p).max(full);
+    (units_filled(n, debt, p), Some(gcra::State { rate: s.rate, tat }))
+}
+
+/// Token bucket: refilled to now, then n tokens added, never above BURST.
+pub fn credit_token_bucket(s: &token_bucket::State, n: u64, now: Nanos) -> (u64, Option<token_bucket::State>) {
+    let cap = s.rate.capacity_scaled();
+    let tokens = s.tokens_scaled(now);
+    if tokens >= cap {
+        return (0, None);
+    }
+    let p = s.rate.period as i128;
+    let new = (tokens + n as i128 * p).min(cap);
+    (units_filled(n, cap - tokens, p), Some(token_bucket::State { rate: s.rate, tokens: new, last: now }))
+}
+
+/// True when the key's stored window is now's window and the claim, at the latest `age` ago,
+/// was made in it too (windows are epoch-aligned: `now − age` ≤ the true claim instant ≤ now,
+/// so both in one window puts the claim there).
+fn claimed_in_current_window(stored_index: i64, window: Nanos, age: Nanos, now: Nanos) -> bool {
+    let index = now.div_euclid(window);
+    let earliest_claim = now as i128 - age.max(0) as i128;
+    stored_index == index && earliest_claim.div_euclid(window as i128) == index as i128
+}
+
+/// Fixed window: the current window's count drops by up to n.
+pub fn credit_fixed(s: &fixed::State, n: u64, age: Nanos, now: Nanos) -> (u64, Option<fixed::State>) {
+    if !claimed_in_current_window(s.index, s.win.window, age, now) {
+        return (0, None);
+    }
+    let credited = n.min(s.count);
+    (credited, Some(fixed::State { count: s.count - credited, ..*s }))
+}
+
+/// Sliding counter: the current window's count drops by up to n; the previous window's count
+/// (units of a window that has passed) never changes.
+pub fn credit_sliding(s: &sliding::State, n: u64, age: Nanos, now: Nanos) -> (u64, Option<sliding::State>) {
+    if !claimed_in_current_window(s.index, s.win.window, age, now) {
+        return (0, None);
+    }
+    let credited = n.min(s.curr);
+    (credited, Some(sliding::State { curr: s.curr - credited, ..*s }))
+}
