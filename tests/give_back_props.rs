@@ -1,0 +1,386 @@
+//! Giving units back (RL.RETURN's core, `core::give_back`), without Redis: examples and
+//! properties. Buckets: never above the capacity, `credited` is how much `remaining` grows, a
+//! return with no admission in between equals having claimed fewer units, and with admissions in
+//! between it is at most `rate × lease time` more generous than that. Windows: only into the
+//! window the units were counted in, never into a later one, never touching another window.
+//! Run with `cargo test --release --test give_back_props`.
+
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+
+use redis_ratelimit::core::codec::{Algorithm, State};
+use redis_ratelimit::core::give_back::{give_back, Credit, Refusal};
+use redis_ratelimit::core::{fixed, gcra, leaky, sliding, token_bucket, Nanos, Rate, Request, Window, NANOS_PER_SEC};
+
+#[path = "common/core_dispatch.rs"]
+mod core_dispatch;
+
+use core_dispatch::{check, Params};
+
+const T0: Nanos = 1_700_000_000 * NANOS_PER_SEC;
+const SEC: Nanos = NANOS_PER_SEC;
+
+fn cfg(cases: u32) -> Config {
+    Config { cases, failure_persistence: None, ..Config::default() }
+}
+
+const BUCKETS: [Algorithm; 3] = [Algorithm::Gcra, Algorithm::TokenBucket, Algorithm::Leaky];
+const WINDOWS: [Algorithm; 2] = [Algorithm::Fixed, Algorithm::Sliding];
+
+/// One call of a limiter: the decision's `allowed`, the state updated in place.
+fn call(algo: Algorithm, st: &mut Option<State>, p: &Params, now: Nanos, req: Request) -> u64 {
+    let (d, new) = check(algo, st.as_ref(), p, now, req);
+    if let Some(s) = new {
+        *st = Some(s);
+    }
+    d.allowed
+}
+
+fn peek_remaining(algo: Algorithm, st: &Option<State>, p: &Params, now: Nanos) -> u64 {
+    check(algo, st.as_ref(), p, now, Request::new(0)).0.remaining
+}
+
+/// A bucket's balance at `now` in units of 1/period (the capacity for a missing key).
+fn tokens(st: &Option<State>, rate: &Rate, now: Nanos) -> i128 {
+    match st {
+        None => rate.burst as i128 * rate.period as i128,
+        Some(State::Gcra(s)) | Some(State::Leaky(leaky::State(s))) => s.tokens_scaled(now),
+        Some(State::TokenBucket(s)) => s.tokens_scaled(now),
+        Some(other) => panic!("not a bucket: {other:?}"),
+    }
+}
+
+/// Applies a return to the state; the credit.
+fn give(st: &mut Option<State>, n: u64, age: Option<Nanos>, now: Nanos) -> Credit {
+    let c = give_back(st.as_ref().expect("a stored state"), n, age, now).expect("not refused");
+    if let Some(s) = &c.state {
+        *st = Some(s.clone());
+    }
+    c
+}
+
+fn rate_of(p: &Params) -> Rate {
+    match p {
+        Params::Rate(r) => *r,
+        Params::Win(_) => panic!("not a rate"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Examples.
+
+#[test]
+fn gcra_takes_units_back_up_to_a_full_bucket() {
+    let rate = Rate::new(10, SEC, 10).unwrap();
+    let p = Params::Rate(rate);
+    for algo in BUCKETS {
+        let mut st = None;
+        assert_eq!(call(algo, &mut st, &p, T0, Request::new(7)), 7);
+        assert_eq!(peek_remaining(algo, &st, &p, T0), 3);
+        let c = give(&mut st, 4, None, T0);
+        assert_eq!(c.credited, 4, "{algo:?}");
+        assert_eq!(peek_remaining(algo, &st, &p, T0), 7);
+        // 300 ms owed: the key's TTL.
+        assert_eq!(c.reset_after, 300_000_000, "{algo:?}");
+        // 3 owed, 5 given: 3 credited, the bucket is full.
+        let c = give(&mut st, 5, None, T0);
+        assert_eq!(c.credited, 3);
+        assert_eq!(tokens(&st, &rate, T0), 10 * SEC as i128);
+        assert_eq!(c.reset_after, 0);
+        // Full: nothing to credit, nothing to store.
+        assert_eq!(give_back(st.as_ref().unwrap(), 1, None, T0).unwrap(), Credit { credited: 0, state: None, reset_after: 0 });
+    }
+}
+
+#[test]
+fn a_partly_refilled_unit_counts_as_credited() {
+    let rate = Rate::new(10, SEC, 10).unwrap();
+    let p = Params::Rate(rate);
+    for algo in BUCKETS {
+        let mut st = None;
+        call(algo, &mut st, &p, T0, Request::new(3));
+        // 150 ms later 1.5 units are back: 1.5 owed; remaining is 8, a return makes it 10.
+        let now = T0 + 150_000_000;
+        assert_eq!(peek_remaining(algo, &st, &p, now), 8);
+        assert_eq!(give(&mut st, 3, None, now).credited, 2, "{algo:?}");
+        assert_eq!(peek_remaining(algo, &st, &p, now), 10);
+    }
+}
+
+#[test]
+fn fixed_window_credits_only_the_current_window() {
+    let win = Window::new(10, 60 * SEC).unwrap();
+    let p = Params::Win(win);
+    let start = (T0 / (60 * SEC)) * 60 * SEC; // a window's first instant
+    let mut st = None;
+    assert_eq!(call(Algorithm::Fixed, &mut st, &p, start + 10 * SEC, Request::new(6)), 6);
+    // 20 s later, claimed 20 s ago: same window.
+    let c = give(&mut st, 2, Some(20 * SEC), start + 30 * SEC);
+    assert_eq!(c.credited, 2);
+    assert_eq!(c.reset_after, 30 * SEC);
+    assert!(matches!(&st, Some(State::Fixed(f)) if f.count == 4));
+    // An age reaching into the previous window proves nothing: no credit.
+    assert_eq!(give(&mut st, 2, Some(31 * SEC), start + 30 * SEC).credited, 0);
+    // The next window: the units are gone for good.
+    assert_eq!(give(&mut st, 2, Some(0), start + 60 * SEC).credited, 0);
+    // More than the window counts: only what it counts.
+    assert_eq!(give(&mut st, 100, Some(0), start + 59 * SEC).credited, 4);
+    assert!(matches!(&st, Some(State::Fixed(f)) if f.count == 0));
+}
+
+#[test]
+fn sliding_credits_the_current_count_only() {
+    let win = Window::new(10, 60 * SEC).unwrap();
+    let p = Params::Win(win);
+    let start = (T0 / (60 * SEC)) * 60 * SEC;
+    let mut st = None;
+    call(Algorithm::Sliding, &mut st, &p, start + 10 * SEC, Request::new(5));
+    call(Algorithm::Sliding, &mut st, &p, start + 70 * SEC, Request::new(3));
+    let Some(State::Sliding(before)) = st.clone() else { panic!() };
+    assert_eq!((before.prev, before.curr), (5, 3));
+    // Giving back 5 (say, from the previous window's claim): only the current 3 can come back.
+    let c = give(&mut st, 5, Some(0), start + 80 * SEC);
+    assert_eq!(c.credited, 3);
+    let Some(State::Sliding(after)) = st.clone() else { panic!() };
+    assert_eq!((after.index, after.prev, after.curr), (before.index, 5, 0));
+    // The previous window still counts until it has slid out: the end of this window.
+    assert_eq!(c.reset_after, 40 * SEC);
+}
+
+#[test]
+fn refusals() {
+    let win = Window::new(10, 60 * SEC).unwrap();
+    let mut log = None;
+    call(Algorithm::SlidingLog, &mut log, &Params::Win(win), T0, Request::new(3));
+    for age in [None, Some(0)] {
+        assert_eq!(give_back(log.as_ref().unwrap(), 1, age, T0), Err(Refusal::SlidingLog));
+    }
+    for algo in WINDOWS {
+        let mut st = None;
+        call(algo, &mut st, &Params::Win(win), T0, Request::new(3));
+        assert_eq!(give_back(st.as_ref().unwrap(), 1, None, T0), Err(Refusal::AgeRequired), "{algo:?}");
+    }
+}
+
+#[test]
+fn a_clock_stepped_back_into_an_earlier_window_credits_nothing() {
+    let win = Window::new(10, 60 * SEC).unwrap();
+    let start = (T0 / (60 * SEC)) * 60 * SEC;
+    for algo in WINDOWS {
+        let mut st = None;
+        call(algo, &mut st, &Params::Win(win), start + 61 * SEC, Request::new(3));
+        assert_eq!(give(&mut st, 3, Some(0), start + 59 * SEC).credited, 0, "{algo:?}");
+    }
+}
+
+#[test]
+fn extreme_values_do_not_overflow() {
+    let rate = Rate::new(1_000_000_000_000_000, 1, 1_000_000_000_000_000).unwrap();
+    let st = State::Gcra(gcra::State { rate, tat: 1 << 115 });
+    let c = give_back(&st, 1_000_000_000_000_000, None, T0).unwrap();
+    assert_eq!(c.credited, 1_000_000_000_000_000);
+    let tb = State::TokenBucket(token_bucket::State { rate, tokens: -(1 << 115), last: i64::MAX });
+    assert!(give_back(&tb, 1_000_000_000_000_000, None, i64::MIN).is_ok());
+    let win = Window::new(1_000_000_000_000_000, 36_525 * 86_400 * SEC).unwrap();
+    for (index, now) in [(i64::MIN, i64::MIN), (i64::MAX, i64::MAX), (0, 0)] {
+        let f = State::Fixed(fixed::State { win, index, count: 2_000_000_000_000_000 });
+        let s = State::Sliding(sliding::State { win, index, prev: 1, curr: 2_000_000_000_000_000 });
+        for st in [f, s] {
+            for age in [0, i64::MAX] {
+                assert!(give_back(&st, 1_000_000_000_000_000, Some(age), now).is_ok());
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Properties.
+
+fn rate_params() -> impl Strategy<Value = Params> {
+    prop_oneof![
+        4 => (1u64..=20, prop_oneof![Just(SEC), 1i64..1_000_000, Just(60 * SEC)], 1u64..=20),
+        1 => (1u64..=1_000_000_000, prop_oneof![Just(1i64), Just(SEC)], 1u64..=1_000_000_000),
+    ]
+    .prop_filter_map("valid rate", |(l, p, b)| Rate::new(l, p, b).ok().map(Params::Rate))
+}
+
+fn window_params() -> impl Strategy<Value = Params> {
+    (1u64..=20, prop_oneof![Just(SEC), 1i64..1_000_000, Just(60 * SEC)])
+        .prop_map(|(l, w)| Params::Win(Window::new(l, w).unwrap()))
+}
+
+/// A step of traffic: how far the clock moves (in thousandths of the limiter's time unit) and
+/// the request.
+fn traffic() -> impl Strategy<Value = Vec<(u32, u64, bool)>> {
+    prop::collection::vec((0u32..3000, 0u64..6, any::<bool>()), 0..12)
+}
+
+/// The natural time unit: one emission interval, or one window.
+fn unit(p: &Params) -> Nanos {
+    p.unit().clamp(1, 1 << 50) as Nanos
+}
+
+fn advance(p: &Params, thousandths: u32) -> Nanos {
+    (unit(p) as i128 * thousandths as i128 / 1000) as Nanos
+}
+
+/// Runs traffic from `now`; returns the clock afterwards and the admitted (instant, units).
+fn run(algo: Algorithm, st: &mut Option<State>, p: &Params, now: &mut Nanos, t: &[(u32, u64, bool)]) -> Vec<(Nanos, u64)> {
+    let mut admitted = Vec::new();
+    for &(dt, cost, partial) in t {
+        *now += advance(p, dt);
+        let got = call(algo, st, p, *now, Request { cost, partial });
+        if got > 0 {
+            admitted.push((*now, got));
+        }
+    }
+    admitted
+}
+
+proptest! {
+    #![proptest_config(cfg(600))]
+
+    /// Any state, any n: credited ≤ n, the balance becomes min(capacity, balance + n), never
+    /// more, and `remaining` grows by exactly `credited` (from a non-negative balance).
+    #[test]
+    fn bucket_credit_is_capped_and_counted(
+        algo in prop::sample::select(BUCKETS.to_vec()), p in rate_params(), before in traffic(),
+        dt in 0u32..5000, n in 1u64..40,
+    ) {
+        let rate = rate_of(&p);
+        let (mut st, mut now) = (None, T0);
+        run(algo, &mut st, &p, &mut now, &before);
+        prop_assume!(st.is_some());
+        now += advance(&p, dt);
+        let cap = rate.burst as i128 * rate.period as i128;
+        let (t0, r0) = (tokens(&st, &rate, now), peek_remaining(algo, &st, &p, now));
+        let c = give(&mut st, n, Some(12345), now);
+        let (t1, r1) = (tokens(&st, &rate, now), peek_remaining(algo, &st, &p, now));
+        prop_assert!(c.credited <= n);
+        prop_assert!(t1 <= cap);
+        prop_assert_eq!(t1, (t0 + n as i128 * rate.period as i128).min(cap).max(t0));
+        prop_assert_eq!(c.state.is_some(), c.credited > 0);
+        if let Some(s) = &c.state {
+            // What is stored and replicated decodes (the codec refuses a balance above capacity).
+            prop_assert_eq!(&State::decode(&s.encode()).unwrap(), s);
+            if let State::TokenBucket(tb) = s {
+                let stored = tb.tokens;
+                prop_assert!(stored <= cap, "{} above {}", stored, cap);
+            }
+        }
+        if t0 >= 0 {
+            prop_assert_eq!(r1 - r0, c.credited);
+        }
+        prop_assert_eq!(c.reset_after, check(algo, st.as_ref(), &p, now, Request::new(0)).0.reset_after);
+        // AGE is ignored by buckets.
+        let again = give_back(st.as_ref().unwrap(), n, None, now).unwrap();
+        let aged = give_back(st.as_ref().unwrap(), n, Some(1 << 40), now).unwrap();
+        prop_assert_eq!(again, aged);
+    }
+
+    /// Claim g units, return j ≤ g later with no other admission in between: the key is exactly
+    /// as if only g − j had been claimed (same balance from then on, same decisions).
+    #[test]
+    fn bucket_return_equals_claiming_fewer(
+        algo in prop::sample::select(BUCKETS.to_vec()), p in rate_params(), before in traffic(),
+        k in 1u64..30, j_pick in any::<u64>(), dt in 0u32..5000, after in traffic(),
+    ) {
+        let rate = rate_of(&p);
+        let (mut st, mut t1) = (None, T0);
+        run(algo, &mut st, &p, &mut t1, &before);
+        let mut alt = st.clone();
+        let g = call(algo, &mut st, &p, t1, Request { cost: k, partial: true });
+        prop_assume!(g > 0);
+        let j = 1 + j_pick % g;
+        if g > j {
+            prop_assert_eq!(call(algo, &mut alt, &p, t1, Request::new(g - j)), g - j);
+        }
+        let mut t2 = t1 + advance(&p, dt);
+        give(&mut st, j, None, t2);
+        prop_assert_eq!(tokens(&st, &rate, t2), tokens(&alt, &rate, t2));
+        for &(dt, cost, partial) in &after {
+            t2 += advance(&p, dt);
+            let req = Request { cost, partial };
+            let (a, b) = (check(algo, st.as_ref(), &p, t2, req), check(algo, alt.as_ref(), &p, t2, req));
+            prop_assert_eq!(a.0, b.0);
+            if let Some(s) = a.1 { st = Some(s); }
+            if let Some(s) = b.1 { alt = Some(s); }
+        }
+    }
+
+    /// Claim g, other admissions, return j ≤ g: compared with claiming g − j and making the same
+    /// admissions, the balance is never lower and at most rate × (time the units were held)
+    /// higher (the refill the other history lost to a full bucket), and never above capacity.
+    #[test]
+    fn bucket_return_with_admissions_between_is_bounded(
+        algo in prop::sample::select(BUCKETS.to_vec()), p in rate_params(), before in traffic(),
+        k in 1u64..30, j_pick in any::<u64>(), between in traffic(), dt in 0u32..3000,
+    ) {
+        let rate = rate_of(&p);
+        let (mut st, mut t1) = (None, T0);
+        run(algo, &mut st, &p, &mut t1, &before);
+        let mut alt = st.clone();
+        let g = call(algo, &mut st, &p, t1, Request { cost: k, partial: true });
+        prop_assume!(g > 0);
+        let j = 1 + j_pick % g;
+        if g > j {
+            prop_assert_eq!(call(algo, &mut alt, &p, t1, Request::new(g - j)), g - j);
+        }
+        let mut t2 = t1;
+        for (at, units) in run(algo, &mut st, &p, &mut t2, &between) {
+            // The other history has at least as much: the same admission passes there too.
+            prop_assert_eq!(call(algo, &mut alt, &p, at, Request::new(units)), units);
+        }
+        t2 += advance(&p, dt);
+        give(&mut st, j, None, t2);
+        let (real, other) = (tokens(&st, &rate, t2), tokens(&alt, &rate, t2));
+        let held = (t2 - t1) as i128 * rate.limit as i128;
+        prop_assert!(real >= other, "{real} < {other}");
+        prop_assert!(real <= other + held.min(j as i128 * rate.period as i128), "{real} vs {other} + {held}");
+        prop_assert!(real <= rate.burst as i128 * rate.period as i128);
+    }
+
+    /// Windows: claim g at t_c, traffic, return j ≤ g at t_r with an age ≥ t_r − t_c. Credit
+    /// happens only when t_r − age and t_r share the stored window (then all j come back); the
+    /// window index, the previous window's count and the parameters never change; the count
+    /// drops by exactly `credited`.
+    #[test]
+    fn windows_credit_only_the_claims_window(
+        algo in prop::sample::select(WINDOWS.to_vec()), p in window_params(), before in traffic(),
+        k in 1u64..10, j_pick in any::<u64>(), between in traffic(), dt in 0u32..3000,
+        slack in prop_oneof![Just(0u32), 0u32..2000],
+    ) {
+        let (mut st, mut tc) = (None, T0);
+        run(algo, &mut st, &p, &mut tc, &before);
+        let g = call(algo, &mut st, &p, tc, Request { cost: k, partial: true });
+        prop_assume!(g > 0);
+        let j = 1 + j_pick % g;
+        let mut tr = tc;
+        run(algo, &mut st, &p, &mut tr, &between);
+        tr += advance(&p, dt);
+        let age = tr - tc + advance(&p, slack);
+        let w = unit(&p);
+        let before_return = st.clone().unwrap();
+        let c = give(&mut st, j, Some(age), tr);
+        let same_window = (tr - age).div_euclid(w) == tr.div_euclid(w);
+        if tc.div_euclid(w) != tr.div_euclid(w) || !same_window {
+            prop_assert_eq!(c.credited, 0);
+            prop_assert!(c.state.is_none());
+        } else {
+            prop_assert_eq!(c.credited, j);
+        }
+        let after_return = st.clone().unwrap();
+        prop_assert_eq!(&State::decode(&after_return.encode()).unwrap(), &after_return);
+        match (&before_return, &after_return) {
+            (State::Fixed(a), State::Fixed(b)) => {
+                prop_assert_eq!((a.win, a.index), (b.win, b.index));
+                prop_assert_eq!(a.count - b.count, c.credited);
+            }
+            (State::Sliding(a), State::Sliding(b)) => {
+                prop_assert_eq!((a.win, a.index, a.prev), (b.win, b.index, b.prev));
+                prop_assert_eq!(a.curr - b.curr, c.credited);
+            }
+            other => prop_assert!(false, "{:?}", other),
+        }
+    }
+}
