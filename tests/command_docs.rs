@@ -39,7 +39,7 @@ const LIMITERS: [&str; 6] = ["rl.gcra", "rl.tokenbucket", "rl.leaky", "rl.slidin
 fn command_docs_describe_every_command() {
     let server = Server::start();
     let mut c = server.conn();
-    let all = ["rl.multi", "rl.info", "rl.reset", "cl.throttle", "rl.setstate", "rl.debug"];
+    let all = ["rl.multi", "rl.info", "rl.reset", "cl.throttle", "rl.setstate", "rl.debug", "rl.return"];
     for name in LIMITERS.iter().chain(all.iter()) {
         let docs: Value = redis::cmd("COMMAND").arg("DOCS").arg(*name).query(&mut c).unwrap();
         let w = flat(&docs);
@@ -59,6 +59,10 @@ fn command_docs_describe_every_command() {
         assert_eq!(has_burst, ["rl.gcra", "rl.tokenbucket", "rl.leaky"].contains(&name), "{name}: BURST");
         assert!(w.iter().any(|x| x == "pure-token"), "{name}: DRYRUN is a pure token");
         assert!(w.iter().any(|x| x == "optional"), "{name}: optional arguments");
+    }
+    let w = flat(&redis::cmd("COMMAND").arg("DOCS").arg("rl.return").query::<Value>(&mut c).unwrap());
+    for token in ["n", "AGE", "optional"] {
+        assert!(w.iter().any(|x| x == token), "RL.RETURN docs lack {token}: {w:?}");
     }
     let w = flat(&redis::cmd("COMMAND").arg("DOCS").arg("rl.multi").query::<Value>(&mut c).unwrap());
     for token in ["GCRA", "TOKENBUCKET", "LEAKY", "SLIDING", "FIXED", "SLIDINGLOG", "numkeys", "oneof", "block", "multiple"] {
@@ -93,6 +97,13 @@ fn command_info_has_arity_flags_and_key_specs() {
     assert!(w.iter().any(|x| x == "delete"), "RL.RESET key spec: {w:?}");
     let w = info(&mut c, "rl.multi");
     assert!(w.iter().any(|x| x == "movablekeys") && w.iter().any(|x| x == "keynum"), "RL.MULTI: {w:?}");
+    let w = info(&mut c, "rl.return");
+    assert_eq!(w[1], "-3", "RL.RETURN arity: {w:?}");
+    for flag in ["write", "denyoom", "fast", "RW", "access", "update"] {
+        assert!(w.iter().any(|x| x == flag), "RL.RETURN: no {flag} in {w:?}");
+    }
+    let keys: Vec<String> = redis::cmd("COMMAND").arg(&["GETKEYS", "rl.return", "rk", "3", "AGE", "10"]).query(&mut c).unwrap();
+    assert_eq!(keys, ["rk"]);
     let w = info(&mut c, "rl.debug");
     assert!(!w.iter().any(|x| x == "begin_search"), "RL.DEBUG declares no key: {w:?}");
 
