@@ -82,20 +82,21 @@ fn buckets_take_units_back_up_to_their_capacity() {
         // The TTL is the new reset_after: 3 units owed at 6 s each.
         let ttl = pttl(&mut c, k);
         assert!((17_000..=18_000).contains(&ttl), "{algo}: PTTL {ttl}");
-        // AGE is accepted and ignored by buckets.
-        assert_eq!(give(&mut c, &[k, "1", "AGE", "999999"]), 1, "{algo}");
+        // 1 unit refills in 6 s: units out for 6 s come back less one.
+        assert_eq!(give(&mut c, &[k, "1", "AGE", "6000"]), 0, "{algo}: all of it refilled meanwhile");
+        assert_eq!(give(&mut c, &[k, "2", "AGE", "6000"]), 1, "{algo}");
         // 2 owed: giving 100 back credits 2, the bucket is full, never fuller.
         assert_eq!(give(&mut c, &[k, "100"]), 2, "{algo}");
         assert_eq!(info_int(&mut c, k, "available"), 10, "{algo}");
         assert_eq!(give(&mut c, &[k, "1"]), 0, "{algo}: a full bucket");
         // A full bucket's state is a missing key's: it expires right away.
         assert!(pttl(&mut c, k) <= 1, "{algo}");
-        // Refill and return together never exceed BURST: 3 claimed, 12 s pass (2 back), 3 returned.
+        // 3 claimed, 12 s pass (2 refilled), 3 returned: 3 − 2 = 1 comes back, full again.
         clock_set(&mut c, T0_US);
         let k2 = format!("b2:{algo}");
         assert_eq!(limiter(&mut c, &[algo, &k2, "10", "1m", "COST", "3"])[0], 3);
         clock_advance(&mut c, 12 * SEC_US);
-        assert_eq!(give(&mut c, &[&k2, "3"]), 1, "{algo}: only 1 unit was still missing");
+        assert_eq!(give(&mut c, &[&k2, "3", "AGE", "12000"]), 1, "{algo}");
         assert_eq!(limiter(&mut c, &[algo, &k2, "10", "1m", "COST", "0"])[2], 10);
         clock_set(&mut c, T0_US);
     }

@@ -70,7 +70,7 @@ fn rate_of(p: &Params) -> Rate {
 // Examples.
 
 #[test]
-fn gcra_takes_units_back_up_to_a_full_bucket() {
+fn buckets_take_units_back_up_to_a_full_bucket() {
     let rate = Rate::new(10, SEC, 10).unwrap();
     let p = Params::Rate(rate);
     for algo in BUCKETS {
@@ -83,7 +83,7 @@ fn gcra_takes_units_back_up_to_a_full_bucket() {
         // 300 ms owed: the key's TTL.
         assert_eq!(c.reset_after, 300_000_000, "{algo:?}");
         // 3 owed, 5 given: 3 credited, the bucket is full.
-        let c = give(&mut st, 5, None, T0);
+        let c = give(&mut st, 5, Some(0), T0);
         assert_eq!(c.credited, 3);
         assert_eq!(tokens(&st, &rate, T0), 10 * SEC as i128);
         assert_eq!(c.reset_after, 0);
@@ -93,18 +93,58 @@ fn gcra_takes_units_back_up_to_a_full_bucket() {
 }
 
 #[test]
-fn a_partly_refilled_unit_counts_as_credited() {
+fn buckets_deduct_the_refill_received_while_the_units_were_out() {
     let rate = Rate::new(10, SEC, 10).unwrap();
     let p = Params::Rate(rate);
     for algo in BUCKETS {
         let mut st = None;
-        call(algo, &mut st, &p, T0, Request::new(3));
-        // 150 ms later 1.5 units are back: 1.5 owed; remaining is 8, a return makes it 10.
+        call(algo, &mut st, &p, T0, Request::new(7));
+        // 150 ms later 1.5 units have come back by refill: balance 4.5, remaining 4.
         let now = T0 + 150_000_000;
-        assert_eq!(peek_remaining(algo, &st, &p, now), 8);
-        assert_eq!(give(&mut st, 3, None, now).credited, 2, "{algo:?}");
-        assert_eq!(peek_remaining(algo, &st, &p, now), 10);
+        assert_eq!(peek_remaining(algo, &st, &p, now), 4);
+        // 4 units out for 150 ms: 4 − 1.5 = 2.5 come back: balance 7, remaining 7.
+        let c = give(&mut st, 4, Some(150_000_000), now);
+        assert_eq!(c.credited, 3, "{algo:?}");
+        assert_eq!(tokens(&st, &rate, now), 7 * SEC as i128);
+        // Out for longer than they take to refill: nothing comes back, nothing is written.
+        let c = give(&mut st, 2, Some(200_000_000), now);
+        assert_eq!((c.credited, c.state), (0, None), "{algo:?}");
+        // Less than a unit, when `remaining` would not grow: nothing either.
+        let c = give(&mut st, 1, Some(50_000_000), now);
+        assert_eq!((c.credited, c.state), (0, None), "{algo:?}");
     }
+}
+
+/// Many callers claim every unit as it refills and give each batch back unused after L, then
+/// claim it again. Were returns credited in full, the units out at once would grow by rate × L
+/// every cycle, all of them servable at the same instant. With the refill deducted, the units
+/// out never exceed BURST + rate × L.
+#[test]
+fn claim_and_return_cycles_do_not_inflate_capacity() {
+    let rate = Rate::new(1, SEC, 10).unwrap(); // 1/s, BURST 10
+    let p = Params::Rate(rate);
+    let lease = 5 * SEC;
+    let most_out = |with_age: bool| -> u64 {
+        let mut st = None;
+        let mut out: Vec<(Nanos, u64)> = Vec::new(); // (claimed at, units)
+        let mut most = 0;
+        for step in 0..200 {
+            let now = T0 + step * SEC / 2;
+            let (expired, kept): (Vec<_>, Vec<_>) = out.into_iter().partition(|(at, _)| now - at >= lease);
+            out = kept;
+            for (at, units) in expired {
+                give(&mut st, units, with_age.then_some(now - at), now);
+            }
+            let got = call(Algorithm::Gcra, &mut st, &p, now, Request { cost: 1000, partial: true });
+            if got > 0 {
+                out.push((now, got));
+            }
+            most = most.max(out.iter().map(|(_, u)| u).sum());
+        }
+        most
+    };
+    assert!(most_out(true) <= 10 + 5, "{}", most_out(true));
+    assert!(most_out(false) > 40, "without AGE the cycle inflates: {}", most_out(false));
 }
 
 #[test]
@@ -177,8 +217,10 @@ fn a_clock_stepped_back_into_an_earlier_window_credits_nothing() {
 fn extreme_values_do_not_overflow() {
     let rate = Rate::new(1_000_000_000_000_000, 1, 1_000_000_000_000_000).unwrap();
     let st = State::Gcra(gcra::State { rate, tat: 1 << 115 });
-    let c = give_back(&st, 1_000_000_000_000_000, None, T0).unwrap();
-    assert_eq!(c.credited, 1_000_000_000_000_000);
+    // A debt far beyond the capacity (a clock stepped back): remaining stays 0, nothing credited.
+    assert_eq!(give_back(&st, 1_000_000_000_000_000, None, T0).unwrap().credited, 0);
+    let st = State::Gcra(gcra::State { rate, tat: T0 as i128 * rate.limit as i128 + 5 });
+    assert_eq!(give_back(&st, 1_000_000_000_000_000, Some(0), T0).unwrap().credited, 5);
     let tb = State::TokenBucket(token_bucket::State { rate, tokens: -(1 << 115), last: i64::MAX });
     assert!(give_back(&tb, 1_000_000_000_000_000, None, i64::MIN).is_ok());
     let win = Window::new(1_000_000_000_000_000, 36_525 * 86_400 * SEC).unwrap();
@@ -240,26 +282,30 @@ fn run(algo: Algorithm, st: &mut Option<State>, p: &Params, now: &mut Nanos, t: 
 proptest! {
     #![proptest_config(cfg(600))]
 
-    /// Any state, any n: credited ≤ n, the balance becomes min(capacity, balance + n), never
-    /// more, and `remaining` grows by exactly `credited` (from a non-negative balance).
+    /// Any state, any n, any age: credited ≤ n, the balance becomes min(capacity, balance +
+    /// n − rate × age) when that makes `remaining` grow (by exactly `credited`), and is left
+    /// alone otherwise; never above the capacity; what is stored decodes.
     #[test]
     fn bucket_credit_is_capped_and_counted(
         algo in prop::sample::select(BUCKETS.to_vec()), p in rate_params(), before in traffic(),
-        dt in 0u32..5000, n in 1u64..40,
+        dt in 0u32..5000, n in 1u64..40, age in prop_oneof![Just(0u32), 0u32..3000],
     ) {
         let rate = rate_of(&p);
         let (mut st, mut now) = (None, T0);
         run(algo, &mut st, &p, &mut now, &before);
         prop_assume!(st.is_some());
         now += advance(&p, dt);
+        let age = advance(&p, age);
         let cap = rate.burst as i128 * rate.period as i128;
         let (t0, r0) = (tokens(&st, &rate, now), peek_remaining(algo, &st, &p, now));
-        let c = give(&mut st, n, Some(12345), now);
+        let c = give(&mut st, n, Some(age), now);
         let (t1, r1) = (tokens(&st, &rate, now), peek_remaining(algo, &st, &p, now));
         prop_assert!(c.credited <= n);
         prop_assert!(t1 <= cap);
-        prop_assert_eq!(t1, (t0 + n as i128 * rate.period as i128).min(cap).max(t0));
+        prop_assert_eq!(r1 - r0, c.credited);
         prop_assert_eq!(c.state.is_some(), c.credited > 0);
+        let added = (n as i128 * rate.period as i128 - age as i128 * rate.limit as i128).max(0);
+        prop_assert_eq!(t1, if c.credited > 0 { (t0 + added).min(cap) } else { t0 });
         if let Some(s) = &c.state {
             // What is stored and replicated decodes (the codec refuses a balance above capacity).
             prop_assert_eq!(&State::decode(&s.encode()).unwrap(), s);
@@ -268,76 +314,98 @@ proptest! {
                 prop_assert!(stored <= cap, "{} above {}", stored, cap);
             }
         }
-        if t0 >= 0 {
-            prop_assert_eq!(r1 - r0, c.credited);
+        if c.credited > 0 {
+            prop_assert_eq!(c.reset_after, check(algo, st.as_ref(), &p, now, Request::new(0)).0.reset_after);
         }
-        prop_assert_eq!(c.reset_after, check(algo, st.as_ref(), &p, now, Request::new(0)).0.reset_after);
-        // AGE is ignored by buckets.
-        let again = give_back(st.as_ref().unwrap(), n, None, now).unwrap();
-        let aged = give_back(st.as_ref().unwrap(), n, Some(1 << 40), now).unwrap();
-        prop_assert_eq!(again, aged);
     }
 
-    /// Claim g units, return j ≤ g later with no other admission in between: the key is exactly
-    /// as if only g − j had been claimed (same balance from then on, same decisions).
+    /// Claim g units and give j ≤ g back at once: the key is exactly as if only g − j had been
+    /// claimed (same balance, same decisions from then on).
     #[test]
-    fn bucket_return_equals_claiming_fewer(
+    fn bucket_return_at_once_equals_claiming_fewer(
         algo in prop::sample::select(BUCKETS.to_vec()), p in rate_params(), before in traffic(),
-        k in 1u64..30, j_pick in any::<u64>(), dt in 0u32..5000, after in traffic(),
+        k in 1u64..30, j_pick in any::<u64>(), after in traffic(),
     ) {
         let rate = rate_of(&p);
-        let (mut st, mut t1) = (None, T0);
-        run(algo, &mut st, &p, &mut t1, &before);
+        let (mut st, mut t) = (None, T0);
+        run(algo, &mut st, &p, &mut t, &before);
         let mut alt = st.clone();
-        let g = call(algo, &mut st, &p, t1, Request { cost: k, partial: true });
+        let g = call(algo, &mut st, &p, t, Request { cost: k, partial: true });
         prop_assume!(g > 0);
         let j = 1 + j_pick % g;
         if g > j {
-            prop_assert_eq!(call(algo, &mut alt, &p, t1, Request::new(g - j)), g - j);
+            prop_assert_eq!(call(algo, &mut alt, &p, t, Request::new(g - j)), g - j);
         }
-        let mut t2 = t1 + advance(&p, dt);
-        give(&mut st, j, None, t2);
-        prop_assert_eq!(tokens(&st, &rate, t2), tokens(&alt, &rate, t2));
+        prop_assert_eq!(give(&mut st, j, Some(0), t).credited, j);
+        prop_assert_eq!(tokens(&st, &rate, t), tokens(&alt, &rate, t));
         for &(dt, cost, partial) in &after {
-            t2 += advance(&p, dt);
+            t += advance(&p, dt);
             let req = Request { cost, partial };
-            let (a, b) = (check(algo, st.as_ref(), &p, t2, req), check(algo, alt.as_ref(), &p, t2, req));
+            let (a, b) = (check(algo, st.as_ref(), &p, t, req), check(algo, alt.as_ref(), &p, t, req));
             prop_assert_eq!(a.0, b.0);
             if let Some(s) = a.1 { st = Some(s); }
             if let Some(s) = b.1 { alt = Some(s); }
         }
     }
 
-    /// Claim g, other admissions, return j ≤ g: compared with claiming g − j and making the same
-    /// admissions, the balance is never lower and at most rate × (time the units were held)
-    /// higher (the refill the other history lost to a full bucket), and never above capacity.
+    /// The safety property behind the client's bound. Leases (claims with PARTIAL), plain
+    /// admissions and returns (with an AGE at least the true age) interleave freely. Compared with
+    /// the history where every returned unit was never claimed (the same admissions, each lease
+    /// claiming only what it kept), the key's balance is never higher, at any instant; so every
+    /// admission of that history passes, and the units kept, dated at their claim, conform to
+    /// the bucket: at most BURST + rate × T in any interval of length T.
     #[test]
-    fn bucket_return_with_admissions_between_is_bounded(
-        algo in prop::sample::select(BUCKETS.to_vec()), p in rate_params(), before in traffic(),
-        k in 1u64..30, j_pick in any::<u64>(), between in traffic(), dt in 0u32..3000,
+    fn returns_never_leave_more_than_never_claiming(
+        algo in prop::sample::select(BUCKETS.to_vec()), p in rate_params(),
+        ops in prop::collection::vec((0u8..3, any::<u64>(), 0u32..2500, 0u32..300), 1..40),
     ) {
         let rate = rate_of(&p);
-        let (mut st, mut t1) = (None, T0);
-        run(algo, &mut st, &p, &mut t1, &before);
-        let mut alt = st.clone();
-        let g = call(algo, &mut st, &p, t1, Request { cost: k, partial: true });
-        prop_assume!(g > 0);
-        let j = 1 + j_pick % g;
-        if g > j {
-            prop_assert_eq!(call(algo, &mut alt, &p, t1, Request::new(g - j)), g - j);
+        #[derive(Debug)]
+        enum Ev { Lease(usize), Admit(u64) }
+        let mut leases: Vec<(Nanos, u64, u64, bool)> = Vec::new(); // (claimed at, granted, returned, open)
+        let (mut st, mut now) = (None, T0);
+        let mut steps: Vec<(Nanos, Option<Ev>, i128)> = Vec::new();
+        for &(kind, a, dt, slack) in &ops {
+            now += advance(&p, dt);
+            let ev = match kind {
+                0 => {
+                    let g = call(algo, &mut st, &p, now, Request { cost: 1 + a % 40, partial: true });
+                    (g > 0).then(|| { leases.push((now, g, 0, true)); Ev::Lease(leases.len() - 1) })
+                }
+                1 => {
+                    let got = call(algo, &mut st, &p, now, Request::new(1 + a % 5));
+                    (got > 0).then_some(Ev::Admit(got))
+                }
+                _ => {
+                    let open: Vec<usize> = (0..leases.len()).filter(|&i| leases[i].3).collect();
+                    if let Some(&i) = open.get((a % (open.len() as u64).max(1)) as usize) {
+                        let (at, g, _, _) = leases[i];
+                        let j = (a >> 8) % (g + 1); // 0: all served
+                        if j > 0 {
+                            give(&mut st, j, Some(now - at + advance(&p, slack)), now);
+                        }
+                        leases[i] = (at, g, j, false);
+                    }
+                    None
+                }
+            };
+            steps.push((now, ev, tokens(&st, &rate, now)));
         }
-        let mut t2 = t1;
-        for (at, units) in run(algo, &mut st, &p, &mut t2, &between) {
-            // The other history has at least as much: the same admission passes there too.
-            prop_assert_eq!(call(algo, &mut alt, &p, at, Request::new(units)), units);
+        let mut alt = None;
+        for (now, ev, real) in &steps {
+            match ev {
+                Some(Ev::Lease(i)) => {
+                    let kept = leases[*i].1 - leases[*i].2;
+                    if kept > 0 {
+                        prop_assert_eq!(call(algo, &mut alt, &p, *now, Request::new(kept)), kept);
+                    }
+                }
+                Some(Ev::Admit(u)) => prop_assert_eq!(call(algo, &mut alt, &p, *now, Request::new(*u)), *u),
+                None => {}
+            }
+            let other = tokens(&alt, &rate, *now);
+            prop_assert!(*real <= other, "at {}: {} above the never-claimed {}", now - T0, real, other);
         }
-        t2 += advance(&p, dt);
-        give(&mut st, j, None, t2);
-        let (real, other) = (tokens(&st, &rate, t2), tokens(&alt, &rate, t2));
-        let held = (t2 - t1) as i128 * rate.limit as i128;
-        prop_assert!(real >= other, "{real} < {other}");
-        prop_assert!(real <= other + held.min(j as i128 * rate.period as i128), "{real} vs {other} + {held}");
-        prop_assert!(real <= rate.burst as i128 * rate.period as i128);
     }
 
     /// Windows: claim g at t_c, traffic, return j ≤ g at t_r with an age ≥ t_r − t_c. Credit

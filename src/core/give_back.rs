@@ -1,16 +1,17 @@
 //! Giving unused units back to a key (RL.RETURN): the other half of claiming a batch with
 //! `COST b PARTIAL` and serving it locally.
 //!
-//! Buckets (GCRA, token bucket, leaky bucket) take the units back into the balance, never above
-//! the capacity: returning right after claiming, with no other admission in between, leaves
-//! exactly the state of never having claimed them. Windows (fixed, sliding counter) take them
-//! back only into the window they were counted in, and only when the caller's `age` proves the
-//! claim was made in the current window. The sliding log is refused: its entries carry no owner,
-//! so removing "n units" would remove other callers' entries.
+//! Buckets (GCRA, token bucket, leaky bucket) take the units back into the balance, less the
+//! refill they received while the units were out, never above the capacity: returning right
+//! after claiming leaves exactly the state of never having claimed them, and no return ever
+//! leaves more than that. Windows (fixed, sliding counter) take them back only into the window
+//! they were counted in, and only when the caller's `age` proves the claim was made in the
+//! current window. The sliding log is refused: its entries carry no owner, so removing "n units"
+//! would remove other callers' entries.
 
 use super::codec::State;
 use super::spec::Spec;
-use super::{div_ceil_i128, fixed, gcra, sliding, token_bucket, Nanos, Request};
+use super::{clamp_units, div_floor_i128, fixed, gcra, sliding, token_bucket, Nanos, Rate, Request};
 
 /// Why units cannot be given back to this key at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,8 +25,9 @@ pub enum Refusal {
 /// The outcome of giving units back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Credit {
-    /// Units taken back, 0 ≤ credited ≤ n: how much `remaining` grows (for a bucket, the rest
-    /// would have overflowed its capacity; for a window, the rest were not counted there).
+    /// Units taken back, 0 ≤ credited ≤ n. Buckets: how much `remaining` grows (the rest would
+    /// overflow the capacity, or was refilled while the units were out). Windows: units taken
+    /// off the current window's count (the rest were not counted there).
     pub credited: u64,
     /// The state to store; None when nothing was credited (nothing to write).
     pub state: Option<State>,
@@ -38,13 +40,13 @@ impl Credit {
 }
 
 /// Gives `n` units back to `state` at `now`. `age` is how long ago the caller sent the claim the
-/// units came from (an upper bound on the claim's true age); required for window limiters,
-/// ignored by buckets.
+/// units came from (an upper bound on the claim's true age): required for window limiters; for
+/// buckets None counts as 0 (the claim was just made).
 pub fn give_back(state: &State, n: u64, age: Option<Nanos>, now: Nanos) -> Result<Credit, Refusal> {
     let (credited, new) = match state {
-        State::Gcra(s) => wrap(credit_gcra(s, n, now), State::Gcra),
-        State::Leaky(s) => wrap(credit_gcra(&s.0, n, now), |g| State::Leaky(super::leaky::State(g))),
-        State::TokenBucket(s) => wrap(credit_token_bucket(s, n, now), State::TokenBucket),
+        State::Gcra(s) => wrap(credit_gcra(s, n, age.unwrap_or(0), now), State::Gcra),
+        State::Leaky(s) => wrap(credit_gcra(&s.0, n, age.unwrap_or(0), now), |g| State::Leaky(super::leaky::State(g))),
+        State::TokenBucket(s) => wrap(credit_token_bucket(s, n, age.unwrap_or(0), now), State::TokenBucket),
         State::Fixed(s) => wrap(credit_fixed(s, n, age.ok_or(Refusal::AgeRequired)?, now), State::Fixed),
         State::Sliding(s) => wrap(credit_sliding(s, n, age.ok_or(Refusal::AgeRequired)?, now), State::Sliding),
         State::SlidingLog(_) => return Err(Refusal::SlidingLog),
@@ -74,35 +76,45 @@ fn reset_after(state: &State, now: Nanos) -> Nanos {
     spec.check(Some(state), now, Request::new(0)).map_or(0, |(d, _)| d.reset_after)
 }
 
-/// Units of a scaled deficit (capacity − balance) that `n` units fill: all n, or as many as it
-/// takes to fill the bucket (a partly filled unit counts: `remaining` grows by one for it).
-fn units_filled(n: u64, deficit: i128, period: i128) -> u64 {
-    (n as i128).min(div_ceil_i128(deficit, period)) as u64
+/// A bucket's balance (scaled, at most the capacity) after `n` units held for `age` come back:
+/// n units less the refill the bucket received while they were out (rate × age), never above
+/// the capacity. Returns the units credited (how much `remaining` grows) and the new balance,
+/// None when `remaining` does not grow (a fraction of a unit is not worth a write).
+///
+/// Why less the refill: while units are out the key keeps refilling as if they had been spent.
+/// Crediting them in full would let capacity grow without bound through claim-return cycles
+/// (a unit returned at expiry and claimed again is counted again by the refill). With the
+/// deduction, the balance never exceeds that of a key that never saw the returned units, so
+/// the units served (dated at their claim) always conform to the bucket (docs/commands.md).
+fn credit_balance(rate: &Rate, tokens: i128, n: u64, age: Nanos) -> Option<(u64, i128)> {
+    let p = rate.period as i128;
+    let refilled_meanwhile = age.max(0) as i128 * rate.limit as i128;
+    let added = (n as i128 * p - refilled_meanwhile).clamp(0, (rate.capacity_scaled() - tokens).max(0));
+    let remaining = |t: i128| clamp_units(div_floor_i128(t, p), rate.burst);
+    let credited = remaining(tokens + added) - remaining(tokens);
+    (credited > 0).then_some((credited, tokens + added))
 }
 
-/// GCRA (and the leaky bucket's queue): the arrival time moves back by n emission intervals,
-/// never before now (a full bucket; an empty queue).
-pub fn credit_gcra(s: &gcra::State, n: u64, now: Nanos) -> (u64, Option<gcra::State>) {
-    let full = now as i128 * s.rate.limit as i128;
-    let debt = s.tat - full;
-    if debt <= 0 {
-        return (0, None);
-    }
-    let p = s.rate.period as i128;
-    let tat = (s.tat - n as i128 * p).max(full);
-    (units_filled(n, debt, p), Some(gcra::State { rate: s.rate, tat }))
-}
-
-/// Token bucket: refilled to now, then n tokens added, never above BURST.
-pub fn credit_token_bucket(s: &token_bucket::State, n: u64, now: Nanos) -> (u64, Option<token_bucket::State>) {
+/// GCRA (and the leaky bucket's queue): the arrival time moves back by the credit, never before
+/// now (a full bucket; an empty queue).
+pub fn credit_gcra(s: &gcra::State, n: u64, age: Nanos, now: Nanos) -> (u64, Option<gcra::State>) {
     let cap = s.rate.capacity_scaled();
-    let tokens = s.tokens_scaled(now);
-    if tokens >= cap {
-        return (0, None);
+    match credit_balance(&s.rate, s.tokens_scaled(now), n, age) {
+        // tat = now + (capacity − balance), in scaled time.
+        Some((credited, tokens)) => {
+            let tat = now as i128 * s.rate.limit as i128 + cap - tokens;
+            (credited, Some(gcra::State { rate: s.rate, tat }))
+        }
+        None => (0, None),
     }
-    let p = s.rate.period as i128;
-    let new = (tokens + n as i128 * p).min(cap);
-    (units_filled(n, cap - tokens, p), Some(token_bucket::State { rate: s.rate, tokens: new, last: now }))
+}
+
+/// Token bucket: refilled to now, then credited, never above BURST.
+pub fn credit_token_bucket(s: &token_bucket::State, n: u64, age: Nanos, now: Nanos) -> (u64, Option<token_bucket::State>) {
+    match credit_balance(&s.rate, s.tokens_scaled(now), n, age) {
+        Some((credited, tokens)) => (credited, Some(token_bucket::State { rate: s.rate, tokens, last: now })),
+        None => (0, None),
+    }
 }
 
 /// True when the key's stored window is now's window and the claim, at the latest `age` ago,
