@@ -348,6 +348,42 @@ proptest! {
         }
     }
 
+    /// Bounded generosity of an unaged return (AGE 0, as for undoing a claim): claim g, other
+    /// admissions, return j ≤ g. Compared with claiming g − j and making the same admissions, the
+    /// balance is never lower and at most rate × (time the units were held) higher: the refill
+    /// the other history lost to a full bucket. This excess is what RL.RETURN's AGE deduction
+    /// removes (the next property).
+    #[test]
+    fn bucket_unaged_return_generosity_is_bounded(
+        algo in prop::sample::select(BUCKETS.to_vec()), p in rate_params(), before in traffic(),
+        k in 1u64..30, j_pick in any::<u64>(), between in traffic(), dt in 0u32..3000,
+    ) {
+        let rate = rate_of(&p);
+        let (mut st, mut t1) = (None, T0);
+        run(algo, &mut st, &p, &mut t1, &before);
+        let mut alt = st.clone();
+        let g = call(algo, &mut st, &p, t1, Request { cost: k, partial: true });
+        prop_assume!(g > 0);
+        let j = 1 + j_pick % g;
+        if g > j {
+            prop_assert_eq!(call(algo, &mut alt, &p, t1, Request::new(g - j)), g - j);
+        }
+        let mut t2 = t1;
+        for (at, units) in run(algo, &mut st, &p, &mut t2, &between) {
+            prop_assert_eq!(call(algo, &mut alt, &p, at, Request::new(units)), units);
+        }
+        t2 += advance(&p, dt);
+        let (before_return, other) = (tokens(&st, &rate, t2), tokens(&alt, &rate, t2));
+        give(&mut st, j, None, t2);
+        let real = tokens(&st, &rate, t2);
+        let held = (t2 - t1) as i128 * rate.limit as i128;
+        let p_scaled = rate.period as i128;
+        // A credit writes only whole growth of `remaining`: the balance may stay put (lower).
+        prop_assert!(real >= other || real == before_return, "{real} < {other}");
+        prop_assert!(real <= other + held.min(j as i128 * p_scaled), "{real} vs {other} + {held}");
+        prop_assert!(real <= rate.burst as i128 * p_scaled);
+    }
+
     /// The safety property behind the client's bound. Leases (claims with PARTIAL), plain
     /// admissions and returns (with an AGE at least the true age) interleave freely. Compared with
     /// the history where every returned unit was never claimed (the same admissions, each lease
