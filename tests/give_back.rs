@@ -152,12 +152,15 @@ fn errors_name_the_problem_and_write_nothing() {
     limiter(&mut c, &["RL.SLIDINGLOG", "l", "10", "1m", "COST", "5"]);
     let _: () = redis::cmd("SET").arg("str").arg("x").query(&mut c).unwrap();
     let _: () = redis::cmd("RPUSH").arg("list").arg("x").query(&mut c).unwrap();
+    // A key redis-cell left: an arrival time, without its rate.
+    let _: () = redis::cmd("SET").arg("cell").arg("1699999200000000000").query(&mut c).unwrap();
     let before = snapshot(&mut c);
     let wrongtype = "WRONGTYPE Operation against a key holding the wrong kind of value";
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["RL.RETURN", "missing", "1"], "ERR no limiter at this key"),
         (vec!["RL.RETURN", "str", "1"], wrongtype),
         (vec!["RL.RETURN", "list", "1", "AGE", "5"], wrongtype),
+        (vec!["RL.RETURN", "cell", "1"], "ERR RL.RETURN needs the key's rate"),
         (vec!["RL.RETURN", "l", "1"], "ERR RL.RETURN does not support the sliding log"),
         (vec!["RL.RETURN", "l", "1", "AGE", "0"], "ERR RL.RETURN does not support the sliding log"),
         (vec!["RL.RETURN", "f", "1"], "ERR AGE is required for window limiters"),
