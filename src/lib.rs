@@ -11,6 +11,7 @@ pub mod clock;
 pub mod command_info;
 pub mod commands;
 pub mod core;
+pub mod eviction;
 pub mod metrics;
 pub mod reply;
 pub mod state;
@@ -90,6 +91,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         return Status::Err;
     }
     unsafe { raw::RedisModule_RegisterInfoFunc.unwrap()(ctx.ctx, Some(metrics::info)) };
+    eviction::watch(ctx.ctx);
     Status::Ok
 }
 

@@ -1,0 +1,103 @@
+//! Whether Redis may evict limiter keys. Every limiter key has a TTL, so every
+//! `maxmemory-policy` but `noeviction` (the `volatile-*` ones included) evicts them under
+//! memory pressure, and an evicted key is a fresh limit for its client. With `noeviction`
+//! Redis refuses the checks instead (they are `deny-oom`). Without `maxmemory` (0) nothing is
+//! evicted. The risk is warned about in the server log at load and whenever a `CONFIG SET`
+//! makes it appear or change, and shown in `INFO ratelimit`.
+
+use std::os::raw::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleEvent};
+
+/// What the last check found: the policy, maxmemory, and whether keys may be evicted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Setting {
+    pub policy: String,
+    pub maxmemory: u64,
+}
+
+impl Setting {
+    pub fn at_risk(&self) -> bool {
+        self.maxmemory > 0 && self.policy != "noeviction"
+    }
+}
+
+static CURRENT: Mutex<Option<Setting>> = Mutex::new(None);
+static TIMER_FALLBACK: AtomicBool = AtomicBool::new(false);
+
+/// The setting as last checked (None before the first check).
+pub fn current() -> Option<Setting> {
+    CURRENT.lock().ok().and_then(|s| s.clone())
+}
+
+/// Checks at load, then after every `CONFIG SET` (Redis 7.0's config-change server event; a
+/// once-a-second timer where a server does not offer it).
+pub fn watch(ctx: *mut RedisModuleCtx) {
+    check(ctx, "at load");
+    let event = RedisModuleEvent { id: raw::REDISMODULE_EVENT_CONFIG, dataver: 1 };
+    let subscribed = unsafe { raw::RedisModule_SubscribeToServerEvent.map(|f| f(ctx, event, Some(on_config))) };
+    if subscribed != Some(raw::REDISMODULE_OK as c_int) {
+        TIMER_FALLBACK.store(true, Relaxed);
+        arm_timer(ctx);
+    }
+}
+
+unsafe extern "C" fn on_config(ctx: *mut RedisModuleCtx, _eid: RedisModuleEvent, _sub: u64, _data: *mut c_void) {
+    let _ = std::panic::catch_unwind(|| check(ctx, "after CONFIG SET"));
+}
+
+fn arm_timer(ctx: *mut RedisModuleCtx) {
+    unsafe { raw::RedisModule_CreateTimer.unwrap()(ctx, 1000, Some(on_timer), std::ptr::null_mut()) };
+}
+
+unsafe extern "C" fn on_timer(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
+    let _ = std::panic::catch_unwind(|| check(ctx, "after a configuration change"));
+    arm_timer(ctx);
+}
+
+/// Reads the setting from `INFO memory` and logs when it puts limiter keys at risk (or stops
+/// doing so). Logs only on a change, so unrelated `CONFIG SET`s stay quiet.
+fn check(ctx: *mut RedisModuleCtx, when: &str) {
+    let Some(now) = read(ctx) else { return };
+    let previous = CURRENT.lock().ok().and_then(|mut s| s.replace(now.clone()));
+    if previous.as_ref() == Some(&now) {
+        return;
+    }
+    if now.at_risk() {
+        log(
+            ctx,
+            c"warning",
+            &format!(
+                "ratelimit: maxmemory-policy {} with maxmemory {} lets Redis evict limiter keys ({when}): an evicted key \
+                 is a fresh limit for its client, so limits can be exceeded under memory pressure. Use \
+                 maxmemory-policy noeviction (checks are then refused with OOM instead), or give the limiter keys \
+                 their own Redis. INFO ratelimit: eviction_risk",
+                now.policy, now.maxmemory
+            ),
+        );
+    } else if previous.is_some_and(|p| p.at_risk()) {
+        log(ctx, c"notice", &format!("ratelimit: limiter keys can no longer be evicted (maxmemory-policy {}, maxmemory {}) ({when})", now.policy, now.maxmemory));
+    }
+}
+
+fn read(ctx: *mut RedisModuleCtx) -> Option<Setting> {
+    unsafe {
+        let info = raw::RedisModule_GetServerInfo?(ctx, c"memory".as_ptr());
+        if info.is_null() {
+            return None;
+        }
+        let policy = raw::RedisModule_ServerInfoGetFieldC?(info, c"maxmemory_policy".as_ptr());
+        let policy = (!policy.is_null()).then(|| std::ffi::CStr::from_ptr(policy).to_string_lossy().into_owned());
+        let mut err: c_int = 0;
+        let maxmemory = raw::RedisModule_ServerInfoGetFieldUnsigned?(info, c"maxmemory".as_ptr(), &mut err);
+        raw::RedisModule_FreeServerInfo?(ctx, info);
+        Some(Setting { policy: policy?, maxmemory: if err == 0 { maxmemory } else { 0 } })
+    }
+}
+
+fn log(ctx: *mut RedisModuleCtx, level: &std::ffi::CStr, msg: &str) {
+    let msg = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    unsafe { raw::RedisModule_Log.unwrap()(ctx, level.as_ptr(), c"%s".as_ptr(), msg.as_ptr() as *const c_char) };
+}
