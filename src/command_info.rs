@@ -117,7 +117,10 @@ fn docs() -> Vec<Doc> {
             summary: "Checks several limits atomically, all or nothing (one limit spec per key)",
             complexity: "O(N) for N limits",
             arity: -6,
-            keys: Keys::Numkeys(RW_UPDATE),
+            // VARIABLE_FLAGS: Redis then asks the getkeys callback rather than the key spec,
+            // so a malformed call declares no keys (and gets its own error, not CROSSSLOT);
+            // clients still route by the spec.
+            keys: Keys::Numkeys(RW_UPDATE | raw::REDISMODULE_CMD_KEY_VARIABLE_FLAGS as u64),
             args: vec![
                 arg("numkeys", Kind::Integer),
                 arg("key", Kind::Key).multiple(),

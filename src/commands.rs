@@ -351,6 +351,17 @@ pub fn debug(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     })
 }
 
+/// Declares the key at `pos` to a getkeys request, with the flags of RL.MULTI's key spec.
+fn report_key(ctx: *mut RedisModuleCtx, pos: usize) {
+    let flags = raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE;
+    unsafe {
+        match raw::RedisModule_KeyAtPosWithFlags {
+            Some(with_flags) => with_flags(ctx, pos as c_int, flags as c_int),
+            None => raw::RedisModule_KeyAtPos.unwrap()(ctx, pos as c_int),
+        }
+    }
+}
+
 /// RL.MULTI numkeys key [key ...] ALGO args [ALGO args ...] [COST n] [DRYRUN] [PARTIAL]:
 /// several limits in one atomic call, all or nothing.
 pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
@@ -362,12 +373,18 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         _ => return Err("ERR numkeys must be a positive integer no larger than the number of keys given".into()),
     };
     let keys = &argv[2..2 + numkeys];
+    // Parse first: the limits must match the keys before any per-key work is done.
+    let parsed = with_arg_bytes(&argv[2 + numkeys..], |a| args::multi(a, numkeys));
     if unsafe { raw::RedisModule_IsKeysPositionRequest.unwrap()(ctx) } != 0 {
-        (2..2 + numkeys).for_each(|pos| unsafe { raw::RedisModule_KeyAtPos.unwrap()(ctx, pos as c_int) });
+        // Keys only for a call that parses: a numkeys past the real keys would otherwise name
+        // option words as keys (a cluster node then answers CROSSSLOT). With no keys Redis
+        // runs the call, which answers its own argument error.
+        if parsed.is_ok() {
+            (2..2 + numkeys).for_each(|pos| report_key(ctx, pos));
+        }
         return Ok(());
     }
-    // Parse first: the limits must match the keys before any per-key work is done.
-    let m = with_arg_bytes(&argv[2 + numkeys..], |a| args::multi(a, numkeys))?;
+    let m = parsed?;
     let mut seen = std::collections::HashSet::with_capacity(numkeys);
     if !keys.iter().all(|k| seen.insert(bytes(*k))) {
         return Err("ERR RL.MULTI keys must be distinct".into());
