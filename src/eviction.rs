@@ -6,12 +6,11 @@
 //! makes it appear or change, and shown in `INFO ratelimit`.
 
 use std::os::raw::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleEvent};
 
-/// What the last check found: the policy, maxmemory, and whether keys may be evicted.
+/// What the last check found: the policy and maxmemory.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Setting {
     pub policy: String,
@@ -25,36 +24,25 @@ impl Setting {
 }
 
 static CURRENT: Mutex<Option<Setting>> = Mutex::new(None);
-static TIMER_FALLBACK: AtomicBool = AtomicBool::new(false);
 
 /// The setting as last checked (None before the first check).
 pub fn current() -> Option<Setting> {
     CURRENT.lock().ok().and_then(|s| s.clone())
 }
 
-/// Checks at load, then after every `CONFIG SET` (Redis 7.0's config-change server event; a
-/// once-a-second timer where a server does not offer it).
+/// Checks at load, then after every `CONFIG SET` (the config-change server event, Redis 7.0
+/// and newer).
 pub fn watch(ctx: *mut RedisModuleCtx) {
     check(ctx, "at load");
     let event = RedisModuleEvent { id: raw::REDISMODULE_EVENT_CONFIG, dataver: 1 };
     let subscribed = unsafe { raw::RedisModule_SubscribeToServerEvent.map(|f| f(ctx, event, Some(on_config))) };
     if subscribed != Some(raw::REDISMODULE_OK as c_int) {
-        TIMER_FALLBACK.store(true, Relaxed);
-        arm_timer(ctx);
+        log(ctx, c"warning", "ratelimit: this server reports no configuration changes: the eviction risk is checked at load only");
     }
 }
 
 unsafe extern "C" fn on_config(ctx: *mut RedisModuleCtx, _eid: RedisModuleEvent, _sub: u64, _data: *mut c_void) {
     let _ = std::panic::catch_unwind(|| check(ctx, "after CONFIG SET"));
-}
-
-fn arm_timer(ctx: *mut RedisModuleCtx) {
-    unsafe { raw::RedisModule_CreateTimer.unwrap()(ctx, 1000, Some(on_timer), std::ptr::null_mut()) };
-}
-
-unsafe extern "C" fn on_timer(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
-    let _ = std::panic::catch_unwind(|| check(ctx, "after a configuration change"));
-    arm_timer(ctx);
 }
 
 /// Reads the setting from `INFO memory` and logs when it puts limiter keys at risk (or stops

@@ -5,14 +5,13 @@
 //! memory usage, digest and copy. Each runs behind `catch_unwind`: a panic must never reach
 //! redis-server.
 
+use std::borrow::Cow;
+use std::cell::Cell;
 use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
-
-use std::borrow::Cow;
-use std::cell::Cell;
 
 use crate::core::codec::{State, ENCODING_VERSION};
 use crate::core::gcra;
