@@ -279,6 +279,30 @@ fn run(algo: Algorithm, st: &mut Option<State>, p: &Params, now: &mut Nanos, t: 
     admitted
 }
 
+/// A key after `before` and a batch claim (up to k units, PARTIAL) at the end of it, and the
+/// same key had that claim taken j fewer units (1 ≤ j ≤ granted, picked by `j_pick`):
+/// (key, other key, claim instant, j). None when nothing was granted.
+fn claim_with_alternative(
+    algo: Algorithm,
+    p: &Params,
+    before: &[(u32, u64, bool)],
+    k: u64,
+    j_pick: u64,
+) -> Option<(Option<State>, Option<State>, Nanos, u64)> {
+    let (mut st, mut t) = (None, T0);
+    run(algo, &mut st, p, &mut t, before);
+    let mut alt = st.clone();
+    let g = call(algo, &mut st, p, t, Request { cost: k, partial: true });
+    if g == 0 {
+        return None;
+    }
+    let j = 1 + j_pick % g;
+    if g > j {
+        assert_eq!(call(algo, &mut alt, p, t, Request::new(g - j)), g - j, "a smaller claim passes too");
+    }
+    Some((st, alt, t, j))
+}
+
 proptest! {
     #![proptest_config(cfg(600))]
 
@@ -327,15 +351,9 @@ proptest! {
         k in 1u64..30, j_pick in any::<u64>(), after in traffic(),
     ) {
         let rate = rate_of(&p);
-        let (mut st, mut t) = (None, T0);
-        run(algo, &mut st, &p, &mut t, &before);
-        let mut alt = st.clone();
-        let g = call(algo, &mut st, &p, t, Request { cost: k, partial: true });
-        prop_assume!(g > 0);
-        let j = 1 + j_pick % g;
-        if g > j {
-            prop_assert_eq!(call(algo, &mut alt, &p, t, Request::new(g - j)), g - j);
-        }
+        let claimed = claim_with_alternative(algo, &p, &before, k, j_pick);
+        prop_assume!(claimed.is_some());
+        let (mut st, mut alt, mut t, j) = claimed.unwrap();
         prop_assert_eq!(give(&mut st, j, Some(0), t).credited, j);
         prop_assert_eq!(tokens(&st, &rate, t), tokens(&alt, &rate, t));
         for &(dt, cost, partial) in &after {
@@ -359,15 +377,9 @@ proptest! {
         k in 1u64..30, j_pick in any::<u64>(), between in traffic(), dt in 0u32..3000,
     ) {
         let rate = rate_of(&p);
-        let (mut st, mut t1) = (None, T0);
-        run(algo, &mut st, &p, &mut t1, &before);
-        let mut alt = st.clone();
-        let g = call(algo, &mut st, &p, t1, Request { cost: k, partial: true });
-        prop_assume!(g > 0);
-        let j = 1 + j_pick % g;
-        if g > j {
-            prop_assert_eq!(call(algo, &mut alt, &p, t1, Request::new(g - j)), g - j);
-        }
+        let claimed = claim_with_alternative(algo, &p, &before, k, j_pick);
+        prop_assume!(claimed.is_some());
+        let (mut st, mut alt, t1, j) = claimed.unwrap();
         let mut t2 = t1;
         for (at, units) in run(algo, &mut st, &p, &mut t2, &between) {
             prop_assert_eq!(call(algo, &mut alt, &p, at, Request::new(units)), units);
