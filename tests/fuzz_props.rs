@@ -26,7 +26,7 @@ fn token() -> impl Strategy<Value = Vec<u8>> {
         prop::sample::select(vec![
             "0", "1", "10", "1000000000000000", "1000000000000001", "18446744073709551615", "18446744073709551616",
             "000000000000000000000000001", "-1", "+1", "1.5", "nan", "inf", "", "BURST", "burst", "COST", "DRYRUN",
-            "PARTIAL", "FOO", "GCRA", "SLIDINGLOG", "LEAKY", "1us", "1ms", "1s", "1m", "1h", "1d", "36525d", "36526d",
+            "PARTIAL", "AGE", "FOO", "GCRA", "SLIDINGLOG", "LEAKY", "1us", "1ms", "1s", "1m", "1h", "1d", "36525d", "36526d",
             "0s", "5x", "1 s", "3155760000000000us", "3155760000000001us", "9223372036854775807",
         ])
         .prop_map(|s| s.as_bytes().to_vec()),

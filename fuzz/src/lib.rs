@@ -9,6 +9,7 @@
 
 use redis_ratelimit::args;
 use redis_ratelimit::core::codec::{Algorithm, State};
+use redis_ratelimit::core::give_back::{give_back, Refusal};
 use redis_ratelimit::core::spec::{Spec, Update};
 use redis_ratelimit::core::{
     sliding_log, Decision, Nanos, Rate, Request, Window, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI,
@@ -205,6 +206,16 @@ pub fn args_target(data: &[u8]) {
             assert_eq!(rate.limit as u128, ref_digits(argv[1]).unwrap());
             assert_eq!(rate.period as u128, ref_digits(argv[2]).unwrap() * NANOS_PER_SEC as u128);
             assert!(q <= MAX_COUNT);
+        }
+        Err(e) => assert_err_message(&e),
+    }
+    // RL.RETURN's arguments: `n [AGE ms]`.
+    match args::give_back(&argv) {
+        Ok(g) => {
+            assert!(argv.len() == 1 || argv.len() == 3, "RL.RETURN accepted {} arguments", argv.len());
+            assert_eq!(Some(g.n as u128), ref_digits(argv[0]).filter(|&n| n >= 1 && n <= MAX_COUNT as u128));
+            let age_ms = argv.get(2).map(|a| ref_digits(a).filter(|&v| v <= MAX_COUNT as u128).expect("AGE accepted but not digits"));
+            assert_eq!(g.age.map(|ns| ns as u128), age_ms.map(|ms| (ms * NANOS_PER_MILLI as u128).min(i64::MAX as u128)));
         }
         Err(e) => assert_err_message(&e),
     }
@@ -461,6 +472,34 @@ pub fn algorithms_target(data: &[u8]) {
                         state = before;
                     } else {
                         assert_loadable(state.as_ref().unwrap(), "after an RL.SETSTATE log commit");
+                    }
+                }
+            }
+            // Units given back (RL.RETURN): never a panic, never more than asked, and what the key
+            // then holds stays loadable.
+            5 => {
+                let n = match b.u8() % 3 {
+                    0 => b.below(MAX_COUNT) + 1,
+                    _ => b.below(capacity(&spec)) + 1,
+                };
+                let age = match b.u8() % 3 {
+                    0 => None,
+                    1 => Some(0),
+                    _ => Some(b.below(1 << 50) as i64),
+                };
+                if let Some(s) = &state {
+                    let windowed = matches!(algo, Algorithm::Fixed | Algorithm::Sliding);
+                    match give_back(s, n, age, now) {
+                        Ok(c) => {
+                            assert!(c.credited <= n && (c.credited > 0) == c.state.is_some(), "{c:?} for {n}");
+                            assert!(!windowed || age.is_some());
+                            if let Some(new) = c.state {
+                                assert_loadable(&new, "after RL.RETURN");
+                                state = Some(new);
+                            }
+                        }
+                        Err(Refusal::AgeRequired) => assert!(windowed && age.is_none()),
+                        Err(Refusal::SlidingLog) => panic!("{algo:?} refused as a sliding log"),
                     }
                 }
             }
