@@ -1,0 +1,115 @@
+//! Adaptive batch size, sans IO: how many units a claim asks for, from the local demand rate
+//! and the `remaining` the server last reported.
+//!
+//! * Demand: an exponentially decayed count of the units requested, `rate(t) = Σ units ·
+//!   e^{−(t−tᵢ)/τ} / τ` (units per ns), which tends to the arrival rate for steady traffic and
+//!   decays to 0 on an idle key.
+//! * Batch: the units the next `horizon` will need, `ceil(rate × horizon)`, capped by
+//!   `max_batch` and by a fair share of the server's `remaining` (`remaining ÷ instances`).
+//! * Exact mode: when that is no more than the request needs (a cold key, or a key near its
+//!   limit), the claim is exactly the request (`COST need`, no `PARTIAL`): one call per request,
+//!   the same call a per-request check makes. A first request on a cold key is always exact.
+
+/// Decayed demand of one key.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Demand {
+    /// Units per ns, as of `at`.
+    rate: f64,
+    at: u64,
+}
+
+impl Demand {
+    /// Records `units` requested at `now` (τ = `tau_ns`).
+    pub fn observe(&mut self, now: u64, units: u64, tau_ns: u64) {
+        let tau = tau_ns.max(1) as f64;
+        self.rate = self.rate_at(now, tau_ns) + units as f64 / tau;
+        self.at = self.at.max(now);
+    }
+
+    /// The decayed rate at `now`, in units per ns.
+    pub fn rate_at(&self, now: u64, tau_ns: u64) -> f64 {
+        let dt = now.saturating_sub(self.at) as f64;
+        self.rate * (-dt / tau_ns.max(1) as f64).exp()
+    }
+
+    /// Expected units over the next `span_ns`, rounded up.
+    pub fn expected(&self, now: u64, tau_ns: u64, span_ns: u64) -> u64 {
+        let e = self.rate_at(now, tau_ns) * span_ns as f64;
+        if e.is_finite() && e > 0.0 {
+            e.ceil().min(u64::MAX as f64 / 2.0) as u64
+        } else {
+            0
+        }
+    }
+}
+
+/// The size of one claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClaimSize {
+    /// Units to ask for (`COST units`).
+    pub units: u64,
+    /// `PARTIAL`: accept fewer. False for an exact claim (all or nothing, as a per-request check).
+    pub partial: bool,
+}
+
+/// Inputs of the batch size.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchInput {
+    /// Units the next refill horizon is expected to need ([`Demand::expected`]).
+    pub expected: u64,
+    /// Units the caller needs now beyond what is held (0 for a background refill).
+    pub need: u64,
+    /// Largest claim allowed.
+    pub max_batch: u64,
+    /// `remaining` from the last reply of this key, if any.
+    pub remaining: Option<u64>,
+    /// Instances expected to share the key (at least 1).
+    pub instances: u64,
+}
+
+/// How many units to claim. `need` is always covered; above it, the demand-driven batch capped
+/// by the fair share of the last known `remaining`. Exact when there is nothing above `need`.
+pub fn claim_size(i: BatchInput) -> ClaimSize {
+    let mut b = i.expected.min(i.max_batch.max(1));
+    if let Some(rem) = i.remaining {
+        b = b.min(rem / i.instances.max(1));
+    }
+    if b <= i.need {
+        ClaimSize { units: i.need, partial: false }
+    } else {
+        ClaimSize { units: b, partial: true }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn demand_tracks_a_steady_rate_and_decays() {
+        let mut d = Demand::default();
+        for i in 0..10_000u64 {
+            d.observe(i * S / 1000, 1, S); // 1000 per second for 10 s
+        }
+        let per_s = d.rate_at(10 * S, S) * S as f64;
+        assert!((900.0..1100.0).contains(&per_s), "{per_s}");
+        assert!(d.rate_at(30 * S, S) * (S as f64) < 1.0);
+        assert_eq!(d.expected(10 * S, S, S / 10), 100);
+    }
+
+    #[test]
+    fn cold_and_near_limit_are_exact() {
+        let base = BatchInput { expected: 0, need: 1, max_batch: 100, remaining: None, instances: 40 };
+        assert_eq!(claim_size(base), ClaimSize { units: 1, partial: false });
+        let hot = BatchInput { expected: 50, remaining: Some(10_000), ..base };
+        assert_eq!(claim_size(hot), ClaimSize { units: 50, partial: true });
+        let near = BatchInput { expected: 50, remaining: Some(60), ..base };
+        assert_eq!(claim_size(near), ClaimSize { units: 1, partial: false });
+        let big = BatchInput { expected: 5000, remaining: Some(1_000_000), ..base };
+        assert_eq!(claim_size(big).units, 100);
+        let refill = BatchInput { expected: 1, need: 0, ..base };
+        assert_eq!(claim_size(refill), ClaimSize { units: 1, partial: true });
+    }
+}

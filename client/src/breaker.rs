@@ -1,0 +1,161 @@
+//! Circuit breaker, sans IO: time is a `now` in nanoseconds passed in, never read.
+//!
+//! Closed: every call goes to Redis; `failures` consecutive failures (errors or timeouts)
+//! open it. Open: no call goes to Redis until `cool_down` has passed; then half-open: exactly
+//! one call (the probe) goes through; its success closes the breaker, its failure opens it for
+//! another `cool_down`. So when Redis is down, a request pays the timeout at most once per
+//! cool-down per process, not once per request.
+//!
+//! Shared by every key of a limiter (Redis is down for all of them at once); `&self` methods
+//! over a small mutex, so one breaker serves every shard of the driver.
+
+use std::sync::Mutex;
+
+/// When to open and how long to stay open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BreakerConfig {
+    /// Consecutive failures that open the breaker (at least 1).
+    pub failures: u32,
+    /// How long it stays open before a half-open probe, in ns.
+    pub cool_down_ns: u64,
+}
+
+impl Default for BreakerConfig {
+    /// 5 failures, 1 s cool-down.
+    fn default() -> Self {
+        BreakerConfig { failures: 5, cool_down_ns: 1_000_000_000 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Closed { failures: u32 },
+    Open { until: u64 },
+    /// One probe is in flight; everyone else is rejected until it answers.
+    HalfOpen,
+}
+
+/// What a caller may do now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Permit {
+    /// Call Redis.
+    Call,
+    /// Call Redis: this call is the half-open probe (report its result like any other).
+    Probe,
+    /// Do not call Redis; `retry_in_ns` until a probe may be tried (0 while a probe is out).
+    Reject { retry_in_ns: u64 },
+}
+
+impl Permit {
+    pub fn allows_call(self) -> bool {
+        !matches!(self, Permit::Reject { .. })
+    }
+}
+
+/// The breaker. Transitions are counted in `opens` (for metrics).
+#[derive(Debug)]
+pub struct Breaker {
+    config: BreakerConfig,
+    state: Mutex<State>,
+}
+
+impl Breaker {
+    pub fn new(config: BreakerConfig) -> Breaker {
+        Breaker { config, state: Mutex::new(State::Closed { failures: 0 }) }
+    }
+
+    pub fn config(&self) -> BreakerConfig {
+        self.config
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// May a call go to Redis now? An open breaker past its cool-down turns half-open and
+    /// hands out exactly one [`Permit::Probe`].
+    pub fn permit(&self, now: u64) -> Permit {
+        let mut s = self.lock();
+        match *s {
+            State::Closed { .. } => Permit::Call,
+            State::Open { until } if now >= until => {
+                *s = State::HalfOpen;
+                Permit::Probe
+            }
+            State::Open { until } => Permit::Reject { retry_in_ns: until - now },
+            State::HalfOpen => Permit::Reject { retry_in_ns: 0 },
+        }
+    }
+
+    /// A call answered (any reply from the server, even a limiter error): close.
+    pub fn on_success(&self) {
+        *self.lock() = State::Closed { failures: 0 };
+    }
+
+    /// A call failed or timed out. Returns true when this failure opened the breaker.
+    pub fn on_failure(&self, now: u64) -> bool {
+        let mut s = self.lock();
+        let open = State::Open { until: now.saturating_add(self.config.cool_down_ns) };
+        match *s {
+            State::Closed { failures } if failures + 1 < self.config.failures.max(1) => {
+                *s = State::Closed { failures: failures + 1 };
+                false
+            }
+            // A failure reported late by a call sent before the breaker opened: stay open.
+            State::Open { .. } => false,
+            _ => {
+                *s = open;
+                true
+            }
+        }
+    }
+
+    /// A permitted call was abandoned without a result (its task was dropped): a lost probe
+    /// must not leave the breaker half-open for ever.
+    pub fn on_abandon(&self, now: u64) {
+        let mut s = self.lock();
+        if *s == State::HalfOpen {
+            *s = State::Open { until: now };
+        }
+    }
+
+    /// Whether calls are currently refused (open or half-open).
+    pub fn is_open(&self) -> bool {
+        !matches!(*self.lock(), State::Closed { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_n_failures_probes_after_cool_down_and_closes_on_success() {
+        let b = Breaker::new(BreakerConfig { failures: 3, cool_down_ns: 100 });
+        assert_eq!(b.permit(0), Permit::Call);
+        assert!(!b.on_failure(1));
+        assert!(!b.on_failure(2));
+        b.on_success(); // resets the count
+        assert!(!b.on_failure(3));
+        assert!(!b.on_failure(4));
+        assert!(b.on_failure(5));
+        assert_eq!(b.permit(50), Permit::Reject { retry_in_ns: 55 });
+        assert_eq!(b.permit(105), Permit::Probe);
+        assert_eq!(b.permit(106), Permit::Reject { retry_in_ns: 0 });
+        assert!(b.on_failure(110)); // the probe failed: open again
+        assert_eq!(b.permit(150), Permit::Reject { retry_in_ns: 60 });
+        assert_eq!(b.permit(210), Permit::Probe);
+        b.on_success();
+        assert_eq!(b.permit(211), Permit::Call);
+        assert!(!b.is_open());
+    }
+
+    #[test]
+    fn abandoned_probe_reopens_at_once() {
+        let b = Breaker::new(BreakerConfig { failures: 1, cool_down_ns: 10 });
+        assert!(b.on_failure(0));
+        assert_eq!(b.permit(10), Permit::Probe);
+        b.on_abandon(12);
+        assert_eq!(b.permit(12), Permit::Probe);
+    }
+}

@@ -1,0 +1,604 @@
+//! Reservations (leases) for one key, sans IO: no clock reads, no tokio; `now` is virtual time
+//! in nanoseconds passed in by the caller (the tokio driver, or the simulator).
+//!
+//! A process holds, per key, units claimed from Redis (`COST n [PARTIAL]`), each batch a
+//! [`Lease`] with an expiry. A request is served from held units when there are enough
+//! ([`Verdict::Admit`], no Redis call); otherwise it starts a claim ([`Verdict::Claim`]) or, when
+//! a claim of this key is already in flight, waits for it ([`Verdict::Wait`]): exactly one claim
+//! in flight per key per process.
+//!
+//! Accounting (checked by the property tests): every unit held was claimed, and leaves by
+//! being served, returned (given back with RL.RETURN) or expired (dropped), so at all times
+//! `served + returned + expired + held = claimed`, hence
+//! `served ≤ claimed − returned − expired`.
+//!
+//! Expiry: a lease expires `L` after its claim was **sent** (the server received it later, so
+//! the lease never outlives what the server granted), and for the window algorithms never past
+//! the end of the window the units were counted in: `RL.FIXED` replies `reset_after` = the
+//! window's end; `RL.SLIDING` replies the end of the next window after an admitted call, one
+//! window after the current one's end. Both are rounded up to the ms by the server, so one ms is
+//! taken off. Expired units are never served.
+//!
+//! Calls: a key never costs more Redis calls than requests on it, counting returns:
+//! every request earns one call credit; a claim for a request spends its credit; a background
+//! refill or a return is only sent with a credit in hand. A cold key (little demand) claims
+//! exactly what each request needs, exactly as a per-request check would.
+
+use crate::batch::{claim_size, BatchInput, ClaimSize, Demand};
+use crate::decision::Decision;
+use crate::metrics::{add, Metrics};
+use crate::spec::{Algorithm, Limit};
+
+const MS: u64 = 1_000_000;
+
+/// How a key's reservations behave.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LeaseConfig {
+    pub limit: Limit,
+    /// `L`: the longest a lease lives, from its claim's send time, in ns.
+    pub lease_ns: u64,
+    /// Batch to cover the demand of this long (ns): batch ≈ demand rate × horizon.
+    pub horizon_ns: u64,
+    /// The largest claim.
+    pub max_batch: u64,
+    /// Instances expected to share a key: a claim takes at most `remaining ÷ instances`
+    /// above the request's own need.
+    pub instances: u64,
+    /// Time constant of the demand estimate (ns).
+    pub demand_tau_ns: u64,
+    /// A key with no request for this long gives its held units back (ns).
+    pub idle_return_ns: u64,
+    /// A claim with no reply or error after this long is taken as lost (ns); the driver's
+    /// call timeout is shorter, so this only catches a driver that lost track of a call.
+    pub stale_claim_ns: u64,
+    /// Batch and serve locally. False: every request is an exact claim (a per-request check,
+    /// still with the over-limit cache and the breaker). Always false for RL.LEAKY, whose every
+    /// admitted request needs its own `delay`.
+    pub batching: bool,
+}
+
+impl LeaseConfig {
+    /// Defaults for a limit: L = 1 s (never more than the period), horizon 100 ms (at most
+    /// L/2), batches of at most 1000, one instance, τ = 1 s, idle return after L/2, claims lost
+    /// after 10 s.
+    pub fn new(limit: Limit) -> LeaseConfig {
+        let period = limit.period.as_nanos().min(u64::MAX as u128) as u64;
+        let lease_ns = 1_000_000_000u64.min(period.max(1));
+        LeaseConfig {
+            limit,
+            lease_ns,
+            horizon_ns: (100 * MS).min(lease_ns / 2),
+            max_batch: 1000,
+            instances: 1,
+            demand_tau_ns: 1_000_000_000,
+            idle_return_ns: lease_ns / 2,
+            stale_claim_ns: 10_000_000_000,
+            batching: limit.algorithm != Algorithm::Leaky,
+        }
+    }
+
+    fn batching(&self) -> bool {
+        self.batching && self.limit.algorithm != Algorithm::Leaky
+    }
+
+    /// How long the units of this reply may be served, from the claim's send time.
+    pub fn lease_span(&self, d: &Decision) -> u64 {
+        let reset = d.reset_after.as_nanos().min(u64::MAX as u128) as u64;
+        let window = self.limit.period.as_nanos().min(u64::MAX as u128) as u64;
+        let window_end = match self.limit.algorithm {
+            Algorithm::Fixed => Some(reset),
+            Algorithm::Sliding if reset > window => Some(reset - window),
+            Algorithm::Sliding => Some(reset),
+            _ => None,
+        };
+        match window_end {
+            Some(end) => end.saturating_sub(MS).min(self.lease_ns),
+            None => self.lease_ns,
+        }
+    }
+}
+
+/// Units held from one claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub units: u64,
+    /// Served only while `now < expires_at`.
+    pub expires_at: u64,
+    /// When the claim was sent (RL.RETURN's AGE is measured from it).
+    pub claim_sent_at: u64,
+}
+
+/// A claim to send: `<command> key limit period [BURST b] COST units [PARTIAL]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClaimRequest {
+    /// Identifies the claim in [`KeyState::on_claim_reply`] / [`KeyState::on_claim_error`].
+    pub id: u64,
+    pub units: u64,
+    pub partial: bool,
+    pub sent_at: u64,
+    /// Sent ahead of need (nobody waits for it).
+    pub background: bool,
+}
+
+/// Units to give back: `RL.RETURN key units AGE <now − claim_sent_at>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReturnRequest {
+    pub units: u64,
+    pub claim_sent_at: u64,
+}
+
+/// Why a request was refused without a Redis call, or by Redis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitedBy {
+    /// The over-limit cache: a recent denial named an instant not yet reached.
+    Cache,
+    /// The cost is above the limit's capacity: it never passes.
+    Never,
+    /// Redis denied the claim made for this request.
+    Redis,
+}
+
+/// What to do with a request (or, from [`KeyState::on_claim_reply`], with its initiator).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Admitted. `from_claim`: served by the claim it made (a round trip); else from held
+    /// units. `refill`: send this background claim now (units are running low). `delay_ns`:
+    /// RL.LEAKY's delay for a Redis admit.
+    Admit { from_claim: bool, refill: Option<ClaimRequest>, delay_ns: Option<u64> },
+    /// Refused; `retry_after_ns` is when it can pass (never early), `None` when it never can.
+    Limited { retry_after_ns: Option<u64>, by: LimitedBy },
+    /// A claim of this key is in flight: wait for its reply (or error), then call
+    /// [`KeyState::resume`] with this id.
+    Wait { claim: u64 },
+    /// Send this claim and report its reply or error; the request is decided by it.
+    Claim(ClaimRequest),
+    /// The claim this request waited for failed (or the one it made): apply the failure policy.
+    Failed,
+    /// Decide again with [`KeyState::resume`] (a partial claim granted less than needed).
+    Retry,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct InFlight {
+    claim: ClaimRequest,
+    /// The initiator's cost (0 for a background claim).
+    cost: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Denial {
+    /// The server-named instant the denied request passes.
+    until: u64,
+    /// Requests needing at least this many units beyond what is held are refused until then.
+    need: u64,
+}
+
+/// Per-key running totals (units and calls), for tests and the simulator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub requests: u64,
+    pub served: u64,
+    pub claimed: u64,
+    pub returned: u64,
+    pub expired: u64,
+    /// Redis calls: claims sent plus returns sent.
+    pub calls: u64,
+}
+
+/// The reservation state of one key.
+#[derive(Clone, Debug, Default)]
+pub struct KeyState {
+    /// Unexpired leases with units, by expiry.
+    leases: Vec<Lease>,
+    in_flight: Option<InFlight>,
+    next_claim: u64,
+    /// The last claim that failed (waiters on it fall back).
+    failed: Option<u64>,
+    denial: Option<Denial>,
+    demand: Demand,
+    /// From the last reply: capacity, remaining, and the absolute instant of a fresh state.
+    capacity: Option<u64>,
+    remaining: Option<u64>,
+    reset_at: Option<u64>,
+    last_request: u64,
+    /// Smoothed round trip of claims (ns).
+    rtt_ns: u64,
+    /// Requests minus Redis calls: a background claim or a return needs one.
+    call_credit: u64,
+    totals: Totals,
+}
+
+impl KeyState {
+    pub fn new() -> KeyState {
+        KeyState::default()
+    }
+
+    pub fn totals(&self) -> Totals {
+        self.totals
+    }
+
+    /// Units held (unexpired as of the last call that expired leases).
+    pub fn held(&self) -> u64 {
+        self.leases.iter().map(|l| l.units).sum()
+    }
+
+    /// Units servable at `now` (unexpired).
+    pub fn held_at(&self, now: u64) -> u64 {
+        self.leases.iter().filter(|l| now < l.expires_at).map(|l| l.units).sum()
+    }
+
+    pub fn leases(&self) -> &[Lease] {
+        &self.leases
+    }
+
+    /// The claim in flight, if any.
+    pub fn in_flight(&self) -> Option<ClaimRequest> {
+        self.in_flight.map(|f| f.claim)
+    }
+
+    /// The limit's capacity, once a reply reported it.
+    pub fn capacity(&self) -> Option<u64> {
+        self.capacity
+    }
+
+    /// The units still admissible overall, as best known: the server's last `remaining` plus
+    /// what is held here.
+    pub fn remaining_estimate(&self, now: u64) -> Option<u64> {
+        let r = self.remaining?.saturating_add(self.held_at(now));
+        Some(self.capacity.map_or(r, |c| r.min(c)))
+    }
+
+    /// Time until the limiter is fresh again, as of the last reply.
+    pub fn reset_after(&self, now: u64) -> Option<u64> {
+        self.reset_at.map(|t| t.saturating_sub(now))
+    }
+
+    /// Nothing held, nothing in flight, no live denial, idle for `idle_ns`: safe to forget.
+    pub fn is_forgettable(&self, now: u64, idle_ns: u64) -> bool {
+        self.leases.is_empty()
+            && self.in_flight.is_none()
+            && self.denial.is_none_or(|d| d.until <= now)
+            && now.saturating_sub(self.last_request) >= idle_ns
+    }
+
+    /// Drops expired leases (counted as expired).
+    pub fn expire(&mut self, now: u64, m: &Metrics) {
+        let mut expired = 0;
+        self.leases.retain(|l| {
+            let live = now < l.expires_at;
+            if !live {
+                expired += l.units;
+            }
+            live
+        });
+        self.totals.expired += expired;
+        add(&m.units_expired, expired);
+    }
+
+    fn take(&mut self, mut units: u64) {
+        self.totals.served += units;
+        for l in self.leases.iter_mut() {
+            let t = l.units.min(units);
+            l.units -= t;
+            units -= t;
+        }
+        self.leases.retain(|l| l.units > 0);
+        debug_assert_eq!(units, 0, "took more units than held");
+    }
+
+    fn new_claim(&mut self, now: u64, size: ClaimSize, cost: u64, background: bool, m: &Metrics) -> ClaimRequest {
+        self.next_claim += 1;
+        let claim = ClaimRequest { id: self.next_claim, units: size.units, partial: size.partial, sent_at: now, background };
+        self.in_flight = Some(InFlight { claim, cost });
+        self.call_credit = self.call_credit.saturating_sub(1);
+        self.totals.calls += 1;
+        add(&m.claims, 1);
+        add(&m.redis_calls, 1);
+        if background {
+            add(&m.background_claims, 1);
+        }
+        claim
+    }
+
+    /// The claim was not sent after all (the breaker refused it): as if never made.
+    pub fn cancel_claim(&mut self, id: u64, m: &Metrics) {
+        if let Some(f) = self.in_flight.filter(|f| f.claim.id == id) {
+            self.in_flight = None;
+            self.call_credit += 1;
+            self.totals.calls -= 1;
+            m.claims.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            m.redis_calls.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            if f.claim.background {
+                m.background_claims.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn denial_active(&self, now: u64) -> bool {
+        self.denial.is_some_and(|d| now < d.until)
+    }
+
+    /// A background claim when units run low: held below the demand of the refill lead time
+    /// (4 round trips, at least a quarter of the horizon), sized for the horizon, only for a
+    /// demand of at least 2 units per horizon, with a call credit, never while a claim is in
+    /// flight or the key is over its limit.
+    fn refill(&mut self, now: u64, cfg: &LeaseConfig, m: &Metrics) -> Option<ClaimRequest> {
+        if !cfg.batching() || self.in_flight.is_some() || self.denial_active(now) || self.call_credit == 0 {
+            return None;
+        }
+        let lead = (cfg.horizon_ns / 4).max(self.rtt_ns.saturating_mul(4));
+        if self.held() >= self.demand.expected(now, cfg.demand_tau_ns, lead) {
+            return None;
+        }
+        let size = claim_size(BatchInput {
+            expected: self.demand.expected(now, cfg.demand_tau_ns, cfg.horizon_ns),
+            need: 0,
+            max_batch: cfg.max_batch,
+            remaining: self.remaining,
+            instances: cfg.instances,
+        });
+        (size.partial && size.units >= 2).then(|| self.new_claim(now, size, 0, true, m))
+    }
+
+    /// A new request for `cost` units at `now`.
+    pub fn on_request(&mut self, now: u64, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Verdict {
+        self.totals.requests += 1;
+        self.call_credit += 1;
+        self.last_request = self.last_request.max(now);
+        self.demand.observe(now, cost, cfg.demand_tau_ns);
+        self.decide(now, cost, cfg, m)
+    }
+
+    /// The same request again, after waiting for claim `waited` (woken by its reply or error,
+    /// or after a timeout), or after [`Verdict::Retry`] (pass `None`).
+    pub fn resume(&mut self, now: u64, cost: u64, waited: Option<u64>, cfg: &LeaseConfig, m: &Metrics) -> Verdict {
+        if waited.is_some() && self.failed == waited {
+            self.expire(now, m);
+            if self.held() >= cost && cost > 0 {
+                self.take(cost);
+                add(&m.local_admits, 1);
+                add(&m.units_served, cost);
+                return Verdict::Admit { from_claim: false, refill: None, delay_ns: None };
+            }
+            return Verdict::Failed;
+        }
+        self.decide(now, cost, cfg, m)
+    }
+
+    fn decide(&mut self, now: u64, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Verdict {
+        self.expire(now, m);
+        if cost == 0 {
+            return Verdict::Admit { from_claim: false, refill: None, delay_ns: None };
+        }
+        if cost > self.capacity.unwrap_or(cfg.limit.capacity()) {
+            add(&m.never_denials, 1);
+            return Verdict::Limited { retry_after_ns: None, by: LimitedBy::Never };
+        }
+        let held = self.held();
+        if held >= cost {
+            self.take(cost);
+            add(&m.local_admits, 1);
+            add(&m.units_served, cost);
+            let refill = self.refill(now, cfg, m);
+            return Verdict::Admit { from_claim: false, refill, delay_ns: None };
+        }
+        if let Some(f) = self.in_flight {
+            if now.saturating_sub(f.claim.sent_at) <= cfg.stale_claim_ns {
+                return Verdict::Wait { claim: f.claim.id };
+            }
+            // Lost: its reply (if it ever comes) still adds its units.
+            self.in_flight = None;
+            self.failed = Some(f.claim.id);
+        }
+        let need = cost - held;
+        if let Some(d) = self.denial.filter(|d| now < d.until && need >= d.need) {
+            add(&m.over_limit_cache_hits, 1);
+            return Verdict::Limited { retry_after_ns: Some(d.until - now), by: LimitedBy::Cache };
+        }
+        let size = if cfg.batching() {
+            claim_size(BatchInput {
+                expected: self.demand.expected(now, cfg.demand_tau_ns, cfg.horizon_ns),
+                need,
+                max_batch: cfg.max_batch,
+                remaining: self.remaining,
+                instances: cfg.instances,
+            })
+        } else {
+            ClaimSize { units: need, partial: false }
+        };
+        Verdict::Claim(self.new_claim(now, size, cost, false, m))
+    }
+
+    /// The reply to claim `claim` arrived at `now`. Returns the verdict for the request that made
+    /// it (`None` for a background claim, or a reply to a claim given up as lost).
+    pub fn on_claim_reply(&mut self, now: u64, claim: &ClaimRequest, d: &Decision, cfg: &LeaseConfig, m: &Metrics) -> Option<Verdict> {
+        let initiator = match self.in_flight {
+            Some(f) if f.claim.id == claim.id => {
+                self.in_flight = None;
+                (!f.claim.background).then_some(f.cost)
+            }
+            _ => None,
+        };
+        let rtt = now.saturating_sub(claim.sent_at);
+        self.rtt_ns = if self.rtt_ns == 0 { rtt } else { (self.rtt_ns * 7 + rtt) / 8 };
+        self.capacity = Some(d.limit);
+        self.remaining = Some(d.remaining);
+        self.reset_at = Some(now.saturating_add(d.reset_after.as_nanos().min(u64::MAX as u128) as u64));
+        // Never more than asked, whatever the reply says.
+        let granted = d.allowed.min(claim.units);
+        self.totals.claimed += granted;
+        add(&m.units_claimed, granted);
+        if granted > 0 {
+            self.denial = None;
+            let lease = Lease { units: granted, expires_at: claim.sent_at.saturating_add(cfg.lease_span(d)), claim_sent_at: claim.sent_at };
+            let at = self.leases.partition_point(|l| l.expires_at <= lease.expires_at);
+            self.leases.insert(at, lease);
+        } else if let Some(r) = d.retry_after {
+            // The server's durations run from when it decided, before `now`: never early.
+            let need = if claim.partial { 1 } else { claim.units };
+            self.denial = Some(Denial { until: now.saturating_add(r.as_nanos().min(u64::MAX as u128) as u64), need });
+        }
+        self.expire(now, m);
+        let cost = initiator?;
+        if self.held() >= cost {
+            self.take(cost);
+            add(&m.redis_admits, 1);
+            add(&m.units_served, cost);
+            let delay_ns = d.delay.map(|x| x.as_nanos().min(u64::MAX as u128) as u64);
+            Some(Verdict::Admit { from_claim: true, refill: None, delay_ns })
+        } else if granted == 0 {
+            add(&m.redis_denials, 1);
+            let retry_after_ns = d.retry_after.map(|r| r.as_nanos().min(u64::MAX as u128) as u64);
+            let by = if retry_after_ns.is_none() { LimitedBy::Never } else { LimitedBy::Redis };
+            Some(Verdict::Limited { retry_after_ns, by })
+        } else {
+            Some(Verdict::Retry)
+        }
+    }
+
+    /// Claim `claim` failed (error, timeout, or dropped). Returns [`Verdict::Failed`] for the
+    /// request that made it (`None` for a background claim). Requests waiting on it get
+    /// [`Verdict::Failed`] from [`KeyState::resume`] (unless held units now cover them).
+    pub fn on_claim_error(&mut self, claim: &ClaimRequest) -> Option<Verdict> {
+        match self.in_flight {
+            Some(f) if f.claim.id == claim.id => {
+                self.in_flight = None;
+                self.failed = Some(claim.id);
+                (!f.claim.background).then_some(Verdict::Failed)
+            }
+            _ => None,
+        }
+    }
+
+    /// Housekeeping at `now`: drops expired leases; when the key has been idle for
+    /// `idle_return_ns`, gives its held units back (one return per lease, each with a call
+    /// credit; algorithms without RL.RETURN keep them until they expire). `may_call`: false
+    /// while Redis is unavailable (units are then kept until they expire).
+    pub fn tick(&mut self, now: u64, cfg: &LeaseConfig, may_call: bool, m: &Metrics) -> Vec<ReturnRequest> {
+        self.expire(now, m);
+        let idle = now.saturating_sub(self.last_request) >= cfg.idle_return_ns;
+        if !idle || !may_call || !cfg.limit.algorithm.supports_return() || self.leases.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        while self.call_credit > 0 && !self.leases.is_empty() {
+            let l = self.leases.remove(0);
+            self.call_credit -= 1;
+            out.push(self.give_back(l, m));
+        }
+        out
+    }
+
+    fn give_back(&mut self, l: Lease, m: &Metrics) -> ReturnRequest {
+        self.totals.returned += l.units;
+        self.totals.calls += 1;
+        add(&m.units_returned, l.units);
+        add(&m.returns, 1);
+        add(&m.redis_calls, 1);
+        ReturnRequest { units: l.units, claim_sent_at: l.claim_sent_at }
+    }
+
+    /// Shutdown: every unexpired unit is given back (one return per lease, whatever the call
+    /// credit); for an algorithm without RL.RETURN they are dropped (counted as expired).
+    pub fn drain(&mut self, now: u64, cfg: &LeaseConfig, m: &Metrics) -> Vec<ReturnRequest> {
+        self.expire(now, m);
+        let leases = std::mem::take(&mut self.leases);
+        if !cfg.limit.algorithm.supports_return() {
+            let n: u64 = leases.iter().map(|l| l.units).sum();
+            self.totals.expired += n;
+            add(&m.units_expired, n);
+            return Vec::new();
+        }
+        leases.into_iter().map(|l| self.give_back(l, m)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const S: u64 = 1_000_000_000;
+
+    fn reply(allowed: u64, limit: u64, remaining: u64, retry_ms: i64, reset_ms: i64) -> Decision {
+        Decision::from_fields(allowed as i64, limit as i64, remaining as i64, retry_ms, reset_ms, None)
+    }
+
+    fn cfg() -> LeaseConfig {
+        LeaseConfig::new(Limit::token_bucket(10_000, Duration::from_secs(1)))
+    }
+
+    #[test]
+    fn cold_key_claims_exactly_the_request() {
+        let (c, m) = (cfg(), Metrics::default());
+        let mut k = KeyState::new();
+        let Verdict::Claim(cl) = k.on_request(0, 1, &c, &m) else { panic!() };
+        assert_eq!((cl.units, cl.partial), (1, false));
+        assert_eq!(k.on_request(1, 1, &c, &m), Verdict::Wait { claim: cl.id });
+        let v = k.on_claim_reply(10, &cl, &reply(1, 10_000, 9_999, -1, 1), &c, &m);
+        assert!(matches!(v, Some(Verdict::Admit { from_claim: true, .. })));
+        assert_eq!(k.held(), 0);
+    }
+
+    #[test]
+    fn hot_key_batches_serves_locally_and_refills_in_background() {
+        let (c, m) = (cfg(), Metrics::default());
+        let mut k = KeyState::new();
+        let mut t = 0;
+        let mut calls = 0;
+        for _ in 0..5000 {
+            t += S / 5000; // 5000/s
+            match k.on_request(t, 1, &c, &m) {
+                Verdict::Claim(cl) | Verdict::Admit { refill: Some(cl), .. } => {
+                    calls += 1;
+                    let _ = k.on_claim_reply(t, &cl, &reply(cl.units, 10_000, 5_000, -1, 100), &c, &m);
+                }
+                Verdict::Admit { .. } => {}
+                v => panic!("{v:?}"),
+            }
+        }
+        assert!(calls < 500, "{calls} calls for 5000 requests");
+        let tot = k.totals();
+        assert_eq!(tot.served + tot.returned + tot.expired + k.held(), tot.claimed);
+    }
+
+    #[test]
+    fn denial_is_cached_until_the_named_instant() {
+        let (c, m) = (cfg(), Metrics::default());
+        let mut k = KeyState::new();
+        let Verdict::Claim(cl) = k.on_request(0, 1, &c, &m) else { panic!() };
+        let v = k.on_claim_reply(0, &cl, &reply(0, 10, 0, 250, 1000), &c, &m);
+        assert_eq!(v, Some(Verdict::Limited { retry_after_ns: Some(250_000_000), by: LimitedBy::Redis }));
+        assert_eq!(k.on_request(S / 10, 1, &c, &m), Verdict::Limited { retry_after_ns: Some(150_000_000), by: LimitedBy::Cache });
+        assert!(matches!(k.on_request(S / 4, 1, &c, &m), Verdict::Claim(_)));
+        assert_eq!(k.on_request(S / 4, 11, &c, &m), Verdict::Limited { retry_after_ns: None, by: LimitedBy::Never });
+    }
+
+    #[test]
+    fn window_leases_end_before_the_window() {
+        let c = LeaseConfig::new(Limit::fixed(100, Duration::from_secs(60)));
+        assert_eq!(c.lease_span(&reply(5, 100, 95, -1, 300)), 299 * 1_000_000);
+        assert_eq!(c.lease_span(&reply(5, 100, 95, -1, 30_000)), S);
+        let s = LeaseConfig::new(Limit::sliding(100, Duration::from_secs(60)));
+        assert_eq!(s.lease_span(&reply(5, 100, 95, -1, 60_400)), 399 * 1_000_000);
+    }
+
+    #[test]
+    fn failed_claim_fails_its_waiters_and_idle_units_go_back() {
+        let (c, m) = (cfg(), Metrics::default());
+        let mut k = KeyState::new();
+        let Verdict::Claim(cl) = k.on_request(0, 1, &c, &m) else { panic!() };
+        let Verdict::Wait { claim } = k.on_request(1, 1, &c, &m) else { panic!() };
+        assert_eq!(k.on_claim_error(&cl), Some(Verdict::Failed));
+        assert_eq!(k.resume(2, 1, Some(claim), &c, &m), Verdict::Failed);
+        // A batch, then silence: the rest goes back after idle_return.
+        let Verdict::Claim(cl) = k.on_request(3, 1, &c, &m) else { panic!() };
+        let big = ClaimRequest { units: 50, partial: true, ..cl };
+        let _ = k.on_claim_reply(4, &big, &reply(50, 10_000, 9_000, -1, 5), &c, &m);
+        assert_eq!(k.held(), 49);
+        assert!(k.tick(5, &c, true, &m).is_empty());
+        let r = k.tick(5 + c.idle_return_ns, &c, true, &m);
+        assert_eq!(r, vec![ReturnRequest { units: 49, claim_sent_at: 3 }]);
+        assert_eq!(k.held(), 0);
+    }
+}

@@ -1,0 +1,30 @@
+//! Async Rust client for [redis-ratelimit](https://github.com/) (the `RL.*` module commands),
+//! on tokio with the `redis` crate, single server and Redis Cluster.
+//!
+//! * [`Decision`] and friends: the limiter replies, typed (RESP2 and RESP3), with their HTTP
+//!   headers ([`Decision::headers`]).
+//! * [`commands`]: one typed async call per command, over any `redis::aio::ConnectionLike`.
+//! * Local reservations, sans IO (virtual time, no clock reads, no tokio): [`lease`] (per key),
+//!   [`batch`] (adaptive batch size), [`breaker`] (circuit breaker), [`policy`] (failure
+//!   policies), [`engine`] (all of them over a map of keys, with shadow mode and [`metrics`]).
+//! * [`Limiter`]: the tokio driver of the engine.
+//!
+//! The overshoot bound and the simulation that measures it: docs/local-reservations.md.
+
+pub mod batch;
+pub mod breaker;
+pub mod decision;
+pub mod engine;
+pub mod lease;
+pub mod metrics;
+pub mod policy;
+pub mod spec;
+
+pub use decision::{Decision, MultiDecision, ThrottleDecision};
+pub use engine::{Engine, EngineConfig, Outcome, Source, Step};
+pub use lease::LeaseConfig;
+pub use metrics::MetricsSnapshot;
+pub use policy::FailurePolicy;
+pub use spec::{Algorithm, Limit};
+/// The `redis` crate this client is built on (use it to open connections).
+pub use redis;
