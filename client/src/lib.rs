@@ -13,6 +13,7 @@
 
 pub mod batch;
 pub mod breaker;
+pub mod commands;
 pub mod decision;
 pub mod engine;
 pub mod lease;

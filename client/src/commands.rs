@@ -1,0 +1,172 @@
+//! Typed async calls, one per command, over any `redis::aio::ConnectionLike`:
+//! `MultiplexedConnection`, `ConnectionManager`, or a cluster `ClusterConnection` (every
+//! command's key is at position 1 except RL.MULTI's, which the cluster client routes by
+//! following the server's `MOVED` redirection; give RL.MULTI keys one hash tag).
+
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, RedisResult, Value};
+
+use crate::decision::{Decision, MultiDecision, ThrottleDecision};
+use crate::spec::{Algorithm, Limit};
+
+/// The options every limiter command takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// `COST n` (units this request takes; 0 peeks). `None`: 1.
+    pub cost: Option<u64>,
+    /// `DRYRUN`: decide without changing anything.
+    pub dry_run: bool,
+    /// `PARTIAL`: grant as many units as available, up to COST.
+    pub partial: bool,
+}
+
+impl Options {
+    pub fn cost(n: u64) -> Options {
+        Options { cost: Some(n), ..Options::default() }
+    }
+    /// `COST n PARTIAL`: a claim of up to `n` units.
+    pub fn claim(n: u64) -> Options {
+        Options { cost: Some(n), partial: true, dry_run: false }
+    }
+    pub fn dry_run(mut self) -> Options {
+        self.dry_run = true;
+        self
+    }
+    pub fn partial(mut self) -> Options {
+        self.partial = true;
+        self
+    }
+
+    fn append(&self, c: &mut Cmd) {
+        if let Some(n) = self.cost {
+            c.arg("COST").arg(n);
+        }
+        if self.dry_run {
+            c.arg("DRYRUN");
+        }
+        if self.partial {
+            c.arg("PARTIAL");
+        }
+    }
+}
+
+/// The command for one limit: `<RL.ALGO> key limit period [BURST b] [COST n] [DRYRUN] [PARTIAL]`.
+pub fn limit_cmd(key: &str, limit: &Limit, opts: Options) -> Cmd {
+    let mut c = redis::cmd(limit.algorithm.command());
+    c.arg(key).arg(limit.args());
+    opts.append(&mut c);
+    c
+}
+
+/// Checks `key` against `limit` (any of the six algorithms).
+pub async fn check<C: ConnectionLike>(conn: &mut C, key: &str, limit: &Limit, opts: Options) -> RedisResult<Decision> {
+    limit_cmd(key, limit, opts).query_async(conn).await
+}
+
+macro_rules! algorithm_calls {
+    ($($(#[$doc:meta])* $name:ident => $algo:ident, $burst:tt;)*) => {$(
+        $(#[$doc])*
+        pub async fn $name<C: ConnectionLike>(conn: &mut C, key: &str, limit: u64, period: Duration, burst: algorithm_calls!(@burst $burst), opts: Options) -> RedisResult<Decision> {
+            let l = Limit { algorithm: Algorithm::$algo, limit, period, burst: algorithm_calls!(@value $burst burst) };
+            check(conn, key, &l, opts).await
+        }
+    )*};
+    (@burst yes) => { Option<u64> };
+    (@burst no) => { () };
+    (@value yes $b:ident) => { $b };
+    (@value no $b:ident) => { { let () = $b; None } };
+}
+
+algorithm_calls! {
+    /// `RL.GCRA key limit period [BURST b] …`.
+    gcra => Gcra, yes;
+    /// `RL.TOKENBUCKET key limit period [BURST b] …`.
+    token_bucket => TokenBucket, yes;
+    /// `RL.LEAKY key limit period [BURST b] …` (the decision carries `delay`).
+    leaky => Leaky, yes;
+    /// `RL.SLIDING key limit window …` (pass `()` for the burst).
+    sliding => Sliding, no;
+    /// `RL.FIXED key limit window …` (pass `()` for the burst).
+    fixed => Fixed, no;
+    /// `RL.SLIDINGLOG key limit window …` (pass `()` for the burst).
+    sliding_log => SlidingLog, no;
+}
+
+/// `RL.MULTI numkeys key… ALGO limit period [BURST b]… [COST n] [DRYRUN] [PARTIAL]`: every
+/// limit in one atomic all-or-nothing call (keys must share a hash slot in a cluster).
+pub async fn multi<C: ConnectionLike>(conn: &mut C, limits: &[(&str, Limit)], opts: Options) -> RedisResult<MultiDecision> {
+    let mut c = redis::cmd("RL.MULTI");
+    c.arg(limits.len());
+    for (key, _) in limits {
+        c.arg(*key);
+    }
+    for (_, l) in limits {
+        c.arg(l.algorithm.multi_name()).arg(l.args());
+    }
+    opts.append(&mut c);
+    c.query_async(conn).await
+}
+
+/// `RL.INFO key`: the key's algorithm, parameters and state as (field, value) pairs; `None`
+/// for a missing key.
+pub async fn info<C: ConnectionLike>(conn: &mut C, key: &str) -> RedisResult<Option<Vec<(String, Value)>>> {
+    let v: Value = redis::cmd("RL.INFO").arg(key).query_async(conn).await?;
+    Ok(match v {
+        Value::Nil => None,
+        Value::Map(pairs) => Some(pairs.into_iter().map(|(k, v)| Ok((redis::from_redis_value(&k)?, v))).collect::<RedisResult<_>>()?),
+        Value::Array(items) => Some(items.chunks(2).filter(|p| p.len() == 2).map(|p| Ok((redis::from_redis_value(&p[0])?, p[1].clone()))).collect::<RedisResult<_>>()?),
+        other => return Err(redis::RedisError::from((redis::ErrorKind::TypeError, "unexpected RL.INFO reply", format!("{other:?}")))),
+    })
+}
+
+/// `RL.RESET key`: true when a limiter was deleted.
+pub async fn reset<C: ConnectionLike>(conn: &mut C, key: &str) -> RedisResult<bool> {
+    let n: i64 = redis::cmd("RL.RESET").arg(key).query_async(conn).await?;
+    Ok(n > 0)
+}
+
+/// `RL.RETURN key n [AGE ms]`: gives `n` unused units back; returns the units credited
+/// (0..=n). `age`: time since the claim the units came from was **sent** (required for the
+/// window limiters, rounded up to the ms). A missing key credits nothing (a limiter that
+/// expired is already full) and answers `Ok(0)`; the sliding log refuses (an error).
+pub async fn give_back<C: ConnectionLike>(conn: &mut C, key: &str, n: u64, age: Option<Duration>) -> RedisResult<u64> {
+    let mut c = redis::cmd("RL.RETURN");
+    c.arg(key).arg(n);
+    if let Some(a) = age {
+        let ms = a.as_nanos().div_ceil(1_000_000);
+        c.arg("AGE").arg(ms.min(i64::MAX as u128) as u64);
+    }
+    match c.query_async::<i64>(conn).await {
+        Ok(n) => Ok(n.max(0) as u64),
+        Err(e) if e.detail().is_some_and(|d| d.starts_with("no limiter at this key")) || e.to_string().contains("no limiter at this key") => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// `CL.THROTTLE key max_burst count_per_period period_secs [quantity]` (redis-cell compatible).
+pub async fn throttle<C: ConnectionLike>(conn: &mut C, key: &str, max_burst: u64, count_per_period: u64, period_secs: u64, quantity: Option<u64>) -> RedisResult<ThrottleDecision> {
+    let mut c = redis::cmd("CL.THROTTLE");
+    c.arg(key).arg(max_burst).arg(count_per_period).arg(period_secs);
+    if let Some(q) = quantity {
+        c.arg(q);
+    }
+    c.query_async(conn).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builds_commands() {
+        let l = Limit::gcra(10, Duration::from_secs(1)).with_burst(20);
+        let c = limit_cmd("k", &l, Options::claim(5));
+        let args: Vec<String> = c.args_iter().map(|a| match a {
+            redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+            redis::Arg::Cursor => "<cursor>".into(),
+        }).collect();
+        assert_eq!(args, ["RL.GCRA", "k", "10", "1000ms", "BURST", "20", "COST", "5", "PARTIAL"]);
+    }
+}
