@@ -189,7 +189,9 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         if self.shared.breaker.on_failure(now) {
             add(&self.shared.metrics.breaker_opens, 1);
         }
-        let v = self.keys.get_mut(key)?.state.on_claim_error(claim)?;
+        let state = &mut self.keys.get_mut(key)?.state;
+        state.expire(now, &self.shared.metrics);
+        let v = state.on_claim_error(claim)?;
         Some(self.step(now, key, cost, v))
     }
 
