@@ -69,7 +69,8 @@ macro_rules! algorithm_calls {
     ($($(#[$doc:meta])* $name:ident => $algo:ident, $burst:tt;)*) => {$(
         $(#[$doc])*
         pub async fn $name<C: ConnectionLike>(conn: &mut C, key: &str, limit: u64, period: Duration, burst: algorithm_calls!(@burst $burst), opts: Options) -> RedisResult<Decision> {
-            let l = Limit { algorithm: Algorithm::$algo, limit, period, burst: algorithm_calls!(@value $burst burst) };
+            let b = algorithm_calls!(@value $burst burst);
+            let l = Limit { algorithm: Algorithm::$algo, limit, period, burst: b };
             check(conn, key, &l, opts).await
         }
     )*};

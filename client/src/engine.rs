@@ -195,6 +195,27 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         Some(self.step(now, key, cost, v))
     }
 
+    /// A claim of `key` was answered with an error reply (Redis is up, but refused the command:
+    /// a wrong type, the module missing, an ACL): the request falls back to the failure policy
+    /// like on an outage, but the breaker counts it as an answer. `Some(step)` for the request
+    /// that sent it.
+    pub fn on_server_error(&mut self, now: u64, key: &K, claim: &ClaimRequest, cost: u64) -> Option<Step> {
+        add(&self.shared.metrics.redis_errors, 1);
+        self.shared.breaker.on_success();
+        let state = &mut self.keys.get_mut(key)?.state;
+        state.expire(now, &self.shared.metrics);
+        let v = state.on_claim_error(claim)?;
+        Some(self.step(now, key, cost, v))
+    }
+
+    /// Redis could not decide this request in time (a waiter gave up on a claim still in
+    /// flight): the failure policy decides.
+    pub fn unavailable(&mut self, now: u64, key: &K, cost: u64) -> Step {
+        self.keys.entry(key.clone()).or_default();
+        let o = self.fallback(now, key, cost, self.shared.config.breaker.cool_down_ns);
+        Step::Done { outcome: self.shadow(o), refill: None }
+    }
+
     /// A claim was abandoned without a result (its future was dropped): like an error for the
     /// key (waiters fall back), but says nothing about Redis.
     pub fn on_abandon(&mut self, now: u64, key: &K, claim: &ClaimRequest) {
