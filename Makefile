@@ -23,6 +23,7 @@ run: build
 test: build
 	$(CARGO) test --release -- --test-threads=$(TEST_THREADS)
 	$(CARGO) test --release -p redis-ratelimit-sim -- --test-threads=$(TEST_THREADS)
+	$(CARGO) test --release -p redis-ratelimit-client -- --test-threads=$(TEST_THREADS)
 	bash scripts/examples.sh
 
 examples: build
