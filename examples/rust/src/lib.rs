@@ -1,10 +1,10 @@
 //! Async Rust client for redis-ratelimit, with the `redis` crate on tokio.
 //!
 //! * [`Decision`]: the limiter reply `[allowed, limit, remaining,
-//!   retry_after_ms, reset_after_ms]`, typed, parsed by its
-//!   [`FromRedisValue`] impl from a RESP2 array or a RESP3 map.
+//!   retry_after_ms, reset_after_ms]`, typed (RESP2 array or RESP3 map), from
+//!   the client crate `redis-ratelimit-client` (`client/` in this repository).
 //! * [`check`]: one `RL.TOKENBUCKET key limit period BURST n` call on any async
-//!   connection. A `MultiplexedConnection` is cheap to clone and pipelines the
+//!   connection (the client crate's typed call). A `MultiplexedConnection` is cheap to clone and pipelines the
 //!   calls of concurrent tasks over one socket.
 //! * [`Decision::headers`]: the HTTP headers for a decision (docs/http-headers.md).
 //! * [`serve`] / [`respond`]: a tiny HTTP/1.1 service rate-limited per
@@ -14,124 +14,35 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::{FromRedisValue, ParsingError, RedisResult, Value};
+use redis::RedisResult;
+use redis_ratelimit_client::commands::{self, Options};
+use redis_ratelimit_client::spec::{parse_duration, Limit};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
-/// One limiter decision (the first five fields of any `RL.*` limiter reply).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Decision {
-    /// Units admitted: the request's COST when admitted, 0 when limited.
-    pub allowed: i64,
-    /// The capacity (BURST for GCRA / token bucket / leaky bucket).
-    pub limit: i64,
-    /// Units that would still be admitted right after this call.
-    pub remaining: i64,
-    /// -1 when admitted; when limited, ms (rounded up) until the same request
-    /// would pass; -1 also when it never can (COST above the capacity).
-    pub retry_after_ms: i64,
-    /// ms (rounded up) until the key is back to a fresh state (its TTL).
-    pub reset_after_ms: i64,
-}
-
-const FIELDS: [&str; 5] = [
-    "allowed",
-    "limit",
-    "remaining",
-    "retry_after_ms",
-    "reset_after_ms",
-];
-
-impl FromRedisValue for Decision {
-    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let mut f: [Option<i64>; 5] = [None; 5];
-        match v {
-            // RESP2: an array of 5 integers (6 for RL.LEAKY: delay_ms is ignored here).
-            Value::Array(items) if items.len() >= 5 => {
-                for (slot, item) in f.iter_mut().zip(items) {
-                    *slot = Some(redis::from_redis_value(item)?);
-                }
-            }
-            // RESP3 (HELLO 3 / `?protocol=resp3`): a map keyed by field name.
-            Value::Map(pairs) => {
-                for (k, v) in pairs {
-                    let k: String = redis::from_redis_value(k)?;
-                    if let Some(i) = FIELDS.iter().position(|f| *f == k) {
-                        f[i] = Some(redis::from_redis_value(v)?);
-                    }
-                }
-            }
-            other => return Err(format!("not a limiter reply: {other:?}").into()),
-        }
-        let get = |i: usize| {
-            f[i].ok_or_else(|| ParsingError::from(format!("limiter reply lacks {}", FIELDS[i])))
-        };
-        Ok(Decision {
-            allowed: get(0)?,
-            limit: get(1)?,
-            remaining: get(2)?,
-            retry_after_ms: get(3)?,
-            reset_after_ms: get(4)?,
-        })
-    }
-}
-
-/// Milliseconds to whole seconds, rounded up (a client is never told to come
-/// back early); 0 for ms <= 0.
-pub fn ceil_secs(ms: i64) -> i64 {
-    if ms <= 0 {
-        0
-    } else {
-        (ms + 999) / 1000
-    }
-}
-
-impl Decision {
-    pub fn admitted(&self) -> bool {
-        self.allowed > 0
-    }
-
-    /// How long to wait before retrying: `Some` only when limited and the
-    /// request can pass later.
-    pub fn retry_after(&self) -> Option<Duration> {
-        (!self.admitted() && self.retry_after_ms >= 0)
-            .then(|| Duration::from_millis(self.retry_after_ms as u64))
-    }
-
-    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (seconds,
-    /// rounded up) and, when limited and it can pass later, `Retry-After`.
-    pub fn headers(&self) -> Vec<(&'static str, String)> {
-        let mut h = vec![
-            ("RateLimit-Limit", self.limit.to_string()),
-            ("RateLimit-Remaining", self.remaining.to_string()),
-            (
-                "RateLimit-Reset",
-                ceil_secs(self.reset_after_ms).to_string(),
-            ),
-        ];
-        if let Some(d) = self.retry_after() {
-            h.push(("Retry-After", ceil_secs(d.as_millis() as i64).to_string()));
-        }
-        h
-    }
-}
+/// One limiter decision, typed (RESP2 array or RESP3 map), with `retry_after()` and the HTTP
+/// `headers()`: the client crate's (`client/` in this repository).
+pub use redis_ratelimit_client::Decision;
 
 /// A token-bucket policy: `limit` tokens per `period` (e.g. `"1s"`, `"500ms"`,
 /// `"1m"`), at most `burst` at once.
 #[derive(Clone, Debug)]
 pub struct Policy {
     pub limit: u64,
-    pub period: String,
+    pub period: Duration,
     pub burst: u64,
 }
 
 impl Policy {
-    pub fn new(limit: u64, period: impl Into<String>, burst: u64) -> Self {
-        Policy {
-            limit,
-            period: period.into(),
-            burst,
-        }
+    /// Panics on a malformed `period` (configuration read at start-up).
+    pub fn new(limit: u64, period: &str, burst: u64) -> Self {
+        let period = parse_duration(period).unwrap_or_else(|e| panic!("{e}"));
+        Policy { limit, period, burst }
+    }
+
+    /// The limit as the client crate describes it.
+    pub fn as_limit(&self) -> Limit {
+        Limit::token_bucket(self.limit, self.period).with_burst(self.burst)
     }
 }
 
@@ -141,14 +52,7 @@ pub async fn check<C: ConnectionLike>(
     key: &str,
     policy: &Policy,
 ) -> RedisResult<Decision> {
-    redis::cmd("RL.TOKENBUCKET")
-        .arg(key)
-        .arg(policy.limit)
-        .arg(&policy.period)
-        .arg("BURST")
-        .arg(policy.burst)
-        .query_async(conn)
-        .await
+    commands::check(conn, key, &policy.as_limit(), Options::default()).await
 }
 
 /// An HTTP response, before it is written to a socket.
@@ -213,7 +117,7 @@ pub async fn respond<C: ConnectionLike>(
             429,
             format!(
                 r#"{{"error":"rate limit exceeded","retry_after_ms":{}}}"#,
-                d.retry_after_ms
+                d.retry_after.map_or(-1, |r| r.as_millis() as i64)
             ),
             d.headers(),
         ),
@@ -291,90 +195,5 @@ pub async fn serve(
         tokio::spawn(async move {
             let _ = handle(stream, conn, &policy).await;
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ints(v: &[i64]) -> Value {
-        Value::Array(v.iter().map(|&i| Value::Int(i)).collect())
-    }
-
-    #[test]
-    fn parses_resp2_array() {
-        let d: Decision = redis::from_redis_value(ints(&[0, 5, 0, 1001, 5000])).unwrap();
-        assert_eq!(
-            d,
-            Decision {
-                allowed: 0,
-                limit: 5,
-                remaining: 0,
-                retry_after_ms: 1001,
-                reset_after_ms: 5000
-            }
-        );
-        // RL.LEAKY's sixth field (delay_ms) is ignored.
-        let d: Decision = redis::from_redis_value(ints(&[1, 10, 9, -1, 100, 0])).unwrap();
-        assert!(d.admitted());
-    }
-
-    #[test]
-    fn parses_resp3_map_in_any_order() {
-        let m = Value::Map(
-            [
-                ("reset_after_ms", 2000),
-                ("allowed", 1),
-                ("limit", 3),
-                ("remaining", 2),
-                ("retry_after_ms", -1),
-            ]
-            .into_iter()
-            .map(|(k, v)| (Value::SimpleString(k.into()), Value::Int(v)))
-            .collect(),
-        );
-        let d: Decision = redis::from_redis_value(m).unwrap();
-        assert_eq!(
-            d,
-            Decision {
-                allowed: 1,
-                limit: 3,
-                remaining: 2,
-                retry_after_ms: -1,
-                reset_after_ms: 2000
-            }
-        );
-    }
-
-    #[test]
-    fn rejects_other_shapes() {
-        assert!(redis::from_redis_value::<Decision>(ints(&[1, 2, 3])).is_err());
-        assert!(redis::from_redis_value::<Decision>(Value::Nil).is_err());
-        assert!(redis::from_redis_value::<Decision>(Value::Map(vec![])).is_err());
-    }
-
-    #[test]
-    fn headers_round_up_and_skip_retry_after_when_never() {
-        let limited = Decision {
-            allowed: 0,
-            limit: 5,
-            remaining: 0,
-            retry_after_ms: 1001,
-            reset_after_ms: 4999,
-        };
-        let h = limited.headers();
-        assert!(h.contains(&("Retry-After", "2".into())));
-        assert!(h.contains(&("RateLimit-Reset", "5".into())));
-        let never = Decision {
-            allowed: 0,
-            limit: 5,
-            remaining: 5,
-            retry_after_ms: -1,
-            reset_after_ms: 0,
-        };
-        assert!(never.retry_after().is_none());
-        assert!(!never.headers().iter().any(|(k, _)| *k == "Retry-After"));
-        assert_eq!([-1, 0, 1, 1000, 1001].map(ceil_secs), [0, 0, 1, 1, 2]);
     }
 }

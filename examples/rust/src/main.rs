@@ -16,7 +16,7 @@ fn var(name: &str, default: &str) -> String {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let policy = Policy::new(
         var("RL_LIMIT", "10").parse()?,
-        var("RL_PERIOD", "1s"),
+        &var("RL_PERIOD", "1s"),
         var("RL_BURST", "20").parse()?,
     );
     let client = redis::Client::open(var("REDIS_URL", "redis://127.0.0.1:6379/"))?;
