@@ -4,11 +4,15 @@
 //! * Demand: an exponentially decayed count of the units requested, `rate(t) = Σ units ·
 //!   e^{−(t−tᵢ)/τ} / τ` (units per ns), which tends to the arrival rate for steady traffic and
 //!   decays to 0 on an idle key.
-//! * Batch: the units the next `horizon` will need, `ceil(rate × horizon)`, capped by
-//!   `max_batch` and by a fair share of the server's `remaining` (`remaining ÷ instances`).
-//! * Exact mode: when that is no more than the request needs (a cold key, or a key near its
-//!   limit), the claim is exactly the request (`COST need`, no `PARTIAL`): one call per request,
-//!   the same call a per-request check makes. A first request on a cold key is always exact.
+//! * Batch: the units the demand will need until the next claim, `ceil(rate × span)` (span: the
+//!   refill horizon, or the pacing interval of a key that ran dry), capped by `max_batch`, the
+//!   capacity, and what the server can grant over that span (its last `remaining` plus its
+//!   refill). Asks proportional to each instance's own demand keep the grants fair across
+//!   instances with uneven traffic.
+//! * Exact mode: when that is no more than the request needs (a cold key, or a slow key with
+//!   little left), the claim is exactly the request (`COST need`, no `PARTIAL`): one call per
+//!   request, the same call a per-request check makes. A first request on a cold key is always
+//!   exact.
 
 /// Decayed demand of one key.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -55,24 +59,24 @@ pub struct ClaimSize {
 /// Inputs of the batch size.
 #[derive(Clone, Copy, Debug)]
 pub struct BatchInput {
-    /// Units the next refill horizon is expected to need ([`Demand::expected`]).
+    /// Units the demand is expected to need before the next claim ([`Demand::expected`]).
     pub expected: u64,
     /// Units the caller needs now beyond what is held (0 for a background refill).
     pub need: u64,
-    /// Largest claim allowed.
+    /// Largest claim allowed (the configured maximum, and never above the capacity).
     pub max_batch: u64,
-    /// `remaining` from the last reply of this key, if any.
-    pub remaining: Option<u64>,
-    /// Instances expected to share the key (at least 1).
-    pub instances: u64,
+    /// The most the server can grant over that time, as far as known (its last `remaining`
+    /// plus its refill meanwhile); `None` before the first reply.
+    pub available: Option<u64>,
 }
 
-/// How many units to claim. `need` is always covered; above it, the demand-driven batch capped
-/// by the fair share of the last known `remaining`. Exact when there is nothing above `need`.
+/// How many units to claim: `need` is always covered; above it, the expected demand, capped by
+/// `max_batch` and by what the server can grant. Exact (no PARTIAL) when nothing is left above
+/// `need`: a cold key, or a slow key with little left.
 pub fn claim_size(i: BatchInput) -> ClaimSize {
     let mut b = i.expected.min(i.max_batch.max(1));
-    if let Some(rem) = i.remaining {
-        b = b.min(rem / i.instances.max(1));
+    if let Some(avail) = i.available {
+        b = b.min(avail);
     }
     if b <= i.need {
         ClaimSize { units: i.need, partial: false }
@@ -101,13 +105,13 @@ mod tests {
 
     #[test]
     fn cold_and_near_limit_are_exact() {
-        let base = BatchInput { expected: 0, need: 1, max_batch: 100, remaining: None, instances: 40 };
+        let base = BatchInput { expected: 0, need: 1, max_batch: 100, available: None };
         assert_eq!(claim_size(base), ClaimSize { units: 1, partial: false });
-        let hot = BatchInput { expected: 50, remaining: Some(10_000), ..base };
+        let hot = BatchInput { expected: 50, available: Some(10_000), ..base };
         assert_eq!(claim_size(hot), ClaimSize { units: 50, partial: true });
-        let near = BatchInput { expected: 50, remaining: Some(60), ..base };
+        let near = BatchInput { expected: 50, available: Some(1), ..base };
         assert_eq!(claim_size(near), ClaimSize { units: 1, partial: false });
-        let big = BatchInput { expected: 5000, remaining: Some(1_000_000), ..base };
+        let big = BatchInput { expected: 5000, available: Some(1_000_000), ..base };
         assert_eq!(claim_size(big).units, 100);
         let refill = BatchInput { expected: 1, need: 0, ..base };
         assert_eq!(claim_size(refill), ClaimSize { units: 1, partial: true });

@@ -231,13 +231,13 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 let source = if from_claim { Source::Redis } else { Source::Local };
                 (self.known(now, key, true, source, None, delay_ns), refill)
             }
-            Verdict::Limited { retry_after_ns, by } => {
+            Verdict::Limited { retry_after_ns, by, refill } => {
                 let source = match by {
                     LimitedBy::Cache => Source::Cache,
                     LimitedBy::Never => Source::Local,
                     LimitedBy::Redis => Source::Redis,
                 };
-                (self.known(now, key, false, source, retry_after_ns, None), None)
+                (self.known(now, key, false, source, retry_after_ns, None), refill)
             }
             Verdict::Wait { claim } => return Step::Wait { claim },
             Verdict::Claim(c) => match self.shared.breaker.permit(now) {

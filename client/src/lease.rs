@@ -31,6 +31,16 @@ use crate::spec::{Algorithm, Limit};
 
 const MS: u64 = 1_000_000;
 
+/// `span` scaled by a factor in [1/2, 3/2) drawn from `seed` (splitmix64).
+fn jitter(span: u64, seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let frac = (z >> 11) as f64 / (1u64 << 53) as f64;
+    (span as f64 * (0.5 + frac)) as u64
+}
+
 /// How a key's reservations behave.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LeaseConfig {
@@ -41,8 +51,8 @@ pub struct LeaseConfig {
     pub horizon_ns: u64,
     /// The largest claim.
     pub max_batch: u64,
-    /// Instances expected to share a key: a claim takes at most `remaining ÷ instances`
-    /// above the request's own need.
+    /// Instances expected to share a key: a key that ran dry is claimed again no sooner than
+    /// this instance's fair share of the refill makes worthwhile (see [`LeaseConfig::dry_hold_ns`]).
     pub instances: u64,
     /// Time constant of the demand estimate (ns).
     pub demand_tau_ns: u64,
@@ -79,6 +89,27 @@ impl LeaseConfig {
 
     fn batching(&self) -> bool {
         self.batching && self.limit.algorithm != Algorithm::Leaky
+    }
+
+    /// The limit's mean spacing of units, `period ÷ limit` (ns, at least 1).
+    pub fn interval_ns(&self) -> u64 {
+        let period = self.limit.period.as_nanos().min(u64::MAX as u128) as u64;
+        (period / self.limit.limit.max(1)).max(1)
+    }
+
+    /// How long a key that ran dry (a claim granted less than it asked) waits, on average,
+    /// before claiming again: the refill horizon, and with N instances at least the time for
+    /// this instance's fair share of `k` units to refill (`k × N × interval`, `k` = the units
+    /// its demand can use within a lease, between 1 and 2), never more than the period. The
+    /// fixed window does not pace: the server names the window's end.
+    pub fn dry_hold_ns(&self, lease_demand: f64) -> u64 {
+        if self.limit.algorithm == Algorithm::Fixed {
+            return 0;
+        }
+        let period = self.limit.period.as_nanos().min(u64::MAX as u128) as u64;
+        let k = if lease_demand.is_finite() { lease_demand.clamp(1.0, 2.0) } else { 1.0 };
+        let share = if self.instances > 1 { (self.interval_ns() as f64 * self.instances as f64 * k).min(u64::MAX as f64 / 2.0) as u64 } else { 0 };
+        self.horizon_ns.max(share).min(period)
     }
 
     /// How long the units of this reply may be served, from the claim's send time.
@@ -146,7 +177,8 @@ pub enum Verdict {
     /// RL.LEAKY's delay for a Redis admit.
     Admit { from_claim: bool, refill: Option<ClaimRequest>, delay_ns: Option<u64> },
     /// Refused; `retry_after_ns` is when it can pass (never early), `None` when it never can.
-    Limited { retry_after_ns: Option<u64>, by: LimitedBy },
+    /// `refill`: send this background claim now (a held key nearing the end of its hold).
+    Limited { retry_after_ns: Option<u64>, by: LimitedBy, refill: Option<ClaimRequest> },
     /// A claim of this key is in flight: wait for its reply (or error), then call
     /// [`KeyState::resume`] with this id.
     Wait { claim: u64 },
@@ -166,8 +198,9 @@ struct InFlight {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Denial {
-    /// The server-named instant the denied request passes.
+struct Hold {
+    /// Refused locally until then: the instant the server named for the denied request, or the
+    /// end of the pacing interval of a key that ran dry, whichever is later.
     until: u64,
     /// Requests needing at least this many units beyond what is held are refused until then.
     need: u64,
@@ -194,7 +227,10 @@ pub struct KeyState {
     next_claim: u64,
     /// The last claim that failed (waiters on it fall back).
     failed: Option<u64>,
-    denial: Option<Denial>,
+    hold: Option<Hold>,
+    /// The pacing interval while the key runs dry (0 otherwise): claims then ask for the demand
+    /// of this long.
+    pace_ns: u64,
     demand: Demand,
     /// From the last reply: capacity, remaining, and the absolute instant of a fresh state.
     capacity: Option<u64>,
@@ -257,7 +293,7 @@ impl KeyState {
     pub fn is_forgettable(&self, now: u64, idle_ns: u64) -> bool {
         self.leases.is_empty()
             && self.in_flight.is_none()
-            && self.denial.is_none_or(|d| d.until <= now)
+            && self.hold.is_none_or(|d| d.until <= now)
             && now.saturating_sub(self.last_request) >= idle_ns
     }
 
@@ -314,30 +350,57 @@ impl KeyState {
         }
     }
 
-    fn denial_active(&self, now: u64) -> bool {
-        self.denial.is_some_and(|d| now < d.until)
+    fn hold_active(&self, now: u64) -> bool {
+        self.hold.is_some_and(|d| now < d.until)
     }
 
-    /// A background claim when units run low: held below the demand of the refill lead time
-    /// (4 round trips, at least a quarter of the horizon), sized for the horizon, only for a
-    /// demand of at least 2 units per horizon, with a call credit, never while a claim is in
-    /// flight or the key is over its limit.
-    fn refill(&mut self, now: u64, cfg: &LeaseConfig, m: &Metrics) -> Option<ClaimRequest> {
-        if !cfg.batching() || self.in_flight.is_some() || self.denial_active(now) || self.call_credit == 0 {
+    /// The span a claim covers: the horizon, or the pacing interval of a dry key.
+    fn span(&self, cfg: &LeaseConfig) -> u64 {
+        cfg.horizon_ns.max(self.pace_ns)
+    }
+
+    /// The size of a claim for `need` more units (0: a background refill).
+    fn size(&self, now: u64, need: u64, cfg: &LeaseConfig) -> ClaimSize {
+        if !cfg.batching() {
+            return ClaimSize { units: need, partial: false };
+        }
+        let span = self.span(cfg);
+        // What the server can grant over the span: its last remaining plus its refill (the
+        // fixed window refills only at its end).
+        let refill = if cfg.limit.algorithm == Algorithm::Fixed { 0 } else { span / cfg.interval_ns() };
+        // Never more than the demand can use before the lease expires.
+        let usable = self.demand.expected(now, cfg.demand_tau_ns, cfg.lease_ns).max(1);
+        claim_size(BatchInput {
+            expected: self.demand.expected(now, cfg.demand_tau_ns, span),
+            need,
+            max_batch: cfg.max_batch.min(self.capacity.unwrap_or(cfg.limit.capacity())).min(usable),
+            available: self.remaining.map(|r| r.saturating_add(refill)),
+        })
+    }
+
+    /// The refill lead: claim this long before the units are expected to run out (4 round
+    /// trips, at least a quarter of the horizon).
+    fn lead(&self, cfg: &LeaseConfig) -> u64 {
+        (cfg.horizon_ns / 4).max(self.rtt_ns.saturating_mul(4))
+    }
+
+    /// A background claim of at least 2 units, with a call credit and none in flight.
+    fn background(&mut self, now: u64, cfg: &LeaseConfig, m: &Metrics) -> Option<ClaimRequest> {
+        if !cfg.batching() || self.in_flight.is_some() || self.call_credit == 0 {
             return None;
         }
-        let lead = (cfg.horizon_ns / 4).max(self.rtt_ns.saturating_mul(4));
-        if self.held() >= self.demand.expected(now, cfg.demand_tau_ns, lead) {
-            return None;
-        }
-        let size = claim_size(BatchInput {
-            expected: self.demand.expected(now, cfg.demand_tau_ns, cfg.horizon_ns),
-            need: 0,
-            max_batch: cfg.max_batch,
-            remaining: self.remaining,
-            instances: cfg.instances,
-        });
+        let size = self.size(now, 0, cfg);
         (size.partial && size.units >= 2).then(|| self.new_claim(now, size, 0, true, m))
+    }
+
+    /// A background claim when units run low: held below the demand of the refill lead time,
+    /// sized for the span, only for a demand of at least 2 units per span, with a call credit,
+    /// never while a claim is in flight or the key is held.
+    fn refill(&mut self, now: u64, cfg: &LeaseConfig, m: &Metrics) -> Option<ClaimRequest> {
+        if self.hold_active(now) || self.held() >= self.demand.expected(now, cfg.demand_tau_ns, self.lead(cfg)) {
+            return None;
+        }
+        self.background(now, cfg, m)
     }
 
     /// A new request for `cost` units at `now`.
@@ -372,7 +435,7 @@ impl KeyState {
         }
         if cost > self.capacity.unwrap_or(cfg.limit.capacity()) {
             add(&m.never_denials, 1);
-            return Verdict::Limited { retry_after_ns: None, by: LimitedBy::Never };
+            return Verdict::Limited { retry_after_ns: None, by: LimitedBy::Never, refill: None };
         }
         let held = self.held();
         if held >= cost {
@@ -391,21 +454,13 @@ impl KeyState {
             self.failed = Some(f.claim.id);
         }
         let need = cost - held;
-        if let Some(d) = self.denial.filter(|d| now < d.until && need >= d.need) {
+        if let Some(d) = self.hold.filter(|d| now < d.until && need >= d.need) {
             add(&m.over_limit_cache_hits, 1);
-            return Verdict::Limited { retry_after_ns: Some(d.until - now), by: LimitedBy::Cache };
+            // Claim ahead of the hold's end, so that units are back when it ends.
+            let refill = if now.saturating_add(self.lead(cfg)) >= d.until { self.background(now, cfg, m) } else { None };
+            return Verdict::Limited { retry_after_ns: Some(d.until - now), by: LimitedBy::Cache, refill };
         }
-        let size = if cfg.batching() {
-            claim_size(BatchInput {
-                expected: self.demand.expected(now, cfg.demand_tau_ns, cfg.horizon_ns),
-                need,
-                max_batch: cfg.max_batch,
-                remaining: self.remaining,
-                instances: cfg.instances,
-            })
-        } else {
-            ClaimSize { units: need, partial: false }
-        };
+        let size = self.size(now, need, cfg);
         Verdict::Claim(self.new_claim(now, size, cost, false, m))
     }
 
@@ -429,14 +484,34 @@ impl KeyState {
         self.totals.claimed += granted;
         add(&m.units_claimed, granted);
         if granted > 0 {
-            self.denial = None;
             let lease = Lease { units: granted, expires_at: claim.sent_at.saturating_add(cfg.lease_span(d)), claim_sent_at: claim.sent_at };
             let at = self.leases.partition_point(|l| l.expires_at <= lease.expires_at);
             self.leases.insert(at, lease);
-        } else if let Some(r) = d.retry_after {
-            // The server's durations run from when it decided, before `now`: never early.
-            let need = if claim.partial { 1 } else { claim.units };
-            self.denial = Some(Denial { until: now.saturating_add(r.as_nanos().min(u64::MAX as u128) as u64), need });
+        }
+        if granted >= claim.units {
+            self.hold = None;
+            self.pace_ns = 0;
+        } else if granted > 0 || d.retry_after.is_some() {
+            // Dry: refused, or granted less than asked. Hold until the server-named instant (its
+            // durations run from when it decided, before `now`: never early), and while paced
+            // (several instances, or a demand above the limit) until this instance's next claim
+            // is worth making; the next claims ask for the demand of the pacing interval.
+            let retry = d.retry_after.map_or(0, |r| r.as_nanos().min(u64::MAX as u128) as u64);
+            let pace = if cfg.batching() {
+                let lease_demand = self.demand.rate_at(now, cfg.demand_tau_ns) * cfg.lease_ns as f64;
+                cfg.dry_hold_ns(lease_demand)
+            } else {
+                0
+            };
+            self.pace_ns = pace;
+            // Spread over [pace/2, 3·pace/2): instances that ran dry together must not all
+            // come back together (the instant of the reply, in ns, differs between them).
+            let pace = jitter(pace, now ^ claim.id.rotate_left(32));
+            let need = if claim.partial || pace > 0 { 1 } else { claim.units };
+            let until = now.saturating_add(retry.max(pace));
+            if until > now {
+                self.hold = Some(Hold { until, need });
+            }
         }
         self.expire(now, m);
         let cost = initiator?;
@@ -448,9 +523,10 @@ impl KeyState {
             Some(Verdict::Admit { from_claim: true, refill: None, delay_ns })
         } else if granted == 0 {
             add(&m.redis_denials, 1);
-            let retry_after_ns = d.retry_after.map(|r| r.as_nanos().min(u64::MAX as u128) as u64);
+            // The hold's end: the server-named instant, or later while paced.
+            let retry_after_ns = d.retry_after.map(|r| self.hold.filter(|h| h.until > now).map_or(r.as_nanos().min(u64::MAX as u128) as u64, |h| h.until - now));
             let by = if retry_after_ns.is_none() { LimitedBy::Never } else { LimitedBy::Redis };
-            Some(Verdict::Limited { retry_after_ns, by })
+            Some(Verdict::Limited { retry_after_ns, by, refill: None })
         } else {
             Some(Verdict::Retry)
         }
@@ -568,10 +644,10 @@ mod tests {
         let mut k = KeyState::new();
         let Verdict::Claim(cl) = k.on_request(0, 1, &c, &m) else { panic!() };
         let v = k.on_claim_reply(0, &cl, &reply(0, 10, 0, 250, 1000), &c, &m);
-        assert_eq!(v, Some(Verdict::Limited { retry_after_ns: Some(250_000_000), by: LimitedBy::Redis }));
-        assert_eq!(k.on_request(S / 10, 1, &c, &m), Verdict::Limited { retry_after_ns: Some(150_000_000), by: LimitedBy::Cache });
+        assert_eq!(v, Some(Verdict::Limited { retry_after_ns: Some(250_000_000), by: LimitedBy::Redis, refill: None }));
+        assert_eq!(k.on_request(S / 10, 1, &c, &m), Verdict::Limited { retry_after_ns: Some(150_000_000), by: LimitedBy::Cache, refill: None });
         assert!(matches!(k.on_request(S / 4, 1, &c, &m), Verdict::Claim(_)));
-        assert_eq!(k.on_request(S / 4, 11, &c, &m), Verdict::Limited { retry_after_ns: None, by: LimitedBy::Never });
+        assert_eq!(k.on_request(S / 4, 11, &c, &m), Verdict::Limited { retry_after_ns: None, by: LimitedBy::Never, refill: None });
     }
 
     #[test]
