@@ -19,6 +19,9 @@
 pub struct Demand {
     /// Units per ns, as of `at`.
     rate: f64,
+    /// The same without the newest observation: what the traffic said before the request being
+    /// decided (a sparse key's single arrival must not look like a rate of 1/τ).
+    before: f64,
     at: u64,
 }
 
@@ -26,7 +29,8 @@ impl Demand {
     /// Records `units` requested at `now` (τ = `tau_ns`).
     pub fn observe(&mut self, now: u64, units: u64, tau_ns: u64) {
         let tau = tau_ns.max(1) as f64;
-        self.rate = self.rate_at(now, tau_ns) + units as f64 / tau;
+        self.before = self.rate_at(now, tau_ns);
+        self.rate = self.before + units as f64 / tau;
         self.at = self.at.max(now);
     }
 
@@ -36,9 +40,16 @@ impl Demand {
         self.rate * (-dt / tau_ns.max(1) as f64).exp()
     }
 
-    /// Expected units over the next `span_ns`, rounded up.
+    /// The decayed rate at `now` without the newest observation.
+    pub fn rate_before(&self, now: u64, tau_ns: u64) -> f64 {
+        let dt = now.saturating_sub(self.at) as f64;
+        self.before * (-dt / tau_ns.max(1) as f64).exp()
+    }
+
+    /// Expected units over the next `span_ns`, rounded up, from the traffic before the newest
+    /// request.
     pub fn expected(&self, now: u64, tau_ns: u64, span_ns: u64) -> u64 {
-        let e = self.rate_at(now, tau_ns) * span_ns as f64;
+        let e = self.rate_before(now, tau_ns) * span_ns as f64;
         if e.is_finite() && e > 0.0 {
             e.ceil().min(u64::MAX as f64 / 2.0) as u64
         } else {
@@ -101,6 +112,10 @@ mod tests {
         assert!((900.0..1100.0).contains(&per_s), "{per_s}");
         assert!(d.rate_at(30 * S, S) * (S as f64) < 1.0);
         assert_eq!(d.expected(10 * S, S, S / 10), 100);
+        // A single arrival says nothing about the rate.
+        let mut cold = Demand::default();
+        cold.observe(5 * S, 1, S);
+        assert_eq!(cold.expected(5 * S, S, 10 * S), 0);
     }
 
     #[test]

@@ -62,9 +62,14 @@ pub struct LeaseConfig {
     /// call timeout is shorter, so this only catches a driver that lost track of a call.
     pub stale_claim_ns: u64,
     /// Batch and serve locally. False: every request is an exact claim (a per-request check,
-    /// still with the over-limit cache and the breaker). Always false for RL.LEAKY, whose every
-    /// admitted request needs its own `delay`.
+    /// still with the over-limit cache and the breaker). Always off for RL.LEAKY, whose every
+    /// admitted request needs its own `delay`, and for RL.SLIDINGLOG, which needs each
+    /// request's instant (and refuses RL.RETURN).
     pub batching: bool,
+    /// Added to the measured age of units given back (ns): the return's own transit, at most the
+    /// call timeout. Ages a bucket return (`units − ⌈r × age⌉` are given back) and is added to
+    /// the `AGE` of a window return.
+    pub return_margin_ns: u64,
 }
 
 impl LeaseConfig {
@@ -83,12 +88,13 @@ impl LeaseConfig {
             demand_tau_ns: 1_000_000_000,
             idle_return_ns: lease_ns / 2,
             stale_claim_ns: 10_000_000_000,
-            batching: limit.algorithm != Algorithm::Leaky,
+            batching: !matches!(limit.algorithm, Algorithm::Leaky | Algorithm::SlidingLog),
+            return_margin_ns: 100 * MS,
         }
     }
 
     fn batching(&self) -> bool {
-        self.batching && self.limit.algorithm != Algorithm::Leaky
+        self.batching && !matches!(self.limit.algorithm, Algorithm::Leaky | Algorithm::SlidingLog)
     }
 
     /// The limit's mean spacing of units, `period ÷ limit` (ns, at least 1).
@@ -99,16 +105,17 @@ impl LeaseConfig {
 
     /// How long a key that ran dry (a claim granted less than it asked) waits, on average,
     /// before claiming again: the refill horizon, and with N instances at least the time for
-    /// this instance's fair share of `k` units to refill (`k × N × interval`, `k` = the units
-    /// its demand can use within a lease, between 1 and 2), never more than the period. The
+    /// this instance's fair share of `k` units to refill (`¾ × k × N × interval`, `k` = the
+    /// units its demand can use within a lease, between 1 and 3), never more than the period. The
     /// fixed window does not pace: the server names the window's end.
     pub fn dry_hold_ns(&self, lease_demand: f64) -> u64 {
         if self.limit.algorithm == Algorithm::Fixed {
             return 0;
         }
         let period = self.limit.period.as_nanos().min(u64::MAX as u128) as u64;
-        let k = if lease_demand.is_finite() { lease_demand.clamp(1.0, 2.0) } else { 1.0 };
-        let share = if self.instances > 1 { (self.interval_ns() as f64 * self.instances as f64 * k).min(u64::MAX as f64 / 2.0) as u64 } else { 0 };
+        let k = if lease_demand.is_finite() { lease_demand.clamp(1.0, 3.0) } else { 1.0 };
+        // ¾: the instances together ask a third more than the refill, so that it is taken.
+        let share = if self.instances > 1 { (self.interval_ns() as f64 * self.instances as f64 * k * 0.75).min(u64::MAX as f64 / 2.0) as u64 } else { 0 };
         self.horizon_ns.max(share).min(period)
     }
 
@@ -472,7 +479,16 @@ impl KeyState {
                 self.in_flight = None;
                 (!f.claim.background).then_some(f.cost)
             }
-            _ => None,
+            _ => {
+                // A reply to a claim already given up (failed, timed out, lost): its units were
+                // counted by the server, nobody serves them.
+                let lost = d.allowed.min(claim.units);
+                self.totals.claimed += lost;
+                self.totals.expired += lost;
+                add(&m.units_claimed, lost);
+                add(&m.units_expired, lost);
+                return None;
+            }
         };
         let rtt = now.saturating_sub(claim.sent_at);
         self.rtt_ns = if self.rtt_ns == 0 { rtt } else { (self.rtt_ns * 7 + rtt) / 8 };
@@ -559,23 +575,43 @@ impl KeyState {
         let mut out = Vec::new();
         while self.call_credit > 0 && !self.leases.is_empty() {
             let l = self.leases.remove(0);
-            self.call_credit -= 1;
-            out.push(self.give_back(l, m));
+            if let Some(r) = self.give_back(now, l, cfg, m) {
+                self.call_credit -= 1;
+                out.push(r);
+            }
         }
         out
     }
 
-    fn give_back(&mut self, l: Lease, m: &Metrics) -> ReturnRequest {
-        self.totals.returned += l.units;
+    /// Gives a lease back: `None` when nothing is worth returning (its units are then dropped,
+    /// counted as expired). A bucket return is aged: `units − ⌈r × age⌉`, `age` from the claim's
+    /// send plus the return margin, since the refill a full bucket lost while these units were
+    /// out must not be handed out again (docs/local-reservations.md, rule 4).
+    fn give_back(&mut self, now: u64, l: Lease, cfg: &LeaseConfig, m: &Metrics) -> Option<ReturnRequest> {
+        let units = if cfg.limit.algorithm.is_bucket() {
+            let age = now.saturating_sub(l.claim_sent_at).saturating_add(cfg.return_margin_ns);
+            let refilled = (age as u128 * cfg.limit.limit as u128).div_ceil(cfg.limit.period.as_nanos().max(1));
+            l.units.saturating_sub(refilled.min(u64::MAX as u128) as u64)
+        } else {
+            l.units
+        };
+        let dropped = l.units - units;
+        self.totals.expired += dropped;
+        add(&m.units_expired, dropped);
+        if units == 0 {
+            return None;
+        }
+        self.totals.returned += units;
         self.totals.calls += 1;
-        add(&m.units_returned, l.units);
+        add(&m.units_returned, units);
         add(&m.returns, 1);
         add(&m.redis_calls, 1);
-        ReturnRequest { units: l.units, claim_sent_at: l.claim_sent_at }
+        Some(ReturnRequest { units, claim_sent_at: l.claim_sent_at })
     }
 
     /// Shutdown: every unexpired unit is given back (one return per lease, whatever the call
-    /// credit); for an algorithm without RL.RETURN they are dropped (counted as expired).
+    /// credit; bucket returns aged); for an algorithm without RL.RETURN they are dropped
+    /// (counted as expired).
     pub fn drain(&mut self, now: u64, cfg: &LeaseConfig, m: &Metrics) -> Vec<ReturnRequest> {
         self.expire(now, m);
         let leases = std::mem::take(&mut self.leases);
@@ -585,7 +621,7 @@ impl KeyState {
             add(&m.units_expired, n);
             return Vec::new();
         }
-        leases.into_iter().map(|l| self.give_back(l, m)).collect()
+        leases.into_iter().filter_map(|l| self.give_back(now, l, cfg, m)).collect()
     }
 }
 
@@ -673,8 +709,18 @@ mod tests {
         let _ = k.on_claim_reply(4, &big, &reply(50, 10_000, 9_000, -1, 5), &c, &m);
         assert_eq!(k.held(), 49);
         assert!(k.tick(5, &c, true, &m).is_empty());
+        // A 10,000/s bucket refills 49 units in 4.9 ms: nothing is worth returning.
         let r = k.tick(5 + c.idle_return_ns, &c, true, &m);
-        assert_eq!(r, vec![ReturnRequest { units: 49, claim_sent_at: 3 }]);
-        assert_eq!(k.held(), 0);
+        assert!(r.is_empty());
+        assert_eq!((k.held(), k.totals().expired), (0, 49));
+        // A slow bucket (1 per s): 49 − ⌈age × r⌉ go back.
+        let slow = LeaseConfig { return_margin_ns: 0, lease_ns: 10 * S, ..LeaseConfig::new(Limit::token_bucket(1, Duration::from_secs(1)).with_burst(100)) };
+        let mut k = KeyState::new();
+        let Verdict::Claim(cl) = k.on_request(0, 1, &slow, &m) else { panic!() };
+        let big = ClaimRequest { units: 50, partial: true, ..cl };
+        let _ = k.on_claim_reply(4, &big, &reply(50, 100, 50, -1, 5), &slow, &m);
+        assert!(matches!(k.on_request(5, 1, &slow, &m), Verdict::Admit { .. }));
+        let r = k.tick(2 * S, &slow, true, &m);
+        assert_eq!(r, vec![ReturnRequest { units: 46, claim_sent_at: 0 }]);
     }
 }

@@ -141,6 +141,7 @@ impl LimiterConfig {
         lease.batching = self.batching;
         lease.idle_return_ns = ns(self.idle_return);
         lease.stale_claim_ns = ns(self.timeout).saturating_mul(4).max(1_000_000_000);
+        lease.return_margin_ns = ns(self.timeout);
         EngineConfig { lease, breaker: self.breaker, policy: self.policy, shadow: self.shadow }
     }
 }

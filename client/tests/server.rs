@@ -154,9 +154,11 @@ async fn unused_units_go_back_on_shutdown_and_when_idle() {
     }
     let m = limiter.shutdown().await;
     assert!(m.units_claimed > 200, "the hot loop batched: {m:?}");
-    assert_eq!(m.units_returned, m.units_claimed - 200, "{m:?}");
+    // Returns are aged (a unit or so per lease at this rate); the rest goes back, all credited.
+    assert_eq!(m.units_returned + m.units_expired, m.units_claimed - 200, "{m:?}");
+    assert!(m.units_returned > 0);
     assert_eq!(m.units_credited, m.units_returned);
-    assert_eq!(available(&mut conn, "k").await, 800);
+    assert_eq!(available(&mut conn, "k").await, 800 - m.units_expired as i64);
 
     // Idle: the housekeeping gives the units back by itself.
     let cfg = LimiterConfig::new(limit).lease(Duration::from_secs(30)).timeout(Duration::from_secs(5));
@@ -167,7 +169,7 @@ async fn unused_units_go_back_on_shutdown_and_when_idle() {
     }
     until("idle units returned", Duration::from_secs(10), async || limiter.metrics().units_credited > 0).await;
     let m = limiter.metrics();
-    assert_eq!(available(&mut conn, "idle").await, 800, "{m:?}");
+    assert_eq!(available(&mut conn, "idle").await, 800 - m.units_expired as i64, "{m:?}");
     drop(limiter);
 }
 
