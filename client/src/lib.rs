@@ -1,4 +1,4 @@
-//! Async Rust client for [redis-ratelimit](https://github.com/) (the `RL.*` module commands),
+//! Async Rust client for redis-ratelimit (the `RL.*` module commands),
 //! on tokio with the `redis` crate, single server and Redis Cluster.
 //!
 //! * [`Decision`] and friends: the limiter replies, typed (RESP2 and RESP3), with their HTTP
@@ -10,6 +10,9 @@
 //! * [`Limiter`]: the tokio driver of the engine.
 //!
 //! The overshoot bound and the simulation that measures it: docs/local-reservations.md.
+//!
+//! The crate's README (below) is compiled with it: its sample is a doc test.
+#![doc = include_str!("../README.md")]
 
 pub mod batch;
 pub mod breaker;
