@@ -67,8 +67,7 @@ pub struct LeaseConfig {
     /// request's instant (and refuses RL.RETURN).
     pub batching: bool,
     /// Added to the measured age of units given back (ns): the return's own transit, at most the
-    /// call timeout. Ages a bucket return (`units − ⌈r × age⌉` are given back) and is added to
-    /// the `AGE` of a window return.
+    /// call timeout (`AGE` must never be less than the true age).
     pub return_margin_ns: u64,
 }
 
@@ -583,35 +582,31 @@ impl KeyState {
         out
     }
 
-    /// Gives a lease back: `None` when nothing is worth returning (its units are then dropped,
-    /// counted as expired). A bucket return is aged: `units − ⌈r × age⌉`, `age` from the claim's
-    /// send plus the return margin, since the refill a full bucket lost while these units were
-    /// out must not be handed out again (docs/local-reservations.md, rule 4).
+    /// Gives a lease back: all its units, with `AGE` = the time since the claim's send plus the
+    /// return margin. The server ages a bucket return itself (it credits `units − rate × AGE`:
+    /// the refill a full bucket lost while the units were out is not handed out again, which
+    /// keeps the bound, docs/local-reservations.md rule 4); when that leaves nothing, no call is
+    /// made and the units are dropped (counted as expired). `None` then.
     fn give_back(&mut self, now: u64, l: Lease, cfg: &LeaseConfig, m: &Metrics) -> Option<ReturnRequest> {
-        let units = if cfg.limit.algorithm.is_bucket() {
+        if cfg.limit.algorithm.is_bucket() {
             let age = now.saturating_sub(l.claim_sent_at).saturating_add(cfg.return_margin_ns);
             let refilled = (age as u128 * cfg.limit.limit as u128).div_ceil(cfg.limit.period.as_nanos().max(1));
-            l.units.saturating_sub(refilled.min(u64::MAX as u128) as u64)
-        } else {
-            l.units
-        };
-        let dropped = l.units - units;
-        self.totals.expired += dropped;
-        add(&m.units_expired, dropped);
-        if units == 0 {
-            return None;
+            if refilled >= l.units as u128 {
+                self.totals.expired += l.units;
+                add(&m.units_expired, l.units);
+                return None;
+            }
         }
-        self.totals.returned += units;
+        self.totals.returned += l.units;
         self.totals.calls += 1;
-        add(&m.units_returned, units);
+        add(&m.units_returned, l.units);
         add(&m.returns, 1);
         add(&m.redis_calls, 1);
-        Some(ReturnRequest { units, claim_sent_at: l.claim_sent_at })
+        Some(ReturnRequest { units: l.units, claim_sent_at: l.claim_sent_at })
     }
 
     /// Shutdown: every unexpired unit is given back (one return per lease, whatever the call
-    /// credit; bucket returns aged); for an algorithm without RL.RETURN they are dropped
-    /// (counted as expired).
+    /// credit); for an algorithm without RL.RETURN they are dropped (counted as expired).
     pub fn drain(&mut self, now: u64, cfg: &LeaseConfig, m: &Metrics) -> Vec<ReturnRequest> {
         self.expire(now, m);
         let leases = std::mem::take(&mut self.leases);
@@ -713,7 +708,7 @@ mod tests {
         let r = k.tick(5 + c.idle_return_ns, &c, true, &m);
         assert!(r.is_empty());
         assert_eq!((k.held(), k.totals().expired), (0, 49));
-        // A slow bucket (1 per s): 49 − ⌈age × r⌉ go back.
+        // A slow bucket (1 per s): the rest goes back (the server deducts the refill).
         let slow = LeaseConfig { return_margin_ns: 0, lease_ns: 10 * S, ..LeaseConfig::new(Limit::token_bucket(1, Duration::from_secs(1)).with_burst(100)) };
         let mut k = KeyState::new();
         let Verdict::Claim(cl) = k.on_request(0, 1, &slow, &m) else { panic!() };
@@ -721,6 +716,6 @@ mod tests {
         let _ = k.on_claim_reply(4, &big, &reply(50, 100, 50, -1, 5), &slow, &m);
         assert!(matches!(k.on_request(5, 1, &slow, &m), Verdict::Admit { .. }));
         let r = k.tick(2 * S, &slow, true, &m);
-        assert_eq!(r, vec![ReturnRequest { units: 46, claim_sent_at: 0 }]);
+        assert_eq!(r, vec![ReturnRequest { units: 48, claim_sent_at: 0 }]);
     }
 }

@@ -306,8 +306,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     }
 
     /// `RL.RETURN key units AGE ms`, AGE measured from the claim's send time plus the call
-    /// timeout (so that a window limiter never credits units to a later window than the one
-    /// they were counted in, even if the return is slow to arrive).
+    /// timeout: never less than the true age even if the return is slow to arrive (a window
+    /// never takes units back into a later window; a bucket deducts at least the refill it got
+    /// meanwhile).
     async fn give_back(self: Arc<Self>, key: String, r: ReturnRequest) {
         let age = Duration::from_nanos(self.now().saturating_sub(r.claim_sent_at)) + self.config.timeout;
         let mut conn = self.conn.clone();
