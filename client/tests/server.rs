@@ -130,7 +130,7 @@ async fn reservations_serve_locally_within_the_limit() {
     // Never more than the bucket plus its refill over the run (one instance: all leases claimed).
     let bound = 1000 + (elapsed.as_secs_f64() * 1000.0).ceil() as u64;
     assert!(admitted <= bound, "{admitted} admitted > {bound}");
-    assert!(admitted >= 1000.min(3000), "{admitted}");
+    assert!(admitted >= 1000, "{admitted}");
     let redis_calls = calls(&s, "rl.tokenbucket") + calls(&s, "rl.return");
     assert_eq!(redis_calls, m.redis_calls - m.returns + calls(&s, "rl.return"));
     assert!(redis_calls * 4 < 3000, "{redis_calls} Redis calls for 3000 checks: {m:?}");
