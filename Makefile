@@ -7,7 +7,7 @@ MODULE := target/release/libredis_ratelimit.so
 CLUSTER_BASE ?= 7001
 TEST_THREADS ?= 4
 
-.PHONY: all deps build run test test-long examples burst bench profile fuzz fuzz-long cluster cluster-stop clean simulate
+.PHONY: all deps build run test test-compat test-long examples burst bench profile fuzz fuzz-long cluster cluster-stop clean simulate
 
 all: build
 
@@ -20,11 +20,20 @@ build: deps
 run: build
 	exec redis-server redis.conf
 
+# Every test binary and every example runs even when one fails (each failure is listed); the
+# target fails at the end if any did.
 test: build
-	$(CARGO) test --release -- --test-threads=$(TEST_THREADS)
-	$(CARGO) test --release -p redis-ratelimit-sim -- --test-threads=$(TEST_THREADS)
-	$(CARGO) test --release -p redis-ratelimit-client -- --test-threads=$(TEST_THREADS)
-	bash scripts/examples.sh
+	@status=0; \
+	$(CARGO) test --release --no-fail-fast -- --test-threads=$(TEST_THREADS) || status=1; \
+	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-sim -- --test-threads=$(TEST_THREADS) || status=1; \
+	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-client -- --test-threads=$(TEST_THREADS) || status=1; \
+	bash scripts/examples.sh || status=1; \
+	exit $$status
+
+# The integration tests against Redis 7.2, 7.4, 8.0 and Valkey 8 built from the archives in
+# ../shared/servers (or $$RL_SERVER_SOURCES); built servers are cached in target/servers/.
+test-compat: build
+	bash scripts/compat.sh
 
 examples: build
 	bash scripts/examples.sh

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Compatibility matrix: build each server from a source archive (once; cached under
+# target/servers/) and run the module's integration test binaries against it through the
+# harness' RL_REDIS_SERVER / RL_REDIS_CLI.
+#
+#   scripts/compat.sh            build what is missing, then test every server
+#   scripts/compat.sh build      only build (and cache) the servers
+#
+# RL_SERVER_SOURCES   folder with the archives (default: ../shared/servers beside the repo)
+# RL_COMPAT_SERVERS   which archives to use, space separated (default: the four below)
+# TEST_THREADS        test threads per binary (default 4)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+if [ -f "${HOME:-/root}/.cargo/env" ]; then
+  # shellcheck disable=SC1091
+  . "${HOME:-/root}/.cargo/env"
+fi
+
+SOURCES=${RL_SERVER_SOURCES:-$ROOT/../shared/servers}
+SERVERS=${RL_COMPAT_SERVERS:-redis-7.2.6 redis-7.4.1 redis-8.0-m01 valkey-8.0.1}
+CACHE=$ROOT/target/servers
+TEST_THREADS=${TEST_THREADS:-4}
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+mkdir -p "$CACHE"
+
+log() { echo "compat: $*" >&2; }
+
+# The binaries' prefix: Valkey builds valkey-server / valkey-cli only.
+flavour() { case "$1" in valkey-*) echo valkey ;; *) echo redis ;; esac; }
+
+# Builds $1 (e.g. redis-7.4.1) into $CACHE/$1/bin unless the cached build came from the same
+# archive (sha256 stamp). Prints nothing; returns 1 when the archive is missing.
+build_server() {
+  local name=$1 archive="$SOURCES/$1.tar.gz" dir="$CACHE/$1" sum kind
+  if [ ! -f "$archive" ]; then
+    log "$name: no archive $archive, skipped"
+    return 1
+  fi
+  sum=$(sha256sum "$archive" | cut -d' ' -f1)
+  if [ -f "$dir/stamp" ] && [ "$(cat "$dir/stamp")" = "$sum" ]; then
+    return 0
+  fi
+  kind=$(flavour "$name")
+  log "$name: building from $archive (make -j$JOBS BUILD_TLS=no, log in $dir/build.log)"
+  rm -rf "$dir" && mkdir -p "$dir/bin"
+  local started=$SECONDS
+  tar xzf "$archive" -C "$dir"
+  if ! make -C "$dir/$name" -j"$JOBS" BUILD_TLS=no >"$dir/build.log" 2>&1; then
+    log "$name: build failed, see $dir/build.log"
+    tail -20 "$dir/build.log" >&2
+    return 2
+  fi
+  cp "$dir/$name/src/$kind-server" "$dir/$name/src/$kind-cli" "$dir/bin/"
+  rm -rf "${dir:?}/$name"
+  echo "$sum" >"$dir/stamp"
+  log "$name: built in $((SECONDS - started)) s"
+}
+
+declare -A BUILT=()
+build_all() {
+  local name rc
+  for name in $SERVERS; do
+    rc=0
+    build_server "$name" || rc=$?
+    BUILT[$name]=$rc
+  done
+}
+
+# The integration test binaries, built once (with the module) and run against every server.
+test_binaries() {
+  $CARGO build --release >&2
+  $CARGO test --release -p redis-ratelimit --tests --no-run --message-format=json-render-diagnostics \
+    | jq -r 'select(.reason == "compiler-artifact" and .target.kind == ["test"] and .executable != null)
+             | "\(.target.name) \(.executable)"' | sort
+}
+
+# Runs every binary against server $1; prints one summary row, returns 1 if any test failed.
+run_server() {
+  local name=$1 kind dir="$CACHE/$1" out="$ROOT/target/compat/$1" failed=() passed=0 total=0
+  local test exe started=$SECONDS version
+  kind=$(flavour "$name")
+  mkdir -p "$out"
+  version=$("$dir/bin/$kind-server" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p')
+  log "$name ($kind-server $version): running ${#BINARIES[@]} test binaries"
+  while read -r test exe; do
+    if RL_REDIS_SERVER="$dir/bin/$kind-server" RL_REDIS_CLI="$dir/bin/$kind-cli" \
+      "$exe" --test-threads="$TEST_THREADS" >"$out/$test.log" 2>&1; then
+      passed=$((passed + 1))
+    else
+      failed+=("$test")
+      log "$name: $test FAILED (log: target/compat/$1/$test.log)"
+      grep -E '^(test .* FAILED|---- .* stdout ----|thread .* panicked)' "$out/$test.log" | head -20 >&2 || true
+    fi
+    total=$((total + $(awk '/^test result:/ { n += $4 } END { print n + 0 }' "$out/$test.log")))
+  done < <(printf '%s\n' "${BINARIES[@]}")
+  local status="pass"
+  [ ${#failed[@]} -eq 0 ] || status="FAIL (${failed[*]})"
+  printf '| %s | %s | %d/%d test files, %d tests passed | %s | %d s |\n' \
+    "$name" "$version" "$passed" "${#BINARIES[@]}" "$total" "$status" "$((SECONDS - started))" >>"$SUMMARY"
+  [ ${#failed[@]} -eq 0 ]
+}
+
+build_all
+if [ "${1:-}" = build ]; then
+  for name in $SERVERS; do [ "${BUILT[$name]}" -ne 2 ] || exit 1; done
+  exit 0
+fi
+
+CARGO=${CARGO:-cargo}
+mapfile -t BINARIES < <(test_binaries)
+[ ${#BINARIES[@]} -gt 0 ] || { log "no test binaries found"; exit 2; }
+mkdir -p "$ROOT/target/compat"
+SUMMARY=$ROOT/target/compat/summary.md
+{
+  echo "| archive | reports | test files | result | time |"
+  echo "|---|---|---|---|---|"
+} >"$SUMMARY"
+status=0
+for name in $SERVERS; do
+  case ${BUILT[$name]} in
+    0) run_server "$name" || status=1 ;;
+    1) printf '| %s | - | - | skipped: no archive in %s | - |\n' "$name" "$SOURCES" >>"$SUMMARY" ;;
+    *) printf '| %s | - | - | FAIL: build failed (target/servers/%s/build.log) | - |\n' "$name" "$name" >>"$SUMMARY"
+       status=1 ;;
+  esac
+done
+echo
+cat "$SUMMARY"
+exit $status
