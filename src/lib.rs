@@ -5,6 +5,7 @@
 // for the command's duration; marking each `unsafe` would only move the same contract around.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
+pub mod acl;
 pub mod alloc;
 pub mod args;
 pub mod clock;
@@ -89,6 +90,13 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     if let Err(e) = command_info::register(ctx.ctx) {
         ctx.log_warning(&format!("ratelimit: {e}"));
         return Status::Err;
+    }
+    match acl::register(ctx.ctx) {
+        Ok(support) => ctx.log_notice(&format!("ratelimit: ACL categories: {}", support.describe())),
+        Err(e) => {
+            ctx.log_warning(&format!("ratelimit: {e}"));
+            return Status::Err;
+        }
     }
     unsafe { raw::RedisModule_RegisterInfoFunc.unwrap()(ctx.ctx, Some(metrics::info)) };
     eviction::watch(ctx.ctx);

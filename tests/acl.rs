@@ -1,6 +1,7 @@
 //! ACLs and key declarations on a single server: key patterns confine every module command to
 //! a tenant's keys (NOPERM outside, success inside), module commands are granted by name on
-//! Redis 7.0 (they belong to no ACL category there), RL.DEBUG is refused without DEBUG_CLOCK and
+//! every server and by category where the server has categories for them (Redis 7.2+ / Valkey;
+//! `@ratelimit` from 7.4 / Valkey 8), RL.DEBUG is refused without DEBUG_CLOCK and
 //! changes nothing, and every command declares exactly the keys it touches (COMMAND GETKEYS, and
 //! after running it only those keys exist).
 
@@ -8,6 +9,7 @@ mod common;
 
 use common::{Opts, Server};
 use redis::{Connection, Value};
+use redis_ratelimit::acl;
 use redis_ratelimit::core::{codec::State, gcra, Rate, Request, NANOS_PER_MICRO, NANOS_PER_SEC};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -95,6 +97,24 @@ fn all_commands(key: &str, payload: &[u8]) -> Vec<(&'static str, Vec<Vec<u8>>, V
     ]
 }
 
+/// The newest ACL LOG entry's reason (`command`, `key`, …) and object (the command or key
+/// refused): what a NOPERM was about, on every server whatever its wording.
+fn last_denial(admin: &mut Connection) -> (String, String) {
+    let Value::Array(entries) = run(admin, &["ACL", "LOG", "1"]) else { panic!("ACL LOG") };
+    let Some(Value::Array(entry)) = entries.first() else { panic!("ACL LOG is empty") };
+    let field = |name: &str| -> String {
+        entry
+            .chunks(2)
+            .find(|kv| kv[0] == Value::BulkString(name.as_bytes().to_vec()))
+            .map(|kv| match &kv[1] {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                other => format!("{other:?}"),
+            })
+            .unwrap_or_else(|| panic!("ACL LOG entry without {name}: {entry:?}"))
+    };
+    (field("reason"), field("object"))
+}
+
 fn is_noperm(r: &redis::RedisResult<Value>) -> bool {
     matches!(r, Err(e) if e.code() == Some("NOPERM"))
 }
@@ -110,12 +130,9 @@ fn check_tenant_user(s: &Server, con: &mut Connection, denied: &[&str]) -> usize
         for (name, args, _) in all_commands(outside, &payload) {
             let r = try_run(con, &args);
             assert!(is_noperm(&r), "{} outside ~tenantA:* must be NOPERM, got {r:?}", shown(&args));
-            let msg = err_text(r.as_ref().unwrap_err());
-            if denied.contains(&name) {
-                assert!(msg.contains("no permissions to run"), "{name}: {msg}");
-            } else {
-                assert!(msg.contains("no permissions to access one of the keys"), "{name}: {msg}");
-            }
+            // What was refused, from ACL LOG (the sentences differ between servers).
+            let expected = if denied.contains(&name) { ("command", name.to_string()) } else { ("key", outside.to_string()) };
+            assert_eq!(last_denial(&mut admin), (expected.0.to_string(), expected.1), "{}", shown(&args));
             checked += 1;
         }
     }
@@ -127,6 +144,7 @@ fn check_tenant_user(s: &Server, con: &mut Connection, denied: &[&str]) -> usize
                 .map(|x| x.as_bytes().to_vec()),
         );
         assert!(is_noperm(&r), "RL.MULTI with a key outside the pattern: {r:?}");
+        assert_eq!(last_denial(&mut admin), ("key".to_string(), "tenantB:no".to_string()));
         checked += 1;
     }
     assert_eq!(dbsize(&mut admin), 0, "a refused command wrote: {:?}", keys_star(&mut admin));
@@ -142,7 +160,7 @@ fn check_tenant_user(s: &Server, con: &mut Connection, denied: &[&str]) -> usize
         let r = try_run(con, &args);
         if denied.contains(&name) {
             assert!(is_noperm(&r), "{name} must be refused to this user: {r:?}");
-            assert!(err_text(r.as_ref().unwrap_err()).contains(&format!("no permissions to run the '{name}' command")));
+            assert_eq!(last_denial(&mut admin), ("command".to_string(), name.to_string()), "{name}");
         } else {
             let v = r.unwrap_or_else(|e| panic!("{} inside ~tenantA:* failed: {}", shown(&args), err_text(&e)));
             match name {
@@ -169,8 +187,8 @@ fn key_patterns_confine_every_command() {
     println!("acl figures [tenantA +@all]: commands checked {n}");
 }
 
-/// Granting by name (Redis 7.0: module commands have no ACL category, so `+@write` or `+@fast`
-/// do not cover them): the application user gets the checks, RL.INFO and RL.RESET, not
+/// Granting by name, which works on every server (and is the only way on Redis 7.0, where module
+/// commands are in no ACL category): the application user gets the checks, RL.INFO and RL.RESET, not
 /// RL.SETSTATE or RL.DEBUG.
 #[test]
 fn module_commands_are_granted_by_name() {
@@ -196,22 +214,106 @@ fn module_commands_are_granted_by_name() {
     let r = try_run(&mut app, &["RL.DEBUG", "CLOCK", "SET", "0"].map(|x| x.as_bytes().to_vec()));
     assert!(is_noperm(&r), "-rl.debug: {r:?}");
 
-    // On Redis 7.0 the categories do not include module commands.
-    run(&mut admin, &["ACL", "SETUSER", "cats", "on", ">pw", "~*", "+@write", "+@read", "+@fast", "+@slow"]);
-    let mut cats = user_conn(&s, "cats", "pw");
-    let version: String = {
-        let info: String = redis::cmd("INFO").arg("server").query(&mut admin).unwrap();
-        info.lines().find_map(|l| l.strip_prefix("redis_version:")).unwrap_or("").trim().to_string()
-    };
-    let r = try_run(&mut cats, &["RL.GCRA", "k", "10", "60s"].map(|x| x.as_bytes().to_vec()));
-    if version.starts_with("7.0.") {
-        assert!(is_noperm(&r), "on {version} +@write/+@fast must not cover RL.GCRA: {r:?}");
+    println!("acl figures [granted by name, {}]: commands checked {}", s.version().describe(), n + n2);
+}
+
+fn acl_cat(con: &mut Connection, category: &str) -> Vec<String> {
+    let mut v: Vec<String> = redis::cmd("ACL").arg("CAT").arg(category).query(con).unwrap();
+    v.retain(|c| c.starts_with("rl.") || c.starts_with("cl."));
+    v.sort();
+    v
+}
+
+/// The module commands the table of src/acl.rs puts in `category` (on a server that has it).
+fn expected_in(category: &str) -> Vec<String> {
+    let mut v: Vec<String> = acl::TABLE
+        .iter()
+        .filter(|r| r.builtin.split(' ').any(|c| c == category) || (category == acl::CATEGORY && r.ratelimit))
+        .map(|r| r.command.to_str().unwrap().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+/// ACL categories on whatever server runs the tests: on Redis 7.0 module commands are in no
+/// category (and `@ratelimit` does not exist); from 7.2 / Valkey each command is in the built-in
+/// categories of src/acl.rs; from 7.4 / Valkey 8 `+@ratelimit` grants exactly the application
+/// commands and `-@ratelimit` removes them. RL.SETSTATE and RL.DEBUG are never in `@ratelimit`
+/// nor `@fast`, and are in `@dangerous` wherever categories exist.
+#[test]
+fn acl_categories_where_the_server_has_them() {
+    let s = Server::start();
+    let v = s.version();
+    let mut admin = s.conn();
+
+    // Every module command has a row in the table (a new command without one fails here).
+    let mut listed: Vec<String> = redis::cmd("COMMAND").arg("LIST").arg("FILTERBY").arg("MODULE").arg("ratelimit").query(&mut admin).unwrap();
+    listed.sort();
+    let mut rows: Vec<String> = acl::TABLE.iter().map(|r| r.command.to_str().unwrap().to_string()).collect();
+    rows.sort();
+    assert_eq!(listed, rows, "src/acl.rs TABLE must list every module command");
+
+    let all_cats: Vec<String> = redis::cmd("ACL").arg("CAT").query(&mut admin).unwrap();
+    assert_eq!(all_cats.iter().any(|c| c == "ratelimit"), v.has_module_acl_category(), "@ratelimit on {}", v.describe());
+    let app_commands = expected_in(acl::CATEGORY);
+    for internal in ["rl.setstate", "rl.debug"] {
+        assert!(!app_commands.iter().any(|c| c == internal), "{internal} must not be an application command");
     }
-    println!(
-        "acl figures [granted by name]: commands checked {}, +@write/+@read/+@fast covers RL.GCRA on {version}: {}",
-        n + n2,
-        !is_noperm(&r)
-    );
+
+    run(&mut admin, &["ACL", "SETUSER", "cats", "on", ">pw", "~*", "+@write", "+@read", "+@fast"]);
+    let mut cats = user_conn(&s, "cats", "pw");
+    let r = try_run(&mut cats, &["RL.GCRA", "k", "10", "60s"].map(|x| x.as_bytes().to_vec()));
+    if !v.has_command_acl_categories() {
+        // Redis 7.0: no category holds a module command.
+        for category in ["write", "read", "fast", "slow", "admin", "dangerous"] {
+            assert_eq!(acl_cat(&mut admin, category), Vec::<String>::new(), "@{category} on {}", v.describe());
+        }
+        assert!(is_noperm(&r), "on {} +@write/+@fast must not cover RL.GCRA: {r:?}", v.describe());
+    } else {
+        for category in ["write", "read", "fast", "slow", "admin", "dangerous"] {
+            assert_eq!(acl_cat(&mut admin, category), expected_in(category), "@{category} on {}", v.describe());
+        }
+        for internal in ["rl.setstate", "rl.debug"] {
+            assert!(acl_cat(&mut admin, "dangerous").iter().any(|c| c == internal), "{internal} in @dangerous");
+            assert!(!acl_cat(&mut admin, "fast").iter().any(|c| c == internal), "{internal} not in @fast");
+        }
+        r.unwrap_or_else(|e| panic!("on {} +@write +@fast covers RL.GCRA: {}", v.describe(), err_text(&e)));
+        let r = try_run(&mut cats, &["RL.DEBUG", "CLOCK", "GET"].map(|x| x.as_bytes().to_vec()));
+        assert!(is_noperm(&r), "+@write +@read +@fast must not grant RL.DEBUG: {r:?}");
+    }
+
+    if !v.has_module_acl_category() {
+        let e = try_run(&mut admin, &["ACL", "SETUSER", "app", "+@ratelimit"].map(|x| x.as_bytes().to_vec()));
+        assert!(e.is_err(), "@ratelimit must be unknown on {}: {e:?}", v.describe());
+        println!("acl figures [categories, {}]: @ratelimit absent", v.describe());
+        return;
+    }
+    assert_eq!(acl_cat(&mut admin, acl::CATEGORY), app_commands, "ACL CAT ratelimit");
+
+    // +@ratelimit alone: every application command inside the pattern, not RL.SETSTATE / RL.DEBUG.
+    run(&mut admin, &["ACL", "SETUSER", "app", "on", ">pw", "~tenantA:*", "+@ratelimit"]);
+    let mut app = user_conn(&s, "app", "pw");
+    let n = check_tenant_user(&s, &mut app, &["rl.setstate"]);
+    let r = try_run(&mut app, &["RL.DEBUG", "CLOCK", "GET"].map(|x| x.as_bytes().to_vec()));
+    assert!(is_noperm(&r), "+@ratelimit must not grant RL.DEBUG: {r:?}");
+    assert_eq!(last_denial(&mut admin), ("command".to_string(), "rl.debug".to_string()));
+    let r = try_run(&mut app, &["GET", "tenantA:x"].map(|x| x.as_bytes().to_vec()));
+    assert!(is_noperm(&r), "+@ratelimit grants module commands only: {r:?}");
+
+    // +@all -@ratelimit: none of the application commands, everything else.
+    run(&mut admin, &["ACL", "SETUSER", "noapp", "on", ">pw", "~*", "+@all", "-@ratelimit"]);
+    let mut noapp = user_conn(&s, "noapp", "pw");
+    for (name, args, _) in all_commands("k", &gcra_payload()) {
+        let r = try_run(&mut noapp, &args);
+        if app_commands.iter().any(|c| c == name) {
+            assert!(is_noperm(&r), "-@ratelimit must remove {name}: {r:?}");
+            assert_eq!(last_denial(&mut admin), ("command".to_string(), name.to_string()));
+        } else {
+            r.unwrap_or_else(|e| panic!("{name} under +@all -@ratelimit: {}", err_text(&e)));
+        }
+    }
+    run(&mut noapp, &["SET", "plain", "1"]);
+    println!("acl figures [categories, {}]: @ratelimit holds {} commands, commands checked {n}", v.describe(), app_commands.len());
 }
 
 /// RL.DEBUG on a module loaded without DEBUG_CLOCK: every form is an error, and the clock the

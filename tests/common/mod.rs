@@ -735,3 +735,67 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// Which server the tests run on (`RL_REDIS_SERVER`), read from INFO server: Redis or Valkey
+/// and their versions. Tests that depend on a server feature ask here, by feature, never by
+/// matching reply wording.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerVersion {
+    /// `redis_version` (Valkey 8 reports the Redis 7.2.4 it forked from; Redis 8.0-m01 says 7.9.224).
+    pub redis: (u32, u32, u32),
+    /// `valkey_version` on Valkey, None on Redis.
+    pub valkey: Option<(u32, u32, u32)>,
+}
+
+fn parse_version(v: &str) -> (u32, u32, u32) {
+    let mut it = v.trim().split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (it.next().unwrap_or(0), it.next().unwrap_or(0), it.next().unwrap_or(0))
+}
+
+impl ServerVersion {
+    pub fn of(s: &Server) -> ServerVersion {
+        let info = s.info("server");
+        let redis = parse_version(info_field(&info, "redis_version").expect("INFO server has redis_version"));
+        let valkey = match info_field(&info, "server_name") {
+            Some("valkey") => Some(parse_version(info_field(&info, "valkey_version").unwrap_or("0"))),
+            _ => None,
+        };
+        ServerVersion { redis, valkey }
+    }
+
+    pub fn redis_at_least(&self, major: u32, minor: u32) -> bool {
+        self.valkey.is_none() && self.redis >= (major, minor, 0)
+    }
+
+    pub fn valkey_at_least(&self, major: u32, minor: u32) -> bool {
+        self.valkey.is_some_and(|v| v >= (major, minor, 0))
+    }
+
+    /// `RedisModule_SetCommandACLCategories`: Redis 7.2+, Valkey 7.2+ (every Valkey).
+    pub fn has_command_acl_categories(&self) -> bool {
+        self.redis_at_least(7, 2) || self.valkey.is_some()
+    }
+
+    /// `RedisModule_AddACLCategory` (a module's own category): Redis 7.4+, Valkey 8.0+.
+    pub fn has_module_acl_category(&self) -> bool {
+        self.redis_at_least(7, 4) || self.valkey_at_least(8, 0)
+    }
+
+    /// The `CachedMicroseconds` / `Microseconds` clock: Redis 7.2+, every Valkey.
+    pub fn has_microsecond_clock(&self) -> bool {
+        self.has_command_acl_categories()
+    }
+
+    pub fn describe(&self) -> String {
+        match self.valkey {
+            Some((a, b, c)) => format!("valkey {a}.{b}.{c}"),
+            None => format!("redis {}.{}.{}", self.redis.0, self.redis.1, self.redis.2),
+        }
+    }
+}
+
+impl Server {
+    pub fn version(&self) -> ServerVersion {
+        ServerVersion::of(self)
+    }
+}
