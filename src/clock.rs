@@ -1,5 +1,12 @@
 //! The module's clock: the host's wall clock, read once per command with microsecond
 //! resolution, or, when the module was loaded with DEBUG_CLOCK, a clock tests can set.
+//!
+//! Where the server offers it (Redis 7.2+, Valkey), the wall clock is the server's cached
+//! time (`RedisModule_CachedMicroseconds`): the instant the current command, MULTI/EXEC block
+//! or script started, which Redis itself uses for key expiry there. Every limiter call in one
+//! transaction or script then decides at the same instant, as the transaction is atomic. On
+//! Redis 7.0 each call reads clock_gettime. The source only changes where `now` comes from:
+//! the core decides from (state, params, now) alone, and a pinned debug clock wins over both.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
@@ -21,7 +28,34 @@ pub fn debug_enabled() -> bool {
     DEBUG_ENABLED.load(Ordering::Relaxed)
 }
 
-/// The wall clock in µs since the Unix epoch.
+/// Where the wall clock comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `RedisModule_CachedMicroseconds` (Redis 7.2+, Valkey).
+    ServerCached,
+    /// clock_gettime(CLOCK_REALTIME) at each call (Redis 7.0).
+    Realtime,
+}
+
+pub fn source() -> Source {
+    // SAFETY: reading the API table filled in at load (None without the function, or outside
+    // Redis).
+    match unsafe { redis_module::raw::RedisModule_CachedMicroseconds } {
+        Some(_) => Source::ServerCached,
+        None => Source::Realtime,
+    }
+}
+
+/// The host's wall clock in µs since the Unix epoch, from `source()`.
+pub fn host_us() -> i64 {
+    match unsafe { redis_module::raw::RedisModule_CachedMicroseconds } {
+        // SAFETY: a function of the server's API table, callable from any command.
+        Some(cached) => unsafe { cached() },
+        None => real_us(),
+    }
+}
+
+/// clock_gettime(CLOCK_REALTIME) in µs since the Unix epoch.
 pub fn real_us() -> i64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes into the timespec we own.
@@ -32,7 +66,7 @@ pub fn real_us() -> i64 {
 /// Now, in µs since the epoch.
 pub fn now_us() -> i64 {
     match PINNED_US.load(Ordering::Relaxed) {
-        REAL => real_us(),
+        REAL => host_us(),
         pinned => pinned,
     }
 }

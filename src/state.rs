@@ -2,13 +2,16 @@
 //!
 //! A key's value is a boxed `core::codec::State`. Every callback Redis 7.0 may call is
 //! implemented (it calls them without checking for null): RDB save/load, AOF rewrite, free,
-//! memory usage, digest and copy. Each runs behind `catch_unwind`: a panic must never reach
-//! redis-server.
+//! memory usage, digest and copy; and active defragmentation where the server can run it. Each
+//! runs behind `catch_unwind`: a panic must never reach redis-server.
 
 use std::borrow::Cow;
 use std::cell::Cell;
+use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
 use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
@@ -37,7 +40,7 @@ pub static RL_TYPE: RedisType = RedisType::new(
         free_effort: None,
         unlink: None,
         copy: Some(copy),
-        defrag: None,
+        defrag: Some(defrag),
         copy2: None,
         free_effort2: None,
         mem_usage2: None,
@@ -125,6 +128,49 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
         raw::RedisModule_DigestAddStringBuffer.unwrap()(md, bytes.as_ptr() as *const c_char, bytes.len());
         raw::RedisModule_DigestEndSequence.unwrap()(md);
     })
+}
+
+/// Allocations moved by active defragmentation since load (INFO ratelimit).
+pub static DEFRAG_MOVES: AtomicU64 = AtomicU64::new(0);
+
+/// Active defragmentation (servers built with Redis' jemalloc and `activedefrag yes`): moves the
+/// value's allocations (the boxed state; for a sliding log also its box and its two entry
+/// buffers) where `RedisModule_DefragAlloc` says. Only addresses change, never a byte of the
+/// state. Everything is moved in one call (a few allocations per key), so it returns 0: done.
+unsafe extern "C" fn defrag(ctx: *mut raw::RedisModuleDefragCtx, _key: *mut RedisModuleString, value: *mut *mut c_void) -> c_int {
+    guarded(0, || {
+        let Some(defrag_alloc) = raw::RedisModule_DefragAlloc else { return 0 };
+        // DefragAlloc copies the allocation, frees the old one and returns the copy, or null
+        // when it leaves it where it is.
+        let moved = |p: *mut c_void| -> *mut c_void {
+            let new = defrag_alloc(ctx, p);
+            if new.is_null() {
+                p
+            } else {
+                DEFRAG_MOVES.fetch_add(1, Relaxed);
+                new
+            }
+        };
+        *value = moved(*value);
+        if let State::SlidingLog(log) = &mut *(*value as *mut State) {
+            // Nothing between the read and the write can unwind.
+            let inner = Box::into_raw(std::ptr::read(log));
+            std::ptr::write(log, Box::from_raw(moved(inner.cast()).cast()));
+            defrag_deque(&mut log.log.entries, &moved);
+            defrag_deque(&mut log.log.big, &moved);
+        }
+        0
+    })
+}
+
+/// Moves a VecDeque's buffer: as a Vec (no reallocation either way), by its raw parts.
+unsafe fn defrag_deque(deque: &mut VecDeque<u64>, moved: &impl Fn(*mut c_void) -> *mut c_void) {
+    if deque.capacity() == 0 {
+        return; // no allocation (a dangling pointer)
+    }
+    let mut v = ManuallyDrop::new(Vec::from(std::mem::take(deque)));
+    let (ptr, len, cap) = (v.as_mut_ptr(), v.len(), v.capacity());
+    *deque = VecDeque::from(Vec::from_raw_parts(moved(ptr.cast()).cast::<u64>(), len, cap));
 }
 
 unsafe extern "C" fn free(value: *mut c_void) {
