@@ -44,6 +44,8 @@ pub const TABLE: &[Row] = &[
     row(c"rl.multi", "write fast", true),
     row(c"rl.info", "read fast", true),
     row(c"rl.reset", "write fast", true),
+    // Gives back claimed units: for the services that enforce the limit, like the checks.
+    row(c"rl.return", "write fast", true),
     // Like RESTORE: writes whatever valid state it is handed.
     row(c"rl.setstate", "write slow dangerous", false),
     // Like DEBUG: changes the clock every limiter reads (only loaded with DEBUG_CLOCK).
