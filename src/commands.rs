@@ -77,9 +77,14 @@ thread_local! {
     static PAYLOAD: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(128));
 }
 
-/// Stores an admitted update with its TTL (= reset_after) and propagates the effect, with the
-/// primary's expiry pinned, as one RL.SETSTATE: replicas and the AOF never recompute with
-/// their own clocks.
+/// Stores an admitted update and propagates its effect as one RL.SETSTATE: replicas and the AOF
+/// never recompute with their own clocks.
+///
+/// The TTL only has to cover reset_after (a state kept past its reset decides like a missing
+/// key), so it is extended in steps: when the key's expiry falls short of now + reset_after it
+/// is set to now + 1.5 × reset_after, and the calls in between leave it alone. Those calls
+/// propagate RL.SETSTATE without PXAT, which keeps the replica's expiry, itself the one the
+/// primary pinned last: replicas and the AOF keep the primary's absolute expiry.
 fn store(key: &Key, update: &Update, reset_after: Nanos) -> CommandResult {
     let stored = match key.held() {
         Held::Ours(s) => Some(s),
@@ -88,18 +93,27 @@ fn store(key: &Key, update: &Update, reset_after: Nanos) -> CommandResult {
     if let Some(new) = update.apply(stored).map_err(|e| format!("ERR {e}"))? {
         key.set(new)?;
     }
-    let expire_at = server_ms().saturating_add(ceil_ms(reset_after).max(1));
-    key.expire_at(expire_at);
+    let now_ms = server_ms();
+    let reset_ms = ceil_ms(reset_after).max(1);
+    let needed = now_ms.saturating_add(reset_ms);
+    // A new key (or one a user made persistent) has no expiry: -1.
+    let expire_at = if key.abs_expire_ms() < needed {
+        let at = needed.saturating_add(reset_ms / 2);
+        key.expire_at(at);
+        Some(at)
+    } else {
+        None
+    };
     replicate(key, update, expire_at);
     Ok(())
 }
 
-fn replicate(key: &Key, update: &Update, expire_at: i64) {
+fn replicate(key: &Key, update: &Update, expire_at: Option<i64>) {
     PAYLOAD.with(|buf| {
         let mut buf = buf.borrow_mut();
         buf.clear();
         update.encode_into(&mut buf);
-        replicate_payload(key.ctx(), key.name, &buf, Some(expire_at));
+        replicate_payload(key.ctx(), key.name, &buf, expire_at);
     });
 }
 

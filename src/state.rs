@@ -324,6 +324,11 @@ impl Key {
         (at != raw::REDISMODULE_NO_EXPIRE as i64).then_some(at)
     }
 
+    /// The absolute expiry in unix ms, -1 without one.
+    pub fn abs_expire_ms(&self) -> i64 {
+        unsafe { raw::RedisModule_GetAbsExpire.unwrap()(self.key) }
+    }
+
     /// Remaining TTL in ms, -1 without one.
     pub fn ttl_ms(&self) -> i64 {
         unsafe { raw::RedisModule_GetExpire.unwrap()(self.key) }
