@@ -9,7 +9,8 @@
 # Environment: PROFILE_PORT [6391], RL_MODULE [target/release/libredis_ratelimit.so],
 # PROFILE_KEYS [20000] (-r), PROFILE_N [20000] (measured calls per command),
 # PROFILE_OUT [target/profile] (callgrind.out.* files and profile.md),
-# PROFILE_LOG_LIMITS ["10 1000 100000"] (the sliding log at its limit; empty to skip).
+# PROFILE_LOG_LIMITS ["10 1000 100000"] (the sliding log at its limit; empty to skip),
+# PROFILE_ONLY [all] (an extended regex: only the commands whose label matches, e.g. 'INCR|RL.GCRA$').
 #
 # For each command: FLUSHALL, one unmeasured call on every key (keys exist, as in the benchmark),
 # counters zeroed, PROFILE_N pipelined calls, counters dumped. Read a dump with
@@ -67,6 +68,11 @@ CASES=(
   "Lua sorted-set log (seed 002)|EVALSHA $SHA_ZL 1 key:__rand_int__ - 86400000 1000"
 )
 
+if [ -n "${PROFILE_ONLY:-}" ]; then
+  selected=()
+  for c in "${CASES[@]}"; do [[ "${c%%|*}" =~ $PROFILE_ONLY ]] && selected+=("$c"); done
+  CASES=("${selected[@]}")
+fi
 declare -A IR FILE
 i=0
 for c in "${CASES[@]}"; do
@@ -125,19 +131,19 @@ done
   echo "|---|---:|---:|"
   for c in "${CASES[@]}"; do
     IFS='|' read -r label _ <<<"$c"
-    echo "| $label | ${IR[$label]} | $(awk -v a="${IR[$label]}" -v b="${IR[INCR]}" 'BEGIN { printf "%.2f", a / b }') |"
+    echo "| $label | ${IR[$label]} | $(awk -v a="${IR[$label]}" -v b="${IR[INCR]:-0}" 'BEGIN { if (b == 0) print "n/a"; else printf "%.2f", a / b }') |"
   done
   echo ""
   echo "### Where RL.GCRA's instructions go (inclusive Ir per call, selected functions)"
   echo ""
   echo "| function | Ir/call |"
   echo "|---|---:|"
-  callgrind_annotate --inclusive=yes "${FILE[RL.GCRA]}" 2>/dev/null |
+  [ -n "${FILE[RL.GCRA]:-}" ] && callgrind_annotate --inclusive=yes "${FILE[RL.GCRA]}" 2>/dev/null |
     awk -v n="$N" '
       # (callgrind_annotate prints "file:function [object]" or, depending on the directory it
       # runs in, "file:function": match both)
       /=>/ { next }
-      /:(RM_Replicate|lookupCommandByCString|moduleCreateArgvFromUserFormat|RM_OpenKey|RM_SetAbsExpire|RM_ReplyWithLongLong|RM_ReplyWithArray|RM_GetContextFlags|RM_CloseKey|RM_Milliseconds|RM_ModuleTypeSetValue)([[:space:]]|$)/ ||
+      /:(RM_Replicate|lookupCommandByCString|moduleCreateArgvFromUserFormat|RM_OpenKey|RM_SetAbsExpire|RM_GetAbsExpire|RM_ReplyWithLongLong|RM_ReplyWithArray|RM_GetContextFlags|RM_CloseKey|RM_Milliseconds|RM_ModuleTypeSetValue)([[:space:]]|$)/ ||
       /redis_ratelimit::(commands::store|reply::named_integers|core::spec::Spec::check|args::spec_and_options|commands::limiter)([[:space:]]|$)/ {
         ir = $1; gsub(",", "", ir); name = $0; sub(/^[^:]*:/, "", name); sub(/ \[.*/, "", name)
         if (!(name in seen)) { seen[name] = 1; printf "| %s | %d |\n", name, ir / n }
