@@ -12,6 +12,7 @@ use crate::core::spec::{AlgorithmMismatch, Spec, Update};
 use crate::core::give_back::{self, Refusal};
 use crate::core::{ceil_ms, Decision, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
 use crate::reply::{self, Field};
+use crate::value::Loaded;
 use crate::state::{server_ms, Held, Key, Stored, SETSTATE, WRONGTYPE};
 use crate::{clock, metrics};
 
@@ -85,14 +86,10 @@ thread_local! {
 /// is set to now + 1.5 × reset_after, and the calls in between leave it alone. Those calls
 /// propagate RL.SETSTATE without PXAT, which keeps the replica's expiry, itself the one the
 /// primary pinned last: replicas and the AOF keep the primary's absolute expiry.
-fn store(key: &Key, update: &Update, reset_after: Nanos) -> CommandResult {
-    let stored = match key.held() {
-        Held::Ours(s) => Some(s),
-        _ => None,
-    };
-    if let Some(new) = update.apply(stored).map_err(|e| format!("ERR {e}"))? {
-        key.set(new)?;
-    }
+///
+/// `prior`: the key's value as read when the command opened it (None: missing).
+fn store(key: &Key, prior: Option<&mut Loaded>, update: &Update, reset_after: Nanos) -> CommandResult {
+    key.apply_over(prior, update)?.map_err(|e| format!("ERR {e}"))?;
     let now_ms = server_ms();
     let reset_ms = ceil_ms(reset_after).max(1);
     let needed = now_ms.saturating_add(reset_ms);
@@ -137,10 +134,10 @@ pub fn limiter(ctx: *mut RedisModuleCtx, argv: Args, algo: Algorithm, command: &
     let check = with_arg_bytes(&argv[2..], |a| args::check(algo, a, command))?;
     let now = clock::now();
     let key = Key::open(ctx, argv[1], true);
-    let stored = key.state_for(&check.spec)?;
+    let mut stored = key.state_for(&check.spec)?;
     let (decision, update) = check.spec.check(stored.as_deref(), now, check.req).map_err(mismatch_error)?;
     if let (Some(u), false) = (&update, check.dryrun) {
-        store(&key, u, decision.reset_after)?;
+        store(&key, stored.as_mut(), u, decision.reset_after)?;
     }
     let limited = decision.limited(&check.req);
     metrics::record(algo, decision.allowed, limited);
@@ -185,11 +182,11 @@ pub fn cl_throttle(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let now = clock::now();
     let key = Key::open(ctx, argv[1], true);
     let spec = Spec::Gcra(rate);
-    let stored = key.state_for(&spec)?;
+    let mut stored = key.state_for(&spec)?;
     let req = Request::new(quantity);
     let (d, update) = spec.check(stored.as_deref(), now, req).map_err(mismatch_error)?;
     if let Some(u) = &update {
-        store(&key, u, d.reset_after)?;
+        store(&key, stored.as_mut(), u, d.reset_after)?;
     }
     let limited = d.limited(&req);
     metrics::record(Algorithm::Gcra, d.allowed, limited);
@@ -229,7 +226,7 @@ pub fn info(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let us = |ns: i128| Field::Int((ns / 1_000).clamp(i64::MIN as i128, i64::MAX as i128) as i64);
     let int = |v: u64| Field::Int(v.min(i64::MAX as u64) as i64);
     let mut f: Vec<(&str, Field)> = vec![("algorithm", Field::Text(state.algorithm().name()))];
-    match state {
+    match &*state {
         State::Gcra(s) | State::Leaky(crate::core::leaky::State(s)) => {
             let tokens = s.tokens_scaled(now).max(0) / s.rate.period as i128;
             f.extend([
@@ -317,23 +314,23 @@ pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let key = Key::open(ctx, argv[1], true);
     // Replacing another type's value drops its TTL in Redis: without PXAT it is kept.
     let kept_expiry = if expire_at.is_none() { key.expires_at() } else { None };
-    let log_or_missing = matches!(key.held(), Held::Ours(State::SlidingLog(_)) | Held::Missing);
-    let stored = match key.held() {
-        Held::Ours(s) => Some(s),
-        Held::Missing => None,
+    let mut held = key.held();
+    let log_or_missing = match &held {
+        Held::Ours(s) => matches!(**s, State::SlidingLog(_)),
+        Held::Missing => true,
         // A replacing state takes over any key (as RESTORE REPLACE does): this is how a
         // redis-cell string becomes native on replicas.
-        _ if matches!(update, Update::Replace(_)) => None,
+        _ if matches!(update, Update::Replace(_)) => false,
         _ => return Err(WRONGTYPE.to_string()),
     };
-    let applied = update.apply(stored).map_err(|e| match log_or_missing {
+    let prior = match held {
+        Held::Ours(ref mut s) => Some(s),
+        _ => None,
+    };
+    key.apply_over(prior, &update)?.map_err(|e| match log_or_missing {
         true => format!("ERR invalid state payload: {e}"),
         false => format!("WRONGTYPE {e}"),
     })?;
-    match applied {
-        Some(new) => key.set(new)?,
-        None => key.changed_in_place(),
-    }
     if let Some(at) = expire_at.or(kept_expiry) {
         key.expire_at(at);
     }
@@ -425,13 +422,12 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let outcome = if admitted && grant != m.req.cost { decide(Request::new(grant))? } else { first };
     // Refused: nothing is consumed; each limit reports its own view with its state unchanged.
     let peeks = if admitted || m.req.cost == 0 { None } else { Some(decide(Request::new(0))?) };
-    drop(states);
     if !m.dryrun {
-        for (key, (d, u)) in opened.iter().zip(&outcome) {
+        for ((key, prior), (d, u)) in opened.iter().zip(states.iter_mut()).zip(&outcome) {
             // Refused: nothing is consumed, but a limit that refused under new parameters
             // keeps its converted state, exactly as the single-key command does.
             if let (Some(u), true) = (u, admitted || d.allowed == 0) {
-                store(key, u, d.reset_after)?;
+                store(key, prior.as_mut(), u, d.reset_after)?;
             }
         }
     }
@@ -489,7 +485,7 @@ pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let req = with_arg_bytes(&argv[2..], args::give_back)?;
     let now = clock::now();
     let key = Key::open(ctx, argv[1], true);
-    let stored = match key.stored()? {
+    let mut stored = match key.stored()? {
         Stored::Ours(s) => s,
         Stored::Missing => {
             return Err("ERR no limiter at this key (a limiter that expired is already full: nothing to give back)".into())
@@ -499,14 +495,14 @@ pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
             return Err("ERR RL.RETURN needs the key's rate: it holds a redis-cell arrival time (an admitted CL.THROTTLE or RL.GCRA stores it)".into())
         }
     };
-    let credit = give_back::give_back(stored, req.n, req.age, now).map_err(|r| match r {
+    let credit = give_back::give_back(&stored, req.n, req.age, now).map_err(|r| match r {
         Refusal::SlidingLog => "ERR RL.RETURN does not support the sliding log: its entries cannot be identified".to_string(),
         Refusal::AgeRequired => {
             "ERR AGE is required for window limiters (fixed, sliding): the ms since the claim was sent".to_string()
         }
     })?;
     if let Some(new) = credit.state {
-        store(&key, &Update::Replace(new), credit.reset_after)?;
+        store(&key, Some(&mut stored), &Update::Replace(new), credit.reset_after)?;
     }
     reply::integer(ctx, credit.credited as i64);
     Ok(())

@@ -16,6 +16,7 @@ pub mod eviction;
 pub mod metrics;
 pub mod reply;
 pub mod state;
+pub mod value;
 
 use std::ffi::CStr;
 use std::os::raw::c_int;
@@ -83,6 +84,8 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         }
     }
     state::set_module_options(ctx.ctx);
+    let replace_value = unsafe { raw::RedisModule_ModuleTypeReplaceValue };
+    value::enable_inline(replace_value.is_some());
     if let Err(e) = register_commands(ctx.ctx) {
         ctx.log_warning(&format!("ratelimit: {e}"));
         return Status::Err;

@@ -1,11 +1,11 @@
 //! The native data type `ratelimit`, its callbacks, and the key access the commands use.
 //!
-//! A key's value is a boxed `core::codec::State`. Every callback Redis 7.0 may call is
-//! implemented (it calls them without checking for null): RDB save/load, AOF rewrite, free,
-//! memory usage, digest and copy; and active defragmentation where the server can run it. Each
-//! runs behind `catch_unwind`: a panic must never reach redis-server.
+//! A key's value is a `core::codec::State`, boxed or packed into the value word itself (see
+//! `value`: GCRA, leaky, fixed and sliding states usually need no allocation). Every callback
+//! Redis 7.0 may call is implemented (it calls them without checking for null): RDB save/load,
+//! AOF rewrite, free, memory usage, digest and copy; and active defragmentation where the server
+//! can run it. Each runs behind `catch_unwind`: a panic must never reach redis-server.
 
-use std::borrow::Cow;
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
@@ -18,8 +18,9 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString}
 
 use crate::core::codec::{State, ENCODING_VERSION};
 use crate::core::gcra;
-use crate::core::spec::Spec;
+use crate::core::spec::{Spec, Update};
 use crate::core::Rate;
+use crate::value::{self, Loaded};
 
 /// The type name identifies the RDB payload for life: never change it.
 pub static RL_TYPE: RedisType = RedisType::new(
@@ -90,15 +91,21 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
         let state = State::decode(bytes);
         raw::RedisModule_Free.unwrap()(buf as *mut c_void);
         match state {
-            Ok(s) => Box::into_raw(Box::new(s)) as *mut c_void,
+            Ok(s) => value::into_word(s, None),
             Err(_) => std::ptr::null_mut(),
         }
     })
 }
 
+/// The state behind a value word (boxed or inline).
+unsafe fn loaded(value: *const c_void) -> Option<Loaded> {
+    Loaded::from_word(value as *mut c_void)
+}
+
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     guarded((), || {
-        let bytes = (*(value as *const State)).encode();
+        let Some(state) = loaded(value) else { return };
+        let bytes = state.encode();
         raw::RedisModule_SaveStringBuffer.unwrap()(rdb, bytes.as_ptr() as *const c_char, bytes.len());
     })
 }
@@ -106,25 +113,20 @@ unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) 
 unsafe extern "C" fn aof_rewrite(aof: *mut raw::RedisModuleIO, key: *mut RedisModuleString, value: *mut c_void) {
     guarded((), || {
         // The TTL is written by Redis itself (PEXPIREAT) after the value.
-        let bytes = (*(value as *const State)).encode();
+        let Some(state) = loaded(value) else { return };
+        let bytes = state.encode();
         raw::RedisModule_EmitAOF.unwrap()(aof, SETSTATE.as_ptr(), c"sb".as_ptr(), key, bytes.as_ptr() as *const c_char, bytes.len());
     })
 }
 
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
-    guarded(0, || std::mem::size_of::<State>() + heap_bytes(&*(value as *const State)))
-}
-
-pub fn heap_bytes(s: &State) -> usize {
-    match s {
-        State::SlidingLog(l) => std::mem::size_of::<crate::core::sliding_log::State>() + l.log.heap_bytes(),
-        _ => 0,
-    }
+    guarded(0, || loaded(value).map_or(0, |s| value::value_bytes(&s, value::is_inline(value))))
 }
 
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     guarded((), || {
-        let bytes = (*(value as *const State)).encode();
+        let Some(state) = loaded(value) else { return };
+        let bytes = state.encode();
         raw::RedisModule_DigestAddStringBuffer.unwrap()(md, bytes.as_ptr() as *const c_char, bytes.len());
         raw::RedisModule_DigestEndSequence.unwrap()(md);
     })
@@ -140,6 +142,9 @@ pub static DEFRAG_MOVES: AtomicU64 = AtomicU64::new(0);
 unsafe extern "C" fn defrag(ctx: *mut raw::RedisModuleDefragCtx, _key: *mut RedisModuleString, value: *mut *mut c_void) -> c_int {
     guarded(0, || {
         let Some(defrag_alloc) = raw::RedisModule_DefragAlloc else { return 0 };
+        if value::is_inline(*value) {
+            return 0; // an inline state owns no allocation
+        }
         // DefragAlloc copies the allocation, frees the old one and returns the copy, or null
         // when it leaves it where it is.
         let moved = |p: *mut c_void| -> *mut c_void {
@@ -174,17 +179,20 @@ unsafe fn defrag_deque(deque: &mut VecDeque<u64>, moved: &impl Fn(*mut c_void) -
 }
 
 unsafe extern "C" fn free(value: *mut c_void) {
-    guarded((), || drop(Box::from_raw(value as *mut State)))
+    guarded((), || value::free(value))
 }
 
 unsafe extern "C" fn copy(_from: *mut RedisModuleString, _to: *mut RedisModuleString, value: *const c_void) -> *mut c_void {
-    guarded(std::ptr::null_mut(), || Box::into_raw(Box::new((*(value as *const State)).clone())) as *mut c_void)
+    guarded(std::ptr::null_mut(), || match loaded(value) {
+        Some(s) => value::into_word((*s).clone(), value::inline_id(value)),
+        None => std::ptr::null_mut(),
+    })
 }
 
 /// What a key holds.
-pub enum Held<'a> {
+pub enum Held {
     Missing,
-    Ours(&'a mut State),
+    Ours(Loaded),
     /// A string (redis-cell keeps its state in one).
     String,
     Other,
@@ -192,9 +200,9 @@ pub enum Held<'a> {
 
 /// What a key holds as the commands see it: a ratelimit state, or a key redis-cell left (a
 /// string holding the theoretical arrival time in ns, in decimal).
-pub enum Stored<'a> {
+pub enum Stored {
     Missing,
-    Ours(&'a mut State),
+    Ours(Loaded),
     Cell { tat_ns: i64 },
 }
 
@@ -231,7 +239,7 @@ impl Key {
         Key { ctx, key, name, modified: Cell::new(false) }
     }
 
-    pub fn held(&self) -> Held<'_> {
+    pub fn held(&self) -> Held {
         unsafe {
             match raw::RedisModule_KeyType.unwrap()(self.key) as isize {
                 raw::REDISMODULE_KEYTYPE_EMPTY => Held::Missing,
@@ -239,11 +247,9 @@ impl Key {
                 raw::REDISMODULE_KEYTYPE_MODULE
                     if raw::RedisModule_ModuleTypeGetType.unwrap()(self.key) == *RL_TYPE.raw_type.borrow() =>
                 {
-                    let v = raw::RedisModule_ModuleTypeGetValue.unwrap()(self.key) as *mut State;
-                    if v.is_null() {
-                        Held::Other
-                    } else {
-                        Held::Ours(&mut *v)
+                    match Loaded::from_word(raw::RedisModule_ModuleTypeGetValue.unwrap()(self.key)) {
+                        Some(v) => Held::Ours(v),
+                        None => Held::Other,
                     }
                 }
                 _ => Held::Other,
@@ -254,7 +260,7 @@ impl Key {
     /// The one place that decides what a key holds for the commands: a ratelimit state, a
     /// redis-cell string, or WRONGTYPE for anything else (a string that is not an arrival
     /// time included).
-    pub fn stored(&self) -> Result<Stored<'_>, String> {
+    pub fn stored(&self) -> Result<Stored, String> {
         match self.held() {
             Held::Missing => Ok(Stored::Missing),
             Held::Ours(s) => Ok(Stored::Ours(s)),
@@ -268,11 +274,11 @@ impl Key {
 
     /// The state a check of `spec` decides against (a redis-cell key read as `cell_state`);
     /// None for a missing key.
-    pub fn state_for(&self, spec: &Spec) -> Result<Option<Cow<'_, State>>, String> {
+    pub fn state_for(&self, spec: &Spec) -> Result<Option<Loaded>, String> {
         Ok(match self.stored()? {
             Stored::Missing => None,
-            Stored::Ours(s) => Some(Cow::Borrowed(&*s)),
-            Stored::Cell { tat_ns } => Some(Cow::Owned(cell_state(tat_ns, spec))),
+            Stored::Ours(s) => Some(s),
+            Stored::Cell { tat_ns } => Some(Loaded::Foreign(cell_state(tat_ns, spec))),
         })
     }
 
@@ -297,14 +303,87 @@ impl Key {
 
     /// Stores a new value, replacing whatever the key held (Redis drops the key's TTL).
     pub fn set(&self, state: State) -> Result<(), String> {
-        let boxed = Box::into_raw(Box::new(state)) as *mut c_void;
-        let status = unsafe { raw::RedisModule_ModuleTypeSetValue.unwrap()(self.key, *RL_TYPE.raw_type.borrow(), boxed) };
-        if status != raw::REDISMODULE_OK as c_int {
-            drop(unsafe { Box::from_raw(boxed as *mut State) });
+        self.put_over(None, state)
+    }
+
+    /// Stores a new value given what the key held (`prior`: as read since the key was opened).
+    /// A value of ours is swapped in place (the key and its TTL stay); anything else is
+    /// replaced, as by `set`.
+    pub fn put_over(&self, prior: Option<&Loaded>, state: State) -> Result<(), String> {
+        let ty = *RL_TYPE.raw_type.borrow();
+        let hint = match prior {
+            None | Some(Loaded::Foreign(_)) => {
+                let word = value::into_word(state, None);
+                let status = unsafe { raw::RedisModule_ModuleTypeSetValue.unwrap()(self.key, ty, word) };
+                if status != raw::REDISMODULE_OK as c_int {
+                    unsafe { value::free(word) };
+                    return Err("ERR could not store the value".into());
+                }
+                self.modified.set(true);
+                return Ok(());
+            }
+            Some(Loaded::Inline(_, id)) => Some(*id),
+            Some(Loaded::Boxed(_)) => None,
+        };
+        let word = match (value::inline(&state, hint), prior) {
+            (Some(w), _) => w as *mut c_void,
+            // Boxed before and after: overwrite the box.
+            (None, Some(Loaded::Boxed(p))) => {
+                unsafe { **p = state };
+                self.modified.set(true);
+                return Ok(());
+            }
+            (None, _) => Box::into_raw(Box::new(state)) as *mut c_void,
+        };
+        let mut old: *mut c_void = std::ptr::null_mut();
+        // (Inline words are only made when this function exists: value::enable_inline.)
+        let replace = unsafe { raw::RedisModule_ModuleTypeReplaceValue.unwrap() };
+        if unsafe { replace(self.key, ty, word, &mut old) } != raw::REDISMODULE_OK as c_int {
+            unsafe { value::free(word) };
             return Err("ERR could not store the value".into());
         }
+        unsafe { value::free(old) };
         self.modified.set(true);
         Ok(())
+    }
+
+    /// Applies an update to the key (see `Update::apply`): a whole state replaces the value, a
+    /// sliding-log commit changes the boxed log in place. The outer error: the value could not
+    /// be stored; the inner one: the update does not apply to what the key holds.
+    pub fn apply(&self, update: &Update) -> Result<Result<(), &'static str>, String> {
+        match self.held() {
+            Held::Ours(mut prior) => self.apply_over(Some(&mut prior), update),
+            _ => self.apply_over(None, update),
+        }
+    }
+
+    /// `apply`, given what the key held (as for `put_over`).
+    pub fn apply_over(&self, prior: Option<&mut Loaded>, update: &Update) -> Result<Result<(), &'static str>, String> {
+        let prior = prior.filter(|p| !matches!(p, Loaded::Foreign(_)));
+        let replaced = match (update, prior) {
+            (Update::Replace(s), prior) => return self.put_over(prior.map(|p| &*p), s.clone()).map(Ok),
+            (Update::Log(_), Some(v)) => {
+                // A log is always boxed; any other state refuses the commit (checked by apply).
+                let mut copy;
+                let slot = match v.boxed() {
+                    Some(b) => b,
+                    None => {
+                        copy = (**v).clone();
+                        &mut copy
+                    }
+                };
+                update.apply(Some(slot))
+            }
+            (Update::Log(_), None) => update.apply(None),
+        };
+        match replaced {
+            Err(e) => Ok(Err(e)),
+            Ok(Some(new)) => self.put_over(None, new).map(Ok),
+            Ok(None) => {
+                self.modified.set(true);
+                Ok(Ok(()))
+            }
+        }
     }
 
     /// Marks a state changed in place (through `held`/`stored`) as a modification.

@@ -461,8 +461,12 @@ fn memory_usage(c: &mut Resp, key: &str) -> i64 {
     r.int().unwrap_or_else(|| panic!("MEMORY USAGE {key}: {r:?}"))
 }
 
+/// What the type's mem_usage reports: nothing for a state kept inline in the value word, the
+/// box (and a log's buffers) otherwise.
 fn mem_usage_of(state: &State) -> i64 {
-    (std::mem::size_of::<State>() + redis_ratelimit::state::heap_bytes(state)) as i64
+    use redis_ratelimit::value;
+    value::enable_inline(true);
+    value::value_bytes(state, value::inline(state, None).is_some()) as i64
 }
 
 #[test]

@@ -1,0 +1,349 @@
+//! The word Redis keeps for a key's value: a boxed `State`, or, for the small states, the state
+//! itself packed into the pointer-sized word (no allocation).
+//!
+//! Redis never dereferences a module value: it hands the word to the type's callbacks (free,
+//! RDB, AOF rewrite, digest, memory usage, copy). An allocation is 8-aligned, so an odd word
+//! cannot be a pointer; an odd word is an inline state:
+//!
+//! ```text
+//! bit 0       1 (inline)
+//! bits 1-12   id of the parameters in the table below (algorithm + rate or window)
+//! bits 13-63  the state's variable part (51 bits), relative to the parameters:
+//!             GCRA, leaky: (tat − BASE × limit) / step, step = gcd(limit × 1 µs, period)
+//!             fixed:       count | (index − BASE / window) << count_bits
+//!             sliding:     prev | curr << count_bits | (index − BASE / window) << 2 count_bits
+//! ```
+//!
+//! Every field is exact: a state that does not fit (an instant before BASE or too far after
+//! it, a count wider than its limit's bits, parameters beyond the table's capacity, the token
+//! bucket's and the sliding log's states) stays boxed, and both forms decode to the same
+//! `State`, so replies, RL.INFO, the RDB/AOF/replication encoding and DEBUG DIGEST do not
+//! depend on the form. Arrival times stay multiples of the step: now is a whole µs (a
+//! multiple of limit × 1 µs in scaled units) and every grant adds a multiple of the period;
+//! only a conversion between rates can leave the grid, and that state is boxed.
+//!
+//! The table of parameters only grows (a deployment uses a handful of rates; at CAPACITY
+//! further ones are boxed). It is read and written on Redis's main thread; a fork (BGSAVE,
+//! AOF rewrite) reads its copy. `free`, which Redis may call from its lazy-free thread, never
+//! touches it.
+
+use std::collections::HashMap;
+use std::os::raw::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, RwLock};
+
+use crate::core::codec::State;
+use crate::core::{fixed, gcra, leaky, sliding, Nanos, Rate, Window, NANOS_PER_MICRO};
+
+/// 2020-01-01T00:00:00Z in ns: inline instants count from here.
+pub const BASE: Nanos = 1_577_836_800 * crate::core::NANOS_PER_SEC;
+const ID_BITS: u32 = 12;
+/// Parameter sets the table holds.
+pub const CAPACITY: usize = (1 << ID_BITS) - 1;
+const PAYLOAD_SHIFT: u32 = 1 + ID_BITS;
+const PAYLOAD_BITS: u32 = 64 - PAYLOAD_SHIFT;
+
+/// Inline values are made only where Redis can swap a value in place
+/// (RedisModule_ModuleTypeReplaceValue); see `state::Key::put`.
+static INLINE: AtomicBool = AtomicBool::new(false);
+
+pub fn enable_inline(on: bool) {
+    INLINE.store(on, Ordering::Relaxed);
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Params {
+    Gcra(Rate),
+    Leaky(Rate),
+    Fixed(Window),
+    Sliding(Window),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    params: Params,
+    /// GCRA/leaky: BASE × limit; windows: the index of BASE's window.
+    base: i128,
+    /// GCRA/leaky: the grid of arrival times; windows: the bits of a count.
+    step: i128,
+}
+
+impl Entry {
+    fn new(params: Params) -> Entry {
+        match params {
+            Params::Gcra(r) | Params::Leaky(r) => {
+                let l = r.limit as i128;
+                Entry { params, base: BASE as i128 * l, step: gcd(l * NANOS_PER_MICRO as i128, r.period as i128) }
+            }
+            Params::Fixed(w) | Params::Sliding(w) => {
+                Entry { params, base: BASE.div_euclid(w.window) as i128, step: (64 - w.limit.leading_zeros()) as i128 }
+            }
+        }
+    }
+}
+
+fn gcd(mut a: i128, mut b: i128) -> i128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a.max(1)
+}
+
+#[derive(Default)]
+struct Table {
+    entries: Vec<Entry>,
+    ids: HashMap<Params, u16>,
+}
+
+static TABLE: LazyLock<RwLock<Table>> = LazyLock::new(|| RwLock::new(Table::default()));
+
+fn entry(id: u16) -> Option<Entry> {
+    let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+    t.entries.get(id as usize).copied()
+}
+
+/// The id of `params`, added to the table if there is room.
+fn intern(params: Params, hint: Option<u16>) -> Option<(u16, Entry)> {
+    {
+        let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = hint.and_then(|h| t.entries.get(h as usize)).filter(|e| e.params == params) {
+            return Some((hint.unwrap_or_default(), *e));
+        }
+        if let Some(&id) = t.ids.get(&params) {
+            return Some((id, t.entries[id as usize]));
+        }
+        if t.entries.len() >= CAPACITY {
+            return None;
+        }
+    }
+    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    if let Some(&id) = t.ids.get(&params) {
+        return Some((id, t.entries[id as usize]));
+    }
+    if t.entries.len() >= CAPACITY {
+        return None;
+    }
+    let id = t.entries.len() as u16;
+    let e = Entry::new(params);
+    t.entries.push(e);
+    t.ids.insert(params, id);
+    Some((id, e))
+}
+
+fn params_of(s: &State) -> Option<Params> {
+    Some(match s {
+        State::Gcra(g) => Params::Gcra(g.rate),
+        State::Leaky(leaky::State(g)) => Params::Leaky(g.rate),
+        State::Fixed(f) => Params::Fixed(f.win),
+        State::Sliding(s) => Params::Sliding(s.win),
+        State::TokenBucket(_) | State::SlidingLog(_) => return None,
+    })
+}
+
+fn fits(v: i128, bits: u32) -> Option<u64> {
+    (0..1i128 << bits).contains(&v).then_some(v as u64)
+}
+
+/// The variable part of `s` under `e`, if it fits.
+fn pack(e: &Entry, s: &State) -> Option<u64> {
+    match s {
+        State::Gcra(g) | State::Leaky(leaky::State(g)) => {
+            let d = g.tat - e.base;
+            if d < 0 {
+                return None;
+            }
+            // One division: on the grid exactly when the quotient gives d back.
+            let q = (d as u128 / e.step as u128) as i128;
+            if q * e.step != d {
+                return None;
+            }
+            fits(q, PAYLOAD_BITS)
+        }
+        State::Fixed(f) => {
+            let cb = e.step as u32;
+            let count = fits(f.count as i128, cb)?;
+            Some(fits(f.index as i128 - e.base, PAYLOAD_BITS.checked_sub(cb)?)? << cb | count)
+        }
+        State::Sliding(s) => {
+            let cb = e.step as u32;
+            let (prev, curr) = (fits(s.prev as i128, cb)?, fits(s.curr as i128, cb)?);
+            Some(fits(s.index as i128 - e.base, PAYLOAD_BITS.checked_sub(2 * cb)?)? << (2 * cb) | curr << cb | prev)
+        }
+        State::TokenBucket(_) | State::SlidingLog(_) => None,
+    }
+}
+
+fn unpack(e: &Entry, p: u64) -> State {
+    let mask = |bits: u32| (1u64 << bits) - 1;
+    match e.params {
+        Params::Gcra(rate) => State::Gcra(gcra::State { rate, tat: e.base + p as i128 * e.step }),
+        Params::Leaky(rate) => State::Leaky(leaky::State(gcra::State { rate, tat: e.base + p as i128 * e.step })),
+        Params::Fixed(win) => {
+            let cb = e.step as u32;
+            State::Fixed(fixed::State { win, index: (e.base + (p >> cb) as i128) as i64, count: p & mask(cb) })
+        }
+        Params::Sliding(win) => {
+            let cb = e.step as u32;
+            State::Sliding(sliding::State {
+                win,
+                index: (e.base + (p >> (2 * cb)) as i128) as i64,
+                prev: p & mask(cb),
+                curr: (p >> cb) & mask(cb),
+            })
+        }
+    }
+}
+
+/// The inline word for `s`, or None when it must be boxed. `hint`: the id the key's previous
+/// inline value used (skips the table's hash lookup when the parameters did not change).
+pub fn inline(s: &State, hint: Option<u16>) -> Option<usize> {
+    if !INLINE.load(Ordering::Relaxed) {
+        return None;
+    }
+    let (id, e) = intern(params_of(s)?, hint)?;
+    let p = pack(&e, s)?;
+    Some(((p as usize) << PAYLOAD_SHIFT) | ((id as usize) << 1) | 1)
+}
+
+/// The word for `s`: inline if it fits, boxed otherwise.
+pub fn into_word(s: State, hint: Option<u16>) -> *mut c_void {
+    match inline(&s, hint) {
+        Some(w) => w as *mut c_void,
+        None => Box::into_raw(Box::new(s)) as *mut c_void,
+    }
+}
+
+pub fn is_inline(word: *const c_void) -> bool {
+    word as usize & 1 == 1
+}
+
+/// The table id of an inline word.
+pub fn inline_id(word: *const c_void) -> Option<u16> {
+    is_inline(word).then_some(((word as usize >> 1) & ((1 << ID_BITS) - 1)) as u16)
+}
+
+/// A key's state: in its box, decoded from the word, or (`Foreign`) read from a value that is
+/// not of this type (a key redis-cell left).
+pub enum Loaded {
+    Boxed(*mut State),
+    Inline(State, u16),
+    Foreign(State),
+}
+
+impl Loaded {
+    /// Reads a word Redis holds for this type. None: an inline word naming no table entry
+    /// (cannot happen: words are only made from entries, which are never removed).
+    ///
+    /// # Safety
+    /// `word` is a value of this module's type, alive for as long as the result is used.
+    pub unsafe fn from_word(word: *mut c_void) -> Option<Loaded> {
+        if word.is_null() {
+            return None;
+        }
+        match inline_id(word) {
+            None => Some(Loaded::Boxed(word as *mut State)),
+            Some(id) => {
+                let e = entry(id)?;
+                Some(Loaded::Inline(unpack(&e, (word as usize >> PAYLOAD_SHIFT) as u64), id))
+            }
+        }
+    }
+
+    /// The box, for in-place changes (a sliding log is always boxed).
+    pub fn boxed(&mut self) -> Option<&mut State> {
+        match self {
+            Loaded::Boxed(p) => Some(unsafe { &mut **p }),
+            Loaded::Inline(..) | Loaded::Foreign(_) => None,
+        }
+    }
+}
+
+impl std::ops::Deref for Loaded {
+    type Target = State;
+    fn deref(&self) -> &State {
+        match self {
+            Loaded::Boxed(p) => unsafe { &**p },
+            Loaded::Inline(s, _) | Loaded::Foreign(s) => s,
+        }
+    }
+}
+
+/// Frees a word (a box; an inline word owns nothing).
+///
+/// # Safety
+/// `word` is a value of this module's type that nothing uses any more.
+pub unsafe fn free(word: *mut c_void) {
+    if !word.is_null() && !is_inline(word) {
+        drop(Box::from_raw(word as *mut State));
+    }
+}
+
+/// Bytes a state's value costs the module: nothing inline, the box (and a log's buffers)
+/// otherwise.
+pub fn value_bytes(s: &State, inline_word: bool) -> usize {
+    if inline_word {
+        return 0;
+    }
+    std::mem::size_of::<State>()
+        + match s {
+            State::SlidingLog(l) => std::mem::size_of::<crate::core::sliding_log::State>() + l.log.heap_bytes(),
+            _ => 0,
+        }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{NANOS_PER_MILLI, NANOS_PER_SEC};
+
+    fn roundtrip(s: State) -> bool {
+        enable_inline(true);
+        match inline(&s, None) {
+            None => false,
+            Some(w) => {
+                let back = unsafe { Loaded::from_word(w as *mut c_void) }.expect("entry");
+                assert_eq!(*back, s, "inline word {w:#x} decodes to another state");
+                true
+            }
+        }
+    }
+
+    #[test]
+    fn small_states_fit_and_decode_exactly() {
+        let now = 1_764_460_800 * NANOS_PER_SEC + 123_456_000; // 2025-11-30, a whole µs
+        let rate = Rate::new(1000, 86_400 * NANOS_PER_SEC, 1000).unwrap();
+        let odd = Rate::new(3, NANOS_PER_SEC, 7).unwrap(); // 3 per second: 333,333.3.. ns apart
+        for r in [rate, odd] {
+            for grants in [0i128, 1, 2, 7] {
+                let tat = now as i128 * r.limit as i128 + grants * r.period as i128;
+                assert!(roundtrip(State::Gcra(gcra::State { rate: r, tat })));
+                assert!(roundtrip(State::Leaky(leaky::State(gcra::State { rate: r, tat }))));
+            }
+            // Off the grid (a conversion between rates) or before BASE: boxed.
+            let tat = now as i128 * r.limit as i128 + 1;
+            assert!(!roundtrip(State::Gcra(gcra::State { rate: r, tat })));
+            assert!(!roundtrip(State::Gcra(gcra::State { rate: r, tat: (BASE as i128 - 1_000) * r.limit as i128 })));
+        }
+        let win = Window::new(1000, 60 * NANOS_PER_SEC).unwrap();
+        let index = now / win.window;
+        assert!(roundtrip(State::Fixed(fixed::State { win, index, count: 1000 })));
+        assert!(roundtrip(State::Fixed(fixed::State { win, index, count: 0 })));
+        assert!(!roundtrip(State::Fixed(fixed::State { win, index, count: 1024 })));
+        assert!(roundtrip(State::Sliding(sliding::State { win, index, prev: 999, curr: 1 })));
+        assert!(!roundtrip(State::Sliding(sliding::State { win, index: -5, prev: 1, curr: 1 })));
+        // A 1 ms window over limit 10^15: 2 × 50 count bits leave no room for the index.
+        let wide = Window::new(1_000_000_000_000_000, NANOS_PER_MILLI).unwrap();
+        assert!(!roundtrip(State::Sliding(sliding::State { win: wide, index: now / NANOS_PER_MILLI, prev: 0, curr: 1 })));
+    }
+
+    #[test]
+    fn words_are_odd_and_ids_are_reused() {
+        enable_inline(true);
+        let r = Rate::new(5, NANOS_PER_SEC, 5).unwrap();
+        let s = State::Gcra(gcra::State { rate: r, tat: (BASE as i128 + 1_000_000) * 5 });
+        let (a, b) = (inline(&s, None).unwrap(), inline(&s, None).unwrap());
+        assert_eq!(a, b);
+        assert_eq!(a & 1, 1);
+        assert_eq!(inline(&s, inline_id(a as *const c_void)), Some(a));
+    }
+}
