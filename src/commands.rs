@@ -89,12 +89,21 @@ thread_local! {
 ///
 /// `prior`: the key's value as read when the command opened it (None: missing).
 fn store(key: &Key, prior: Option<&mut Loaded>, update: &Update, reset_after: Nanos) -> CommandResult {
+    store_with(key, prior, update, reset_after, false)
+}
+
+/// `store`; with `exact`, the TTL is set to reset_after itself, shorter or longer (RL.RETURN:
+/// units given back shorten the reset, and a bucket given back full expires at once).
+fn store_with(key: &Key, prior: Option<&mut Loaded>, update: &Update, reset_after: Nanos, exact: bool) -> CommandResult {
     key.apply_over(prior, update)?.map_err(|e| format!("ERR {e}"))?;
     let now_ms = server_ms();
     let reset_ms = ceil_ms(reset_after).max(1);
     let needed = now_ms.saturating_add(reset_ms);
-    // A new key (or one a user made persistent) has no expiry: -1.
-    let expire_at = if key.abs_expire_ms() < needed {
+    // (A new key, or one a user made persistent, has no expiry: -1.)
+    let expire_at = if exact {
+        key.expire_at(needed);
+        Some(needed)
+    } else if key.abs_expire_ms() < needed {
         let at = needed.saturating_add(reset_ms / 2);
         key.expire_at(at);
         Some(at)
@@ -502,7 +511,7 @@ pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         }
     })?;
     if let Some(new) = credit.state {
-        store(&key, Some(&mut stored), &Update::Replace(new), credit.reset_after)?;
+        store_with(&key, Some(&mut stored), &Update::Replace(new), credit.reset_after, true)?;
     }
     reply::integer(ctx, credit.credited as i64);
     Ok(())
