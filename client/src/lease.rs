@@ -503,14 +503,19 @@ impl KeyState {
             let at = self.leases.partition_point(|l| l.expires_at <= lease.expires_at);
             self.leases.insert(at, lease);
         }
-        if granted >= claim.units {
+        // Dry: refused, granted less than asked, or (several instances sharing the key) granted
+        // with less left than was asked, so that the same ask again would fall short: every
+        // instance then claims at the same pace, each asking for its own demand, and instances
+        // share an exhausted limit in proportion to their demand.
+        // (Exact claims, a per-request check's, are never paced on a grant.)
+        let drained = claim.partial && granted > 0 && d.remaining < claim.units && cfg.instances > 1;
+        if granted >= claim.units && !drained {
             self.hold = None;
             self.pace_ns = 0;
         } else if granted > 0 || d.retry_after.is_some() {
-            // Dry: refused, or granted less than asked. Hold until the server-named instant (its
-            // durations run from when it decided, before `now`: never early), and while paced
-            // (several instances, or a demand above the limit) until this instance's next claim
-            // is worth making; the next claims ask for the demand of the pacing interval.
+            // Hold until the server-named instant (its durations run from when it decided,
+            // before `now`: never early), and while paced until this instance's next claim is
+            // worth making; the next claims ask for the demand of the pacing interval.
             let retry = d.retry_after.map_or(0, |r| r.as_nanos().min(u64::MAX as u128) as u64);
             let pace = if cfg.batching() {
                 let lease_demand = self.demand.rate_at(now, cfg.demand_tau_ns) * cfg.lease_ns as f64;
@@ -679,6 +684,33 @@ mod tests {
         assert_eq!(k.on_request(S / 10, 1, &c, &m), Verdict::Limited { retry_after_ns: Some(150_000_000), by: LimitedBy::Cache, refill: None });
         assert!(matches!(k.on_request(S / 4, 1, &c, &m), Verdict::Claim(_)));
         assert_eq!(k.on_request(S / 4, 11, &c, &m), Verdict::Limited { retry_after_ns: None, by: LimitedBy::Never, refill: None });
+    }
+
+    #[test]
+    fn a_dry_key_is_paced_and_asks_for_the_demand_of_the_interval() {
+        let m = Metrics::default();
+        let c = LeaseConfig { instances: 40, ..cfg() };
+        let mut k = KeyState::new();
+        let mut t = 0;
+        // 5000/s for a second: a hot key.
+        for _ in 0..5000 {
+            t += S / 5000;
+            match k.on_request(t, 1, &c, &m) {
+                Verdict::Claim(cl) | Verdict::Admit { refill: Some(cl), .. } => {
+                    let _ = k.on_claim_reply(t, &cl, &reply(cl.units, 10_000, 5_000, -1, 100), &c, &m);
+                }
+                _ => {}
+            }
+        }
+        // The server runs dry: a batch comes back short.
+        k.take(k.held());
+        let Verdict::Claim(cl) = k.on_request(t, 1, &c, &m) else { panic!() };
+        assert!(cl.partial && cl.units > 100, "{cl:?}");
+        let _ = k.on_claim_reply(t, &cl, &reply(10, 10_000, 0, -1, 100), &c, &m);
+        k.take(k.held());
+        // Held for about the horizon (jittered ±50%), refused locally meanwhile.
+        let Verdict::Limited { retry_after_ns: Some(r), by: LimitedBy::Cache, .. } = k.on_request(t + 1, 1, &c, &m) else { panic!() };
+        assert!((c.horizon_ns / 2..c.horizon_ns * 3 / 2).contains(&(r + 1)), "{r}");
     }
 
     #[test]
