@@ -171,5 +171,28 @@ pub fn table(v: &[Summary]) -> String {
             if s.violations.is_empty() { "ok".to_string() } else { format!("{} VIOLATED", s.violations.len()) }
         );
     }
+    o.push_str(
+        "\nPer phase (requests, then per request: Redis calls, admitted against units, admitted open, admitted by the fallback, limited):\n\n\
+         | scenario | mode | phase | requests | calls | enforced | open | fallback | limited |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for s in v.iter().filter(|s| s.phases.len() > 1) {
+        for (name, c) in &s.phases {
+            let per = |x: u64| crate::metrics::ratio(x, c.requests);
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {:.4} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                s.scenario,
+                s.mode,
+                name,
+                c.requests,
+                per(c.calls),
+                per(c.enforced),
+                per(c.open),
+                per(c.fallback),
+                per(c.limited)
+            );
+        }
+    }
     o
 }
