@@ -31,15 +31,15 @@ const START_ATTEMPTS: usize = 5;
 const CONN_IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Path of the module under test: `$RL_MODULE` if set, else
-/// `<CARGO_MANIFEST_DIR>/target/release/libredis_ratelimit.so` (or `../target/…` for a
-/// workspace member such as client/).
+/// `<CARGO_MANIFEST_DIR>/target/release/libredis_ratelimit.so` (or `../target/…`,
+/// `../../target/…` for a workspace member such as client/ or client/sim/).
 pub fn module_path() -> PathBuf {
     let p = match std::env::var_os("RL_MODULE") {
         Some(v) if !v.is_empty() => PathBuf::from(v),
         _ => {
             // The module's own tests, or a workspace member's (client/): the workspace target.
             let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-            let candidates = [manifest.join("target"), manifest.join("..").join("target")]
+            let candidates = [manifest.join("target"), manifest.join("..").join("target"), manifest.join("../..").join("target")]
                 .map(|t| t.join("release").join("libredis_ratelimit.so"));
             candidates.iter().find(|p| p.is_file()).unwrap_or(&candidates[0]).clone()
         }
