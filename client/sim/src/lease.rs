@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use redis_ratelimit::core::spec::Spec;
 use redis_ratelimit::reply::decision_values;
-use redis_ratelimit_client::breaker::BreakerConfig;
-use redis_ratelimit_client::engine::{EngineConfig, Source, Step};
-use redis_ratelimit_client::lease::{ClaimRequest, LeaseConfig};
-use redis_ratelimit_client::{Decision, Engine, FailurePolicy as ClientPolicy, Limit};
+use redis_ratelimit_client::engine::{Source, Step};
+use redis_ratelimit_client::lease::ClaimRequest;
+use redis_ratelimit_client::{Decision, Engine, FailurePolicy as ClientPolicy, Limit, LimiterConfig};
 
 use crate::model::{CallId, CallerId, ClientModel, Effect, FailurePolicy, ModelCounters, Outcome, Verdict};
 use crate::scenarios::{LeaseFactory, Scenario};
@@ -38,14 +37,10 @@ pub fn limit_of(spec: &Spec) -> Limit {
     }
 }
 
-/// The engine configuration of a scenario: the client's defaults, with the scenario's lease
-/// length, its instance count and the policy.
-pub fn config(sc: &Scenario, policy: FailurePolicy) -> EngineConfig {
-    let mut lease = LeaseConfig::new(limit_of(&sc.setup.specs[0]));
-    lease.lease_ns = sc.lease as u64;
-    lease.horizon_ns = lease.horizon_ns.min(lease.lease_ns / 2);
-    lease.idle_return_ns = lease.lease_ns / 2;
-    lease.instances = sc.setup.instances.len() as u64;
+/// The configuration of a scenario, built as a service would build it for the tokio driver
+/// (`LimiterConfig`: the client's defaults, with the scenario's lease length, instance count,
+/// call timeout and policy), and the engine configuration the driver derives from it.
+pub fn config(sc: &Scenario, policy: FailurePolicy) -> LimiterConfig {
     let policy = match policy {
         FailurePolicy::Closed => ClientPolicy::FailClosed,
         FailurePolicy::Open => ClientPolicy::FailOpen,
@@ -54,7 +49,11 @@ pub fn config(sc: &Scenario, policy: FailurePolicy) -> EngineConfig {
         }
         FailurePolicy::Fallback(other) => panic!("the client's local fallback is a bucket, not {other:?}"),
     };
-    EngineConfig { lease, breaker: BreakerConfig::default(), policy, shadow: false }
+    LimiterConfig::new(limit_of(&sc.setup.specs[0]))
+        .lease(Duration::from_nanos(sc.lease as u64))
+        .instances(sc.setup.instances.len() as u64)
+        .timeout(Duration::from_nanos(sc.setup.timeout as u64))
+        .policy(policy)
 }
 
 enum Flight {
@@ -70,17 +69,18 @@ pub struct LeaseModel {
     tick_every: Nanos,
     next_tick: Nanos,
     started: bool,
+    timeout: Nanos,
 }
 
 impl LeaseModel {
-    pub fn new(config: EngineConfig) -> LeaseModel {
-        // Housekeeping four times per lease (expiry is also checked on every request).
-        let tick_every = (config.lease.lease_ns as Nanos / 4).max(1_000_000);
+    pub fn new(config: LimiterConfig) -> LeaseModel {
         LeaseModel {
-            engine: Engine::new(config),
+            engine: Engine::new(config.engine_config()),
+            // The driver's housekeeping period.
+            tick_every: config.tick.as_nanos() as Nanos,
+            timeout: config.timeout.as_nanos() as Nanos,
             flights: HashMap::new(),
             waiting: HashMap::new(),
-            tick_every,
             next_tick: 0,
             started: false,
         }
@@ -117,7 +117,10 @@ impl LeaseModel {
         for (key, r) in list {
             let call = calls();
             self.flights.insert(call, Flight::Return);
-            let age = (now as u64).saturating_sub(r.claim_sent_at) as Nanos;
+            // As the driver sends it: from the claim's send, plus the call timeout, in whole
+            // milliseconds rounded up (RL.RETURN's AGE is in ms).
+            let age = (now as u64).saturating_sub(r.claim_sent_at) as Nanos + self.timeout;
+            let age = (age + 999_999) / 1_000_000 * 1_000_000;
             out.push(Effect::Send { call, command: Command::Return { key, units: r.units, age } });
         }
     }

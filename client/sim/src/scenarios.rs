@@ -103,12 +103,17 @@ pub fn s1(scale: Scale, m: f64, fixed: bool) -> Scenario {
 /// S2, hot key: 10,000/s, 2× demand with shares 1..40 across 40 instances, from a cold start;
 /// a step down to 0.5× and back up to 2×.
 pub fn s2(scale: Scale) -> Scenario {
+    s2_with_lease(scale, 100 * MS)
+}
+
+/// S2 with another lease length (the dial between Redis calls and the bound).
+pub fn s2_with_lease(scale: Scale, lease: Nanos) -> Scenario {
     let step = match scale {
         Scale::Full => 10 * SEC,
         Scale::Quick => 2 * SEC,
     };
     Scenario {
-        name: "S2 hot key".into(),
+        name: format!("S2 hot key L={}ms", lease / MS),
         setup: Setup {
             specs: vec![gcra(10_000, SEC, 1_000)],
             sources: vec![Source { key: 0, rate: vec![(0, 20_000.0), (step, 5_000.0), (2 * step, 20_000.0)] }],
@@ -119,7 +124,7 @@ pub fn s2(scale: Scale) -> Scenario {
             timeout: TIMEOUT,
             seed: 2,
         },
-        lease: 100 * MS,
+        lease,
         modes: closed_modes(),
         down_phases: vec![],
     }
@@ -227,7 +232,7 @@ pub fn s5(scale: Scale) -> Scenario {
 pub fn all(scale: Scale) -> Vec<Scenario> {
     let mut v: Vec<Scenario> = [0.5, 1.0, 2.0, 10.0].into_iter().map(|m| s1(scale, m, false)).collect();
     v.push(s1(scale, 2.0, true));
-    v.extend([s2(scale), s3(scale), s4(scale), s5(scale)]);
+    v.extend([s2(scale), s2_with_lease(scale, SEC), s3(scale), s4(scale), s5(scale)]);
     v
 }
 
