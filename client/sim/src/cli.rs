@@ -42,25 +42,40 @@ pub fn main(args: Vec<String>) -> i32 {
     i32::from(!bad.is_empty())
 }
 
+/// Runs every scenario in every available mode, on as many threads as there are cores (each
+/// run is independent and seeded: the results do not depend on the threads), in a fixed order.
 pub fn run_all(scale: Scale, only: Option<&str>) -> Vec<Summary> {
     let leases = crate::lease::factory();
-    let mut v = Vec::new();
-    for sc in scenarios::all(scale) {
-        if only.is_some_and(|o| !sc.name.contains(o)) {
-            continue;
-        }
-        for &mode in &sc.modes {
-            let started = std::time::Instant::now();
-            match scenarios::run(&sc, mode, leases.as_deref()) {
-                Some(s) => {
-                    eprintln!("{} / {}: {} requests in {:.1} s", s.scenario, s.mode, s.requests, started.elapsed().as_secs_f64());
-                    v.push(s);
-                }
-                None => eprintln!("{} / {}: mode not available", sc.name, mode.name()),
-            }
-        }
-    }
-    v
+    let scenarios: Vec<_> = scenarios::all(scale).into_iter().filter(|sc| only.is_none_or(|o| sc.name.contains(o))).collect();
+    let jobs: Vec<(usize, scenarios::Mode)> =
+        scenarios.iter().enumerate().flat_map(|(i, sc)| sc.modes.iter().map(move |m| (i, *m))).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len().max(1));
+    let mut results: Vec<(usize, Summary)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let j = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(i, mode)) = jobs.get(j) else { break };
+                        let started = std::time::Instant::now();
+                        match scenarios::run(&scenarios[i], mode, leases.as_deref()) {
+                            Some(s) => {
+                                eprintln!("{} / {}: {} requests in {:.1} s", s.scenario, s.mode, s.requests, started.elapsed().as_secs_f64());
+                                done.push((j, s));
+                            }
+                            None => eprintln!("{} / {}: mode not available", scenarios[i].name, mode.name()),
+                        }
+                    }
+                    done
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("a simulation thread panicked")).collect()
+    });
+    results.sort_by_key(|(j, _)| *j);
+    results.into_iter().map(|(_, s)| s).collect()
 }
 
 fn num(x: f64) -> String {

@@ -237,7 +237,7 @@ pub fn all(scale: Scale) -> Vec<Scenario> {
 }
 
 /// The lease mode's model factory, when the client crate's lease logic is available.
-pub type LeaseFactory = dyn Fn(&Scenario, FailurePolicy, usize) -> Box<dyn ClientModel>;
+pub type LeaseFactory = dyn Fn(&Scenario, FailurePolicy, usize) -> Box<dyn ClientModel> + Sync;
 
 /// Runs one scenario in one mode; `None` when the mode is not available.
 pub fn run(sc: &Scenario, mode: Mode, leases: Option<&LeaseFactory>) -> Option<Summary> {
