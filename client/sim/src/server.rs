@@ -3,6 +3,7 @@
 //! `give_back` for RL.RETURN). Time is the server's clock: virtual time plus an epoch offset.
 
 use redis_ratelimit::core::codec::State;
+use redis_ratelimit::core::give_back::give_back;
 use redis_ratelimit::core::spec::Spec;
 use redis_ratelimit::core::{Decision, Nanos, Request};
 
@@ -65,27 +66,23 @@ impl Server {
                 Answer::Decision(d)
             }
             Command::Return { key, units, age } => {
-                // A missing key is a full limiter: nothing to credit (the module answers 0).
+                // A missing key is a full limiter: nothing to credit (the module answers an error
+                // the client takes as 0 credited).
                 let Some(state) = self.states[key].as_ref() else {
                     return Answer::Credited(0);
                 };
                 match give_back(state, units, Some(age), now) {
-                    Ok((credited, new)) => {
-                        if let Some(s) = new {
+                    Ok(credit) => {
+                        if let Some(s) = credit.state {
                             self.states[key] = Some(s);
                         }
-                        self.credited[key] += credited;
-                        Answer::Credited(credited)
+                        self.credited[key] += credit.credited;
+                        Answer::Credited(credit.credited)
                     }
-                    Err(()) => Answer::Error,
+                    Err(_) => Answer::Error,
                 }
             }
         }
     }
 }
 
-/// RL.RETURN's core. Until the module's own lands, credit nothing (never wrong for the bound:
-/// it can only lower admissions).
-fn give_back(_state: &State, _n: u64, _age: Option<Nanos>, _now: Nanos) -> Result<(u64, Option<State>), ()> {
-    Ok((0, None))
-}
