@@ -187,7 +187,7 @@ pub fn table(v: &[Summary]) -> String {
         );
     }
     o.push_str(
-        "\nPer phase (requests, then per request: Redis calls, admitted against units, admitted open, admitted by the fallback, limited):\n\n\
+        "\nPer phase (requests arriving in the phase, then per request: Redis calls sent in the phase, and the verdicts of those requests: admitted against units, admitted open, admitted by the fallback, limited):\n\n\
          | scenario | mode | phase | requests | calls | enforced | open | fallback | limited |\n\
          |---|---|---|---:|---:|---:|---:|---:|---:|\n",
     );

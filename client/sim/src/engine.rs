@@ -276,8 +276,11 @@ impl<'a> Engine<'a> {
     }
 
     fn phase(&mut self) -> &mut PhaseCounters {
-        let now = self.now;
-        let i = self.record.phases.iter().rposition(|(_, from, _)| *from <= now).unwrap_or(0);
+        self.phase_at(self.now)
+    }
+
+    fn phase_at(&mut self, t: Nanos) -> &mut PhaseCounters {
+        let i = self.record.phases.iter().rposition(|(_, from, _)| *from <= t).unwrap_or(0);
         &mut self.record.phases[i].2
     }
 
@@ -466,14 +469,14 @@ impl<'a> Engine<'a> {
                 if !self.ledgers.entry((i, p.key)).or_default().take(self.now) {
                     self.record.uncovered += 1;
                 }
-                self.phase().enforced += 1;
+                self.phase_at(p.arrival).enforced += 1;
             }
-            Verdict::Open => self.phase().open += 1,
+            Verdict::Open => self.phase_at(p.arrival).open += 1,
             Verdict::Fallback => {
                 self.record.fallback_at.push((i, p.key, self.now));
-                self.phase().fallback += 1;
+                self.phase_at(p.arrival).fallback += 1;
             }
-            Verdict::Limited => self.phase().limited += 1,
+            Verdict::Limited => self.phase_at(p.arrival).limited += 1,
         }
     }
 }
