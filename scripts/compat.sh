@@ -85,7 +85,7 @@ run_server() {
   log "$name ($kind-server $version): running ${#BINARIES[@]} test binaries"
   while read -r test exe; do
     if RL_REDIS_SERVER="$dir/bin/$kind-server" RL_REDIS_CLI="$dir/bin/$kind-cli" \
-      "$exe" --test-threads="$TEST_THREADS" >"$out/$test.log" 2>&1; then
+      "$exe" --test-threads="$TEST_THREADS" --nocapture >"$out/$test.log" 2>&1; then
       passed=$((passed + 1))
     else
       failed+=("$test")

@@ -46,6 +46,7 @@ pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: i32) {
         raw::RedisModule_InfoAddSection.unwrap()(ctx, c"".as_ptr());
         let version = concat!(env!("CARGO_PKG_VERSION"), "\0");
         raw::RedisModule_InfoAddFieldCString.unwrap()(ctx, c"version".as_ptr(), version.as_ptr() as *mut _);
+        raw::RedisModule_InfoAddFieldULongLong.unwrap()(ctx, c"defrag_visits".as_ptr() as *mut _, crate::state::DEFRAG_VISITS.load(Relaxed));
         raw::RedisModule_InfoAddFieldULongLong.unwrap()(ctx, c"defrag_moves".as_ptr() as *mut _, crate::state::DEFRAG_MOVES.load(Relaxed));
         for a in Algorithm::ALL {
             let c = slot(a);

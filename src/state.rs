@@ -132,7 +132,8 @@ unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void)
     })
 }
 
-/// Allocations moved by active defragmentation since load (INFO ratelimit).
+/// Values active defragmentation visited, and allocations it moved, since load (INFO ratelimit).
+pub static DEFRAG_VISITS: AtomicU64 = AtomicU64::new(0);
 pub static DEFRAG_MOVES: AtomicU64 = AtomicU64::new(0);
 
 /// Active defragmentation (servers built with Redis' jemalloc and `activedefrag yes`): moves the
@@ -141,6 +142,7 @@ pub static DEFRAG_MOVES: AtomicU64 = AtomicU64::new(0);
 /// state. Everything is moved in one call (a few allocations per key), so it returns 0: done.
 unsafe extern "C" fn defrag(ctx: *mut raw::RedisModuleDefragCtx, _key: *mut RedisModuleString, value: *mut *mut c_void) -> c_int {
     guarded(0, || {
+        DEFRAG_VISITS.fetch_add(1, Relaxed);
         let Some(defrag_alloc) = raw::RedisModule_DefragAlloc else { return 0 };
         if value::is_inline(*value) {
             return 0; // an inline state owns no allocation
