@@ -101,9 +101,11 @@ pub fn s1(scale: Scale, m: f64, fixed: bool) -> Scenario {
 }
 
 /// S2, hot key: 10,000/s, 2× demand with shares 1..40 across 40 instances, from a cold start;
-/// a step down to 0.5× and back up to 2×.
+/// a step down to 0.5× and back up to 2×. L = 120 ms: in the simulator's runs about 110–140 ms
+/// meets both the Redis-calls and the Jain target (100 ms makes more calls, 150 ms and up is less
+/// fair).
 pub fn s2(scale: Scale) -> Scenario {
-    s2_with_lease(scale, 100 * MS)
+    s2_with_lease(scale, 120 * MS)
 }
 
 /// S2 with another lease length (the dial between Redis calls and the bound).
@@ -232,7 +234,7 @@ pub fn s5(scale: Scale) -> Scenario {
 pub fn all(scale: Scale) -> Vec<Scenario> {
     let mut v: Vec<Scenario> = [0.5, 1.0, 2.0, 10.0].into_iter().map(|m| s1(scale, m, false)).collect();
     v.push(s1(scale, 2.0, true));
-    v.extend([s2(scale), s2_with_lease(scale, SEC), s3(scale), s4(scale), s5(scale)]);
+    v.extend([s2_with_lease(scale, 100 * MS), s2(scale), s2_with_lease(scale, SEC), s3(scale), s4(scale), s5(scale)]);
     v
 }
 
