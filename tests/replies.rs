@@ -129,10 +129,11 @@ fn q_pttl(c: &mut Connection, line: &str, key: &str) -> (Vec<i64>, i64) {
 
 /// The TTL after an admitted call is never shorter than its reset_after_ms and at most one
 /// step (1.5 ×) longer (slack: a loaded machine may pause the server for a few ms between the
-/// two commands).
+/// two commands; and PTTL inside MULTI may measure from the time EXEC started, which newer
+/// servers cache, a millisecond or two before the module read the clock).
 #[track_caller]
 fn assert_covering_pttl(p: i64, reset_ms: i64, line: &str) {
-    assert!(p <= ttl_step(reset_ms) && p >= reset_ms - 25, "`{line}`: PTTL {p}, reset_after_ms {reset_ms}");
+    assert!(p <= ttl_step(reset_ms) + 5 && p >= reset_ms - 25, "`{line}`: PTTL {p}, reset_after_ms {reset_ms}");
 }
 
 fn text(v: &Value) -> String {

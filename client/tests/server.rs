@@ -240,7 +240,7 @@ async fn outage_then_recovery(policy: FailurePolicy, frozen: bool) -> (Vec<Sourc
     } else {
         s.start_again();
     }
-    until("recovery", Duration::from_secs(20), async || matches!(limiter.check("k", 1).await.source, Source::Redis | Source::Local)).await;
+    until("recovery", Duration::from_secs(60), async || matches!(limiter.check("k", 1).await.source, Source::Redis | Source::Local)).await;
     accounting(&limiter.metrics());
     (sources, allowed, during)
 }
