@@ -160,7 +160,10 @@ else
   if [ ! -f "$CELL_SO" ] || [ "$CELL_SRC" -nt "$CELL_SO" ]; then
     log "building redis-cell from $CELL_SRC"
     rm -rf "$CELL_DIR" && mkdir -p "$CELL_DIR"
+    # An empty [workspace] table: under target/ it would otherwise count as a stray member of
+    # this repository's workspace, and cargo refuses to build it.
     if ! { tar xzf "$CELL_SRC" -C "$CELL_DIR" --strip-components=1 &&
+           { grep -q '^\[workspace\]' "$CELL_DIR/Cargo.toml" || printf '\n[workspace]\n' >>"$CELL_DIR/Cargo.toml"; } &&
            (cd "$CELL_DIR" && cargo build --release --lib) >"$WORK/cell-build.log" 2>&1; }; then
       tail -5 "$WORK/cell-build.log" >&2 || true
       CELL_SO= CELL_STATUS="not measured: building redis-cell from $CELL_SRC failed (see cargo build --release in target/peers/redis-cell)"
