@@ -14,7 +14,7 @@ use crate::core::{ceil_ms, Decision, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_
 use crate::reply::{self, Field};
 use crate::value::Loaded;
 use crate::state::{server_ms, Held, Key, Stored, SETSTATE, WRONGTYPE};
-use crate::{clock, metrics};
+use crate::{clock, metrics, propagation};
 
 pub type Args<'a> = &'a [*mut RedisModuleString];
 pub type CommandResult = Result<(), String>;
@@ -115,6 +115,9 @@ fn store_with(key: &Key, prior: Option<&mut Loaded>, update: &Update, reset_afte
 }
 
 fn replicate(key: &Key, update: &Update, expire_at: Option<i64>) {
+    if !propagation::needed(key.ctx()) {
+        return;
+    }
     PAYLOAD.with(|buf| {
         let mut buf = buf.borrow_mut();
         buf.clear();
@@ -123,8 +126,12 @@ fn replicate(key: &Key, update: &Update, expire_at: Option<i64>) {
     });
 }
 
-/// Propagates `RL.SETSTATE key payload [PXAT expire_at]` to replicas and the AOF.
+/// Propagates `RL.SETSTATE key payload [PXAT expire_at]` to replicas and the AOF (when they
+/// exist: see `propagation`).
 fn replicate_payload(ctx: *mut RedisModuleCtx, key: *mut RedisModuleString, payload: &[u8], expire_at: Option<i64>) {
+    if !propagation::needed(ctx) {
+        return;
+    }
     let (p, len) = (payload.as_ptr() as *const c_char, payload.len());
     let replicate = unsafe { raw::RedisModule_Replicate.unwrap() };
     unsafe {
@@ -295,7 +302,9 @@ pub fn reset(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let deleted = !matches!(key.stored()?, Stored::Missing);
     if deleted {
         key.delete();
-        unsafe { raw::RedisModule_Replicate.unwrap()(ctx, c"DEL".as_ptr(), c"s".as_ptr(), argv[1]) };
+        if propagation::needed(ctx) {
+            unsafe { raw::RedisModule_Replicate.unwrap()(ctx, c"DEL".as_ptr(), c"s".as_ptr(), argv[1]) };
+        }
     }
     reply::integer(ctx, deleted as i64);
     Ok(())

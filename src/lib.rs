@@ -14,6 +14,7 @@ pub mod commands;
 pub mod core;
 pub mod eviction;
 pub mod metrics;
+pub mod propagation;
 pub mod reply;
 pub mod state;
 pub mod value;
@@ -103,6 +104,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
     }
     unsafe { raw::RedisModule_RegisterInfoFunc.unwrap()(ctx.ctx, Some(metrics::info)) };
     eviction::watch(ctx.ctx);
+    propagation::watch(ctx.ctx);
     Status::Ok
 }
 

@@ -1,0 +1,116 @@
+//! Whether an effect has anywhere to go.
+//!
+//! Redis drops a propagated command when the AOF is off and this server is a primary with no
+//! replication backlog and no replica (`shouldPropagate` in server.c): nothing will ever read
+//! it. Building the module's RL.SETSTATE for it anyway costs more than a third of a call
+//! (`RM_Replicate` looks the command name up and creates its argument objects, about 3,700
+//! instructions of RL.GCRA's 10,000), so the module asks the same question first and skips
+//! the call when the answer is no. The state of the keys is the same either way; what is
+//! skipped is only what Redis would have thrown away.
+//!
+//! The AOF state and the role come with every call's context flags. The backlog does not: it
+//! is read from `INFO replication` once and again after any server event that can create a
+//! backlog or a replica, and until then the answer is "propagate":
+//! - a replica's SYNC creates the backlog before anything needs it: the replica's stream starts
+//!   at the fork that produces its RDB, and the fork (`FORK_CHILD` born, fired in the parent)
+//!   makes the next call read INFO again, before it writes;
+//! - becoming a replica (`REPLICATION_ROLE_CHANGED`, `MASTER_LINK_CHANGE`), a replica coming
+//!   or going (`REPLICA_CHANGE`) and loading a dataset (`LOADING`: an RDB with replication
+//!   metadata restores the backlog, so that replicas can resynchronize partially after a
+//!   restart) do the same;
+//! - a server event that cannot be subscribed to makes the module propagate always.
+//!
+//! Being wrong on the safe side (propagating what Redis drops) costs time only; the INFO read
+//! costs a few microseconds once per event. All of this runs on Redis's main thread.
+
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::Relaxed};
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleEvent};
+
+const UNKNOWN: u8 = 0;
+const NOT_NEEDED: u8 = 1;
+const NEEDED: u8 = 2;
+
+/// Whether effects are needed, as last found (UNKNOWN: look again before the next effect).
+static BACKLOG: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// Every event that invalidates BACKLOG is subscribed to; without them, always propagate.
+static WATCHING: AtomicBool = AtomicBool::new(false);
+
+const EVENTS: [u64; 5] = [
+    raw::REDISMODULE_EVENT_FORK_CHILD,
+    raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+    raw::REDISMODULE_EVENT_MASTER_LINK_CHANGE,
+    raw::REDISMODULE_EVENT_REPLICA_CHANGE,
+    raw::REDISMODULE_EVENT_LOADING,
+];
+
+/// Subscribes to the events that can make a backlog or a replica appear. Called at load.
+pub fn watch(ctx: *mut RedisModuleCtx) {
+    let Some(subscribe) = (unsafe { raw::RedisModule_SubscribeToServerEvent }) else { return };
+    let all = EVENTS.iter().all(|&id| {
+        let event = RedisModuleEvent { id, dataver: 1 };
+        unsafe { subscribe(ctx, event, Some(on_event)) == raw::REDISMODULE_OK as c_int }
+    });
+    WATCHING.store(all, Relaxed);
+}
+
+unsafe extern "C" fn on_event(_ctx: *mut RedisModuleCtx, _eid: RedisModuleEvent, _sub: u64, _data: *mut c_void) {
+    BACKLOG.store(UNKNOWN, Relaxed);
+}
+
+/// True when an effect written now may be read by the AOF or a replica: the caller must
+/// propagate it.
+pub fn needed(ctx: *mut RedisModuleCtx) -> bool {
+    let backlog = BACKLOG.load(Relaxed);
+    if backlog == NEEDED || !WATCHING.load(Relaxed) {
+        return true;
+    }
+    let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx) } as u32;
+    if flags & raw::REDISMODULE_CTX_FLAGS_LOADING != 0 {
+        return true;
+    }
+    // (Kept until the next event: turning the AOF off later only costs time.)
+    if flags & raw::REDISMODULE_CTX_FLAGS_AOF != 0 || flags & raw::REDISMODULE_CTX_FLAGS_MASTER == 0 {
+        BACKLOG.store(NEEDED, Relaxed);
+        return true;
+    }
+    if backlog == NOT_NEEDED {
+        return false;
+    }
+    let needed = backlog_or_replica(ctx).unwrap_or(true);
+    BACKLOG.store(if needed { NEEDED } else { NOT_NEEDED }, Relaxed);
+    needed
+}
+
+/// For INFO: "yes" (effects are propagated), "no" (not built: no AOF, no backlog, no replica
+/// when last checked) or "unknown" (checked again at the next effect).
+pub fn describe() -> &'static str {
+    match (WATCHING.load(Relaxed), BACKLOG.load(Relaxed)) {
+        (false, _) | (_, NEEDED) => "yes",
+        (true, NOT_NEEDED) => "no",
+        _ => "unknown",
+    }
+}
+
+/// Whether this server keeps a replication backlog, has replicas or is not a primary, from
+/// INFO replication (None when a field cannot be read).
+fn backlog_or_replica(ctx: *mut RedisModuleCtx) -> Option<bool> {
+    unsafe {
+        let info = raw::RedisModule_GetServerInfo?(ctx, c"replication".as_ptr());
+        if info.is_null() {
+            return None;
+        }
+        let field = |name: &std::ffi::CStr| {
+            let mut err: c_int = 0;
+            let v = raw::RedisModule_ServerInfoGetFieldUnsigned.map(|f| f(info, name.as_ptr(), &mut err));
+            v.filter(|_| err == 0)
+        };
+        let backlog = field(c"repl_backlog_active");
+        let replicas = field(c"connected_slaves");
+        let role = raw::RedisModule_ServerInfoGetFieldC.map(|f| f(info, c"role".as_ptr()));
+        let primary = role.filter(|p| !p.is_null()).map(|p| std::ffi::CStr::from_ptr(p).to_bytes() == b"master");
+        raw::RedisModule_FreeServerInfo?(ctx, info);
+        Some(backlog? != 0 || replicas? != 0 || !primary?)
+    }
+}
