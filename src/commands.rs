@@ -126,12 +126,9 @@ fn replicate(key: &Key, update: &Update, expire_at: Option<i64>) {
     });
 }
 
-/// Propagates `RL.SETSTATE key payload [PXAT expire_at]` to replicas and the AOF (when they
-/// exist: see `propagation`).
+/// Propagates `RL.SETSTATE key payload [PXAT expire_at]` to replicas and the AOF. Callers
+/// first ask `propagation::needed`.
 fn replicate_payload(ctx: *mut RedisModuleCtx, key: *mut RedisModuleString, payload: &[u8], expire_at: Option<i64>) {
-    if !propagation::needed(ctx) {
-        return;
-    }
     let (p, len) = (payload.as_ptr() as *const c_char, payload.len());
     let replicate = unsafe { raw::RedisModule_Replicate.unwrap() };
     unsafe {
@@ -352,7 +349,9 @@ pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     if let Some(at) = expire_at.or(kept_expiry) {
         key.expire_at(at);
     }
-    replicate_payload(ctx, argv[1], payload, expire_at);
+    if propagation::needed(ctx) {
+        replicate_payload(ctx, argv[1], payload, expire_at);
+    }
     reply::simple(ctx, c"OK");
     Ok(())
 }

@@ -59,9 +59,22 @@ unsafe extern "C" fn on_event(_ctx: *mut RedisModuleCtx, _eid: RedisModuleEvent,
     BACKLOG.store(UNKNOWN, Relaxed);
 }
 
-/// True when an effect written now may be read by the AOF or a replica: the caller must
-/// propagate it.
+/// False when nothing would read an effect written now (no AOF, no backlog, no replica): the
+/// caller then builds none. The write is still counted for the save points
+/// (`rdb_changes_since_last_save`), which Redis counts in `RM_Replicate`: by
+/// `RM_ReplicateVerbatim`, which costs nothing when nothing propagates. (Between a replica's
+/// SYNC and the fork of its RDB, the only time a backlog exists while this answers false, that
+/// puts the command's own words in the backlog, before the offset any replica is given: no
+/// replica or AOF ever reads them.)
 pub fn needed(ctx: *mut RedisModuleCtx) -> bool {
+    let needed = effects_have_readers(ctx);
+    if !needed {
+        unsafe { raw::RedisModule_ReplicateVerbatim.unwrap()(ctx) };
+    }
+    needed
+}
+
+fn effects_have_readers(ctx: *mut RedisModuleCtx) -> bool {
     let backlog = BACKLOG.load(Relaxed);
     if backlog == NEEDED || !WATCHING.load(Relaxed) {
         return true;

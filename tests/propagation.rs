@@ -100,6 +100,18 @@ fn a_lone_primary_skips_effects_and_a_replica_attaching_later_gets_the_state() {
     assert_eq!(info_field(&primary, "replication", "master_repl_offset"), "0");
     traffic(&mut p, 1, 40);
 
+    // Writes still count for the save points; calls that write nothing do not.
+    let changes = || info_field(&primary, "persistence", "rdb_changes_since_last_save").parse::<i64>().unwrap();
+    let before = changes();
+    for i in 0..10 {
+        let _: Value = redis::cmd("RL.GCRA").arg(format!("dirty:{i}")).arg(10).arg("1d").query(&mut p).unwrap();
+    }
+    let _: Value = redis::cmd("RL.GCRA").arg("dirty:0").arg(10).arg("1d").arg("DRYRUN").query(&mut p).unwrap();
+    let _: Value = redis::cmd("RL.GCRA").arg("dirty:0").arg(10).arg("1d").arg("COST").arg(100).query(&mut p).unwrap();
+    let _: Value = redis::cmd("RL.RESET").arg("dirty:1").query(&mut p).unwrap();
+    assert_eq!(changes() - before, 11, "ten admitted calls and a reset");
+    assert_eq!(info_field(&primary, "replication", "master_repl_offset"), "0");
+
     attach(&replica, &primary);
     assert_same_state(&primary, &replica, "after the full sync");
     traffic(&mut p, 2, 40);
