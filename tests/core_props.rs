@@ -678,3 +678,52 @@ fn exercise_decoded(s: &State) -> Result<(), TestCaseError> {
     }
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------
+// The 64-bit fast paths of the division helpers against their 128-bit definitions.
+
+/// Integers around every place the 64-bit path starts or stops applying (±2^63, 0, ±1), and
+/// anywhere in the range the core's scaled values take (|x| ≤ 2^115).
+fn edge_i128() -> impl Strategy<Value = i128> {
+    let near = |c: i128| (-3i128..=3).prop_map(move |k| c + k);
+    prop_oneof![
+        near(0),
+        near(i64::MAX as i128),
+        near(i64::MIN as i128),
+        near(u64::MAX as i128),
+        any::<i64>().prop_map(i128::from),
+        (-(1i128 << 115)..=(1i128 << 115)),
+        (0u32..116, any::<bool>(), any::<u128>()).prop_map(|(bits, neg, r)| {
+            let x = (r % (1u128 << bits).max(1)) as i128;
+            if neg { -x } else { x }
+        }),
+    ]
+}
+
+/// Positive divisors, fitting i64 or not.
+fn divisor() -> impl Strategy<Value = i128> {
+    prop_oneof![
+        1i128..=3,
+        (1i64..=i64::MAX).prop_map(i128::from),
+        (i64::MAX as i128 - 3)..=(i64::MAX as i128 + 3),
+        (1i128 << 63)..=(1i128 << 100),
+        (0u32..100).prop_map(|b| 1i128 << b),
+    ]
+}
+
+proptest! {
+    #![proptest_config(cfg(20_000))]
+
+    /// Floor, ceiling and truncating division give the same quotient on both paths.
+    #[test]
+    fn division_fast_paths_are_exact(n in edge_i128(), d in divisor()) {
+        use redis_ratelimit::core::{div_ceil_i128, div_floor_i128, div_trunc_i128, exact};
+        prop_assert_eq!(div_floor_i128(n, d), exact::div_floor(n, d));
+        prop_assert_eq!(div_ceil_i128(n, d), exact::div_ceil(n, d));
+        prop_assert_eq!(div_trunc_i128(n, d), exact::div_trunc(n, d));
+        // (and the definitions are what their names say)
+        let (q, r) = (n.div_euclid(d), n.rem_euclid(d));
+        prop_assert_eq!(exact::div_floor(n, d), q);
+        prop_assert_eq!(exact::div_ceil(n, d), q + (r != 0) as i128);
+    }
+}

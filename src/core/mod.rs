@@ -105,7 +105,7 @@ impl Rate {
         check_count(burst, "BURST")?;
         check_period(period)?;
         let r = Rate { limit, period, burst };
-        if r.capacity_scaled() / limit as i128 > MAX_HORIZON as i128 {
+        if div_trunc_i128(r.capacity_scaled(), limit as i128) > MAX_HORIZON as i128 {
             return Err("BURST too large for this rate: refilling it would take more than 200 years");
         }
         Ok(r)
@@ -147,21 +147,70 @@ pub(crate) fn check_period(p: Nanos) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Ceiling division for non-negative numerators and positive divisors.
-#[inline]
-pub fn div_ceil_i128(n: i128, d: i128) -> i128 {
-    debug_assert!(d > 0);
-    if n <= 0 {
-        -((-n) / d)
-    } else {
-        (n + d - 1) / d
+// Divisions. Scaled instants need 128 bits, but the values divided on the hot path (balances,
+// debts, durations, window weights) nearly always fit 64, where a division is one instruction
+// instead of a call to the 128-bit routine (~60 instructions). Each helper takes the 64-bit path
+// only when both operands fit, where it computes the same quotient; `exact` holds the 128-bit
+// definitions, the fallback, which tests/core_props.rs compares them against.
+
+/// The 128-bit definitions of the division helpers.
+pub mod exact {
+    /// Ceiling division for positive divisors.
+    pub fn div_ceil(n: i128, d: i128) -> i128 {
+        debug_assert!(d > 0);
+        if n <= 0 {
+            -((-n) / d)
+        } else {
+            (n + d - 1) / d
+        }
+    }
+
+    /// Floor division (towards −∞).
+    pub fn div_floor(n: i128, d: i128) -> i128 {
+        n.div_euclid(d)
+    }
+
+    /// Truncating division (towards 0).
+    pub fn div_trunc(n: i128, d: i128) -> i128 {
+        n / d
     }
 }
 
-/// Floor division (towards −∞).
+/// Both operands as i64 when they fit and the divisor is positive (so no quotient overflows).
+#[inline(always)]
+fn narrow(n: i128, d: i128) -> Option<(i64, i64)> {
+    match (i64::try_from(n), i64::try_from(d)) {
+        (Ok(n), Ok(d)) if d > 0 => Some((n, d)),
+        _ => None,
+    }
+}
+
+/// Ceiling division for positive divisors.
+#[inline]
+pub fn div_ceil_i128(n: i128, d: i128) -> i128 {
+    match narrow(n, d) {
+        // Truncation rounds up for n ≤ 0; one more for a positive remainder.
+        Some((n, d)) => (n / d + (n % d > 0) as i64) as i128,
+        None => exact::div_ceil(n, d),
+    }
+}
+
+/// Floor division (towards −∞) for positive divisors.
 #[inline]
 pub fn div_floor_i128(n: i128, d: i128) -> i128 {
-    n.div_euclid(d)
+    match narrow(n, d) {
+        Some((n, d)) => n.div_euclid(d) as i128,
+        None => exact::div_floor(n, d),
+    }
+}
+
+/// Truncating division (towards 0) for positive divisors.
+#[inline]
+pub fn div_trunc_i128(n: i128, d: i128) -> i128 {
+    match narrow(n, d) {
+        Some((n, d)) => (n / d) as i128,
+        None => exact::div_trunc(n, d),
+    }
 }
 
 /// Narrows a non-negative i128 duration to Nanos, saturating (validated parameters keep every

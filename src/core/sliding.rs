@@ -3,7 +3,7 @@
 //! `prev × (1 − elapsed/window) + curr + cost ≤ limit` it compares
 //! `prev × (window − elapsed) + (curr + cost) × window ≤ limit × window`.
 
-use super::{clamp_units, div_ceil_i128, div_floor_i128, to_nanos, Decision, Nanos, Request, Window};
+use super::{clamp_units, div_ceil_i128, div_floor_i128, div_trunc_i128, to_nanos, Decision, Nanos, Request, Window};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct State {
@@ -91,11 +91,11 @@ fn retry_after(s: &State, now: Nanos, need: u64) -> Option<Nanos> {
     let room_now = (limit - s.curr as i128 - need) * w;
     let wait = if room_now >= 0 && s.prev > 0 {
         // prev × (w − elapsed − t) ≤ room_now
-        to_end - room_now / s.prev as i128
+        to_end - div_trunc_i128(room_now, s.prev as i128)
     } else {
         // Next window: curr × (w − e2) ≤ (limit − need) × w, with e2 ≥ 0.
         let room_next = (limit - need) * w;
-        let e2 = if s.curr == 0 { 0 } else { (w - room_next / s.curr as i128).max(0) };
+        let e2 = if s.curr == 0 { 0 } else { (w - div_trunc_i128(room_next, s.curr as i128)).max(0) };
         to_end + e2
     };
     Some(to_nanos(wait.max(1)))
