@@ -120,7 +120,7 @@ unsafe extern "C" fn aof_rewrite(aof: *mut raw::RedisModuleIO, key: *mut RedisMo
 }
 
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
-    guarded(0, || loaded(value).map_or(0, |s| value::value_bytes(&s, value::is_inline(value))))
+    guarded(0, || loaded(value).map_or(0, |s| value::value_bytes(&s, value::form(value))))
 }
 
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
@@ -144,9 +144,9 @@ unsafe extern "C" fn defrag(ctx: *mut raw::RedisModuleDefragCtx, _key: *mut Redi
     guarded(0, || {
         DEFRAG_VISITS.fetch_add(1, Relaxed);
         let Some(defrag_alloc) = raw::RedisModule_DefragAlloc else { return 0 };
-        if value::is_inline(*value) {
+        let Some(allocation) = value::allocation(*value) else {
             return 0; // an inline state owns no allocation
-        }
+        };
         // DefragAlloc copies the allocation, frees the old one and returns the copy, or null
         // when it leaves it where it is.
         let moved = |p: *mut c_void| -> *mut c_void {
@@ -158,7 +158,11 @@ unsafe extern "C" fn defrag(ctx: *mut raw::RedisModuleDefragCtx, _key: *mut Redi
                 new
             }
         };
-        *value = moved(*value);
+        let compact = value::form(*value) == value::Form::Compact;
+        *value = value::moved_word(*value, moved(allocation));
+        if compact {
+            return 0; // a compact token bucket is one allocation
+        }
         if let State::SlidingLog(log) = &mut *(*value as *mut State) {
             // Nothing between the read and the write can unwind.
             let inner = Box::into_raw(std::ptr::read(log));
@@ -186,7 +190,7 @@ unsafe extern "C" fn free(value: *mut c_void) {
 
 unsafe extern "C" fn copy(_from: *mut RedisModuleString, _to: *mut RedisModuleString, value: *const c_void) -> *mut c_void {
     guarded(std::ptr::null_mut(), || match loaded(value) {
-        Some(s) => value::into_word((*s).clone(), value::inline_id(value)),
+        Some(s) => value::into_word((*s).clone(), value::table_id(value)),
         None => std::ptr::null_mut(),
     })
 }
@@ -325,10 +329,18 @@ impl Key {
                 return Ok(());
             }
             Some(Loaded::Inline(_, id)) => Some(*id),
+            // A compact token bucket stays in its box when its rate has a table id.
+            Some(Loaded::Compact(_, p)) => {
+                if unsafe { value::overwrite_compact(*p, &state) } {
+                    self.modified.set(true);
+                    return Ok(());
+                }
+                None
+            }
             Some(Loaded::Boxed(_)) => None,
         };
-        let word = match (value::inline(&state, hint), prior) {
-            (Some(w), _) => w as *mut c_void,
+        let word = match (value::small_word(&state, hint), prior) {
+            (Some(w), _) => w,
             // Boxed before and after: overwrite the box.
             (None, Some(Loaded::Boxed(p))) => {
                 unsafe { **p = state };
@@ -338,7 +350,8 @@ impl Key {
             (None, _) => Box::into_raw(Box::new(state)) as *mut c_void,
         };
         let mut old: *mut c_void = std::ptr::null_mut();
-        // (Inline words are only made when this function exists: value::enable_inline.)
+        // (Inline words and compact boxes are only made when this function exists:
+        // value::enable_inline.)
         let replace = unsafe { raw::RedisModule_ModuleTypeReplaceValue.unwrap() };
         if unsafe { replace(self.key, ty, word, &mut old) } != raw::REDISMODULE_OK as c_int {
             unsafe { value::free(word) };

@@ -1,31 +1,36 @@
-//! The word Redis keeps for a key's value: a boxed `State`, or, for the small states, the state
-//! itself packed into the pointer-sized word (no allocation).
+//! The word Redis keeps for a key's value: a boxed `State`, a compact box (token bucket), or,
+//! for the small states, the state itself packed into the pointer-sized word (no allocation).
 //!
 //! Redis never dereferences a module value: it hands the word to the type's callbacks (free,
-//! RDB, AOF rewrite, digest, memory usage, copy). An allocation is 8-aligned, so an odd word
-//! cannot be a pointer; an odd word is an inline state:
+//! RDB, AOF rewrite, digest, memory usage, copy). An allocation is 8-aligned, so the low three
+//! bits of a pointer are zero and the word's low bits tell the forms apart:
 //!
 //! ```text
-//! bit 0       1 (inline)
-//! bits 1-12   id of the parameters in the table below (algorithm + rate or window)
-//! bits 13-63  the state's variable part (51 bits), relative to the parameters:
-//!             GCRA, leaky: (tat − BASE × limit) / step, step = gcd(limit × 1 µs, period)
-//!             fixed:       count | (index − BASE / window) << count_bits
-//!             sliding:     prev | curr << count_bits | (index − BASE / window) << 2 count_bits
+//! bit 0 = 1      inline state:
+//!   bits 1-12    id of the parameters in the table below (algorithm + rate or window)
+//!   bits 13-63   the state's variable part (51 bits), relative to the parameters:
+//!                GCRA, leaky: (tat − BASE × limit) / step, step = gcd(limit × 1 µs, period)
+//!                fixed:       count | (index − BASE / window) << count_bits
+//!                sliding:     prev | curr << count_bits | (index − BASE / window) << 2 count_bits
+//! bits 0-1 = 10  a compact token bucket: the pointer | 2 to a `CompactBucket` (the table id of
+//!                its rate, its tokens and their instant: 32 bytes, not the general box's 64)
+//! bits 0-1 = 00  a pointer to a boxed `State` (the sliding log; anything that does not fit)
 //! ```
 //!
 //! Every field is exact: a state that does not fit (an instant before BASE or too far after
-//! it, a count wider than its limit's bits, parameters beyond the table's capacity, the token
-//! bucket's and the sliding log's states) stays boxed, and both forms decode to the same
+//! it, a count wider than its limit's bits, parameters beyond the table's capacity, the
+//! sliding log's states) stays in the general box, and every form decodes to the same
 //! `State`, so replies, RL.INFO, the RDB/AOF/replication encoding and DEBUG DIGEST do not
 //! depend on the form. Arrival times stay multiples of the step: now is a whole µs (a
 //! multiple of limit × 1 µs in scaled units) and every grant adds a multiple of the period;
-//! only a conversion between rates can leave the grid, and that state is boxed.
+//! only a conversion between rates can leave the grid, and that state is boxed. A token
+//! bucket (a balance and an instant, both full width) never fits 51 bits: it only drops its
+//! parameters from its box.
 //!
 //! The table of parameters only grows (a deployment uses a handful of rates; at CAPACITY
 //! further ones are boxed). It is read and written on Redis's main thread; a fork (BGSAVE,
 //! AOF rewrite) reads its copy. `free`, which Redis may call from its lazy-free thread, never
-//! touches it.
+//! touches it (a compact box is freed by its pointer alone).
 
 use std::collections::HashMap;
 use std::os::raw::c_void;
@@ -33,7 +38,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, RwLock};
 
 use crate::core::codec::State;
-use crate::core::{fixed, gcra, leaky, sliding, Nanos, Rate, Window, NANOS_PER_MICRO};
+use crate::core::{fixed, gcra, leaky, sliding, token_bucket, Nanos, Rate, Window, NANOS_PER_MICRO};
 
 /// 2020-01-01T00:00:00Z in ns: inline instants count from here.
 pub const BASE: Nanos = 1_577_836_800 * crate::core::NANOS_PER_SEC;
@@ -57,6 +62,8 @@ enum Params {
     Leaky(Rate),
     Fixed(Window),
     Sliding(Window),
+    /// Only for compact boxes: never an inline word.
+    TokenBucket(Rate),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -78,6 +85,7 @@ impl Entry {
             Params::Fixed(w) | Params::Sliding(w) => {
                 Entry { params, base: BASE.div_euclid(w.window) as i128, step: (64 - w.limit.leading_zeros()) as i128 }
             }
+            Params::TokenBucket(_) => Entry { params, base: 0, step: 1 },
         }
     }
 }
@@ -140,6 +148,57 @@ fn params_of(s: &State) -> Option<Params> {
     })
 }
 
+/// A token bucket's state without its parameters, which are entry `id` of the table.
+/// 8-aligned (the low bits of its address tag the word) and 32 bytes: jemalloc's 32-byte class.
+#[repr(C, packed(8))]
+pub struct CompactBucket {
+    /// `token_bucket::State::tokens`.
+    tokens: i128,
+    /// `token_bucket::State::last`.
+    last: Nanos,
+    id: u16,
+}
+
+const _: () = assert!(std::mem::size_of::<CompactBucket>() == 32 && std::mem::align_of::<CompactBucket>() == 8);
+
+const COMPACT_TAG: usize = 0b10;
+const TAG_MASK: usize = 0b11;
+
+fn compact_ptr(word: *const c_void) -> Option<*mut CompactBucket> {
+    (word as usize & TAG_MASK == COMPACT_TAG).then_some((word as usize & !TAG_MASK) as *mut CompactBucket)
+}
+
+/// The table id for a compact box of `s`, if `s` is a token bucket and its rate has one.
+fn compact_id(s: &State, hint: Option<u16>) -> Option<(u16, &token_bucket::State)> {
+    match s {
+        State::TokenBucket(tb) if INLINE.load(Ordering::Relaxed) => Some((intern(Params::TokenBucket(tb.rate), hint)?.0, tb)),
+        _ => None,
+    }
+}
+
+/// A compact word for `s` (allocates), or None when `s` is not a token bucket or its rate has
+/// no table id.
+fn compact(s: &State, hint: Option<u16>) -> Option<*mut c_void> {
+    let (id, tb) = compact_id(s, hint)?;
+    let p = Box::into_raw(Box::new(CompactBucket { tokens: tb.tokens, last: tb.last, id }));
+    debug_assert_eq!(p as usize & TAG_MASK, 0);
+    Some((p as usize | COMPACT_TAG) as *mut c_void)
+}
+
+/// Writes `s` over a compact box in place, when it is a token bucket with a table id.
+///
+/// # Safety
+/// `p` is the live compact box of a value of this type.
+pub unsafe fn overwrite_compact(p: *mut CompactBucket, s: &State) -> bool {
+    match compact_id(s, Some((*p).id)) {
+        Some((id, tb)) => {
+            *p = CompactBucket { tokens: tb.tokens, last: tb.last, id };
+            true
+        }
+        None => false,
+    }
+}
+
 fn fits(v: i128, bits: u32) -> Option<u64> {
     (0..1i128 << bits).contains(&v).then_some(v as u64)
 }
@@ -173,9 +232,9 @@ fn pack(e: &Entry, s: &State) -> Option<u64> {
     }
 }
 
-fn unpack(e: &Entry, p: u64) -> State {
+fn unpack(e: &Entry, p: u64) -> Option<State> {
     let mask = |bits: u32| (1u64 << bits) - 1;
-    match e.params {
+    Some(match e.params {
         Params::Gcra(rate) => State::Gcra(gcra::State { rate, tat: e.base + p as i128 * e.step }),
         Params::Leaky(rate) => State::Leaky(leaky::State(gcra::State { rate, tat: e.base + p as i128 * e.step })),
         Params::Fixed(win) => {
@@ -191,7 +250,8 @@ fn unpack(e: &Entry, p: u64) -> State {
                 curr: (p >> cb) & mask(cb),
             })
         }
-    }
+        Params::TokenBucket(_) => return None,
+    })
 }
 
 /// The inline word for `s`, or None when it must be boxed. `hint`: the id the key's previous
@@ -205,10 +265,19 @@ pub fn inline(s: &State, hint: Option<u16>) -> Option<usize> {
     Some(((p as usize) << PAYLOAD_SHIFT) | ((id as usize) << 1) | 1)
 }
 
-/// The word for `s`: inline if it fits, boxed otherwise.
+/// The word for `s` when it needs no general box: inline, or a compact token bucket (which
+/// allocates; free it with `free`).
+pub fn small_word(s: &State, hint: Option<u16>) -> Option<*mut c_void> {
+    match s {
+        State::TokenBucket(_) => compact(s, hint),
+        _ => inline(s, hint).map(|w| w as *mut c_void),
+    }
+}
+
+/// The word for `s`: inline if it fits, a compact box for a token bucket, boxed otherwise.
 pub fn into_word(s: State, hint: Option<u16>) -> *mut c_void {
-    match inline(&s, hint) {
-        Some(w) => w as *mut c_void,
+    match small_word(&s, hint) {
+        Some(w) => w,
         None => Box::into_raw(Box::new(s)) as *mut c_void,
     }
 }
@@ -222,11 +291,21 @@ pub fn inline_id(word: *const c_void) -> Option<u16> {
     is_inline(word).then_some(((word as usize >> 1) & ((1 << ID_BITS) - 1)) as u16)
 }
 
+/// The table id an inline word or a compact box uses (a hint for the next word).
+///
+/// # Safety
+/// `word` is a live value of this module's type.
+pub unsafe fn table_id(word: *const c_void) -> Option<u16> {
+    inline_id(word).or_else(|| compact_ptr(word).map(|p| (*p).id))
+}
+
 /// A key's state: in its box, decoded from the word, or (`Foreign`) read from a value that is
 /// not of this type (a key redis-cell left).
 pub enum Loaded {
     Boxed(*mut State),
     Inline(State, u16),
+    /// A token bucket decoded from its compact box.
+    Compact(State, *mut CompactBucket),
     Foreign(State),
 }
 
@@ -240,11 +319,16 @@ impl Loaded {
         if word.is_null() {
             return None;
         }
+        if let Some(p) = compact_ptr(word) {
+            let CompactBucket { tokens, last, id } = std::ptr::read(p);
+            let Params::TokenBucket(rate) = entry(id)?.params else { return None };
+            return Some(Loaded::Compact(State::TokenBucket(token_bucket::State { rate, tokens, last }), p));
+        }
         match inline_id(word) {
             None => Some(Loaded::Boxed(word as *mut State)),
             Some(id) => {
                 let e = entry(id)?;
-                Some(Loaded::Inline(unpack(&e, (word as usize >> PAYLOAD_SHIFT) as u64), id))
+                Some(Loaded::Inline(unpack(&e, (word as usize >> PAYLOAD_SHIFT) as u64)?, id))
             }
         }
     }
@@ -253,7 +337,7 @@ impl Loaded {
     pub fn boxed(&mut self) -> Option<&mut State> {
         match self {
             Loaded::Boxed(p) => Some(unsafe { &mut **p }),
-            Loaded::Inline(..) | Loaded::Foreign(_) => None,
+            Loaded::Inline(..) | Loaded::Compact(..) | Loaded::Foreign(_) => None,
         }
     }
 }
@@ -263,32 +347,78 @@ impl std::ops::Deref for Loaded {
     fn deref(&self) -> &State {
         match self {
             Loaded::Boxed(p) => unsafe { &**p },
-            Loaded::Inline(s, _) | Loaded::Foreign(s) => s,
+            Loaded::Inline(s, _) | Loaded::Compact(s, _) | Loaded::Foreign(s) => s,
         }
     }
 }
 
-/// Frees a word (a box; an inline word owns nothing).
+/// Frees a word (a box; an inline word owns nothing). Reads no table: Redis may call it from
+/// its lazy-free thread.
 ///
 /// # Safety
 /// `word` is a value of this module's type that nothing uses any more.
 pub unsafe fn free(word: *mut c_void) {
-    if !word.is_null() && !is_inline(word) {
-        drop(Box::from_raw(word as *mut State));
+    if word.is_null() || is_inline(word) {
+        return;
+    }
+    match compact_ptr(word) {
+        Some(p) => drop(Box::from_raw(p)),
+        None => drop(Box::from_raw(word as *mut State)),
     }
 }
 
-/// Bytes a state's value costs the module: nothing inline, the box (and a log's buffers)
-/// otherwise.
-pub fn value_bytes(s: &State, inline_word: bool) -> usize {
-    if inline_word {
-        return 0;
+/// The allocation behind a word, untagged (None for an inline word).
+pub fn allocation(word: *mut c_void) -> Option<*mut c_void> {
+    (!word.is_null() && !is_inline(word)).then_some((word as usize & !TAG_MASK) as *mut c_void)
+}
+
+/// The word for an allocation moved from `old`'s (same form, same tag).
+pub fn moved_word(old: *mut c_void, moved: *mut c_void) -> *mut c_void {
+    (moved as usize | (old as usize & TAG_MASK)) as *mut c_void
+}
+
+/// The forms a value word takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    Inline,
+    Compact,
+    Boxed,
+}
+
+/// The form of a live word.
+pub fn form(word: *const c_void) -> Form {
+    if is_inline(word) {
+        Form::Inline
+    } else if compact_ptr(word).is_some() {
+        Form::Compact
+    } else {
+        Form::Boxed
     }
-    std::mem::size_of::<State>()
-        + match s {
-            State::SlidingLog(l) => std::mem::size_of::<crate::core::sliding_log::State>() + l.log.heap_bytes(),
-            _ => 0,
+}
+
+/// The form `into_word` gives `s` (adds its parameters to the table, as `into_word` would).
+pub fn form_of(s: &State) -> Form {
+    match s {
+        State::TokenBucket(_) if compact_id(s, None).is_some() => Form::Compact,
+        _ if inline(s, None).is_some() => Form::Inline,
+        _ => Form::Boxed,
+    }
+}
+
+/// Bytes a state's value costs the module in `form`: nothing inline, the compact box, or the
+/// box (and a log's buffers).
+pub fn value_bytes(s: &State, form: Form) -> usize {
+    match form {
+        Form::Inline => 0,
+        Form::Compact => std::mem::size_of::<CompactBucket>(),
+        Form::Boxed => {
+            std::mem::size_of::<State>()
+                + match s {
+                    State::SlidingLog(l) => std::mem::size_of::<crate::core::sliding_log::State>() + l.log.heap_bytes(),
+                    _ => 0,
+                }
         }
+    }
 }
 
 #[cfg(test)]
@@ -345,5 +475,33 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(a & 1, 1);
         assert_eq!(inline(&s, inline_id(a as *const c_void)), Some(a));
+    }
+
+    #[test]
+    fn token_buckets_are_compact_and_decode_exactly() {
+        enable_inline(true);
+        let rate = Rate::new(1000, 86_400 * NANOS_PER_SEC, 1000).unwrap();
+        let now = 1_764_460_800 * NANOS_PER_SEC + 1;
+        for tokens in [0i128, 1, -1, rate.capacity_scaled(), -(1i128 << 115), 1i128 << 115] {
+            let s = State::TokenBucket(token_bucket::State { rate, tokens, last: now });
+            assert_eq!(form_of(&s), Form::Compact);
+            let w = into_word(s.clone(), None);
+            assert_eq!(w as usize & TAG_MASK, COMPACT_TAG);
+            assert_eq!(form(w), Form::Compact);
+            let back = unsafe { Loaded::from_word(w) }.expect("entry");
+            assert_eq!(*back, s);
+            assert_eq!(back.encode(), s.encode());
+            assert_eq!(value_bytes(&back, form(w)), 32);
+            // Rewritten in place, same word.
+            let Loaded::Compact(_, p) = back else { panic!("not compact") };
+            let next = State::TokenBucket(token_bucket::State { rate, tokens: tokens - 7, last: now + 5 });
+            assert!(unsafe { overwrite_compact(p, &next) });
+            assert_eq!(*unsafe { Loaded::from_word(w) }.unwrap(), next);
+            // A state of another algorithm is never written into a compact box.
+            let g = State::Gcra(gcra::State { rate, tat: now as i128 * 1000 });
+            assert!(!unsafe { overwrite_compact(p, &g) });
+            assert_eq!(unsafe { table_id(w) }, Some(unsafe { (*p).id }));
+            unsafe { free(w) };
+        }
     }
 }

@@ -462,11 +462,11 @@ fn memory_usage(c: &mut Resp, key: &str) -> i64 {
 }
 
 /// What the type's mem_usage reports: nothing for a state kept inline in the value word, the
-/// box (and a log's buffers) otherwise.
+/// compact box of a token bucket, the box (and a log's buffers) otherwise.
 fn mem_usage_of(state: &State) -> i64 {
     use redis_ratelimit::value;
     value::enable_inline(true);
-    value::value_bytes(state, value::inline(state, None).is_some()) as i64
+    value::value_bytes(state, value::form_of(state)) as i64
 }
 
 #[test]
