@@ -12,8 +12,8 @@
 //!                GCRA, leaky: (tat − BASE × limit) / step, step = gcd(limit × 1 µs, period)
 //!                fixed:       count | (index − BASE / window) << count_bits
 //!                sliding:     prev | curr << count_bits | (index − BASE / window) << 2 count_bits
-//! bits 0-1 = 10  a compact token bucket: the pointer | 2 to a `CompactBucket` (the table id of
-//!                its rate, its tokens and their instant: 32 bytes, not the general box's 64)
+//! bits 0-1 = 10  a compact token bucket: the pointer | 2 to a `CompactBucket` (its tokens, their
+//!                instant and the table id of its rate: 16 bytes, not the general box's 64)
 //! bits 0-1 = 00  a pointer to a boxed `State` (the sliding log; anything that does not fit)
 //! ```
 //!
@@ -24,8 +24,8 @@
 //! depend on the form. Arrival times stay multiples of the step: now is a whole µs (a
 //! multiple of limit × 1 µs in scaled units) and every grant adds a multiple of the period;
 //! only a conversion between rates can leave the grid, and that state is boxed. A token
-//! bucket (a balance and an instant, both full width) never fits 51 bits: it only drops its
-//! parameters from its box.
+//! bucket (a balance and an instant) does not fit 51 bits: it drops its parameters and the
+//! unused width of its fields into a 16-byte box.
 //!
 //! The table of parameters only grows (a deployment uses a handful of rates; at CAPACITY
 //! further ones are boxed). It is read and written on Redis's main thread; a fork (BGSAVE,
@@ -148,18 +148,42 @@ fn params_of(s: &State) -> Option<Params> {
     })
 }
 
-/// A token bucket's state without its parameters, which are entry `id` of the table.
-/// 8-aligned (the low bits of its address tag the word) and 32 bytes: jemalloc's 32-byte class.
-#[repr(C, packed(8))]
+/// A token bucket's state without its parameters, which are entry `id` of the table: 16
+/// bytes, jemalloc's 16-byte class (the general box takes 64). Only for states it holds
+/// exactly: the balance (units × period, at most BURST × period) within an i64, as for any
+/// BURST up to 106,751 over a day or 9.2 × 10^9 over a second; `last` a whole µs (as every
+/// call's now is) after BASE, within 2^52 µs (142 years). Any other token bucket keeps the
+/// general box.
+#[repr(C)]
 pub struct CompactBucket {
     /// `token_bucket::State::tokens`.
-    tokens: i128,
-    /// `token_bucket::State::last`.
-    last: Nanos,
-    id: u16,
+    tokens: i64,
+    /// `(last − BASE) / 1 µs` << ID_BITS | id.
+    last_and_id: u64,
 }
 
-const _: () = assert!(std::mem::size_of::<CompactBucket>() == 32 && std::mem::align_of::<CompactBucket>() == 8);
+impl CompactBucket {
+    fn new(tb: &token_bucket::State, id: u16) -> Option<CompactBucket> {
+        let tokens = i64::try_from(tb.tokens).ok()?;
+        let since = tb.last.checked_sub(BASE)?;
+        if since < 0 || since % NANOS_PER_MICRO != 0 || since / NANOS_PER_MICRO >= 1 << (64 - ID_BITS) {
+            return None;
+        }
+        Some(CompactBucket { tokens, last_and_id: ((since / NANOS_PER_MICRO) as u64) << ID_BITS | id as u64 })
+    }
+
+    fn id(&self) -> u16 {
+        (self.last_and_id & ((1 << ID_BITS) - 1)) as u16
+    }
+
+    fn state(&self, rate: Rate) -> State {
+        // (below 2^52 µs after BASE: at most 6.1 × 10^18 ns, an i64)
+        let last = BASE + (self.last_and_id >> ID_BITS) as Nanos * NANOS_PER_MICRO;
+        State::TokenBucket(token_bucket::State { rate, tokens: self.tokens as i128, last })
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<CompactBucket>() == 16 && std::mem::align_of::<CompactBucket>() == 8);
 
 const COMPACT_TAG: usize = 0b10;
 const TAG_MASK: usize = 0b11;
@@ -168,31 +192,34 @@ fn compact_ptr(word: *const c_void) -> Option<*mut CompactBucket> {
     (word as usize & TAG_MASK == COMPACT_TAG).then_some((word as usize & !TAG_MASK) as *mut CompactBucket)
 }
 
-/// The table id for a compact box of `s`, if `s` is a token bucket and its rate has one.
-fn compact_id(s: &State, hint: Option<u16>) -> Option<(u16, &token_bucket::State)> {
+/// The compact box's contents for `s`: a token bucket that fits one, with a table id for its
+/// rate.
+fn compact_of(s: &State, hint: Option<u16>) -> Option<CompactBucket> {
     match s {
-        State::TokenBucket(tb) if INLINE.load(Ordering::Relaxed) => Some((intern(Params::TokenBucket(tb.rate), hint)?.0, tb)),
+        State::TokenBucket(tb) if INLINE.load(Ordering::Relaxed) => {
+            let c = CompactBucket::new(tb, 0)?;
+            let (id, _) = intern(Params::TokenBucket(tb.rate), hint)?;
+            Some(CompactBucket { last_and_id: c.last_and_id | id as u64, ..c })
+        }
         _ => None,
     }
 }
 
-/// A compact word for `s` (allocates), or None when `s` is not a token bucket or its rate has
-/// no table id.
+/// A compact word for `s` (allocates), or None when `s` does not fit one.
 fn compact(s: &State, hint: Option<u16>) -> Option<*mut c_void> {
-    let (id, tb) = compact_id(s, hint)?;
-    let p = Box::into_raw(Box::new(CompactBucket { tokens: tb.tokens, last: tb.last, id }));
+    let p = Box::into_raw(Box::new(compact_of(s, hint)?));
     debug_assert_eq!(p as usize & TAG_MASK, 0);
     Some((p as usize | COMPACT_TAG) as *mut c_void)
 }
 
-/// Writes `s` over a compact box in place, when it is a token bucket with a table id.
+/// Writes `s` over a compact box in place, when it fits one.
 ///
 /// # Safety
 /// `p` is the live compact box of a value of this type.
 pub unsafe fn overwrite_compact(p: *mut CompactBucket, s: &State) -> bool {
-    match compact_id(s, Some((*p).id)) {
-        Some((id, tb)) => {
-            *p = CompactBucket { tokens: tb.tokens, last: tb.last, id };
+    match compact_of(s, Some((*p).id())) {
+        Some(c) => {
+            *p = c;
             true
         }
         None => false,
@@ -296,7 +323,7 @@ pub fn inline_id(word: *const c_void) -> Option<u16> {
 /// # Safety
 /// `word` is a live value of this module's type.
 pub unsafe fn table_id(word: *const c_void) -> Option<u16> {
-    inline_id(word).or_else(|| compact_ptr(word).map(|p| (*p).id))
+    inline_id(word).or_else(|| compact_ptr(word).map(|p| (*p).id()))
 }
 
 /// A key's state: in its box, decoded from the word, or (`Foreign`) read from a value that is
@@ -320,9 +347,8 @@ impl Loaded {
             return None;
         }
         if let Some(p) = compact_ptr(word) {
-            let CompactBucket { tokens, last, id } = std::ptr::read(p);
-            let Params::TokenBucket(rate) = entry(id)?.params else { return None };
-            return Some(Loaded::Compact(State::TokenBucket(token_bucket::State { rate, tokens, last }), p));
+            let Params::TokenBucket(rate) = entry((*p).id())?.params else { return None };
+            return Some(Loaded::Compact((*p).state(rate), p));
         }
         match inline_id(word) {
             None => Some(Loaded::Boxed(word as *mut State)),
@@ -399,7 +425,7 @@ pub fn form(word: *const c_void) -> Form {
 /// The form `into_word` gives `s` (adds its parameters to the table, as `into_word` would).
 pub fn form_of(s: &State) -> Form {
     match s {
-        State::TokenBucket(_) if compact_id(s, None).is_some() => Form::Compact,
+        State::TokenBucket(_) if compact_of(s, None).is_some() => Form::Compact,
         _ if inline(s, None).is_some() => Form::Inline,
         _ => Form::Boxed,
     }
@@ -481,8 +507,8 @@ mod tests {
     fn token_buckets_are_compact_and_decode_exactly() {
         enable_inline(true);
         let rate = Rate::new(1000, 86_400 * NANOS_PER_SEC, 1000).unwrap();
-        let now = 1_764_460_800 * NANOS_PER_SEC + 1;
-        for tokens in [0i128, 1, -1, rate.capacity_scaled(), -(1i128 << 115), 1i128 << 115] {
+        let now = 1_764_460_800 * NANOS_PER_SEC + 1_000; // a whole µs, as every call's now
+        for tokens in [0i128, 1, -1, rate.capacity_scaled(), i64::MIN as i128, i64::MAX as i128] {
             let s = State::TokenBucket(token_bucket::State { rate, tokens, last: now });
             assert_eq!(form_of(&s), Form::Compact);
             let w = into_word(s.clone(), None);
@@ -491,16 +517,36 @@ mod tests {
             let back = unsafe { Loaded::from_word(w) }.expect("entry");
             assert_eq!(*back, s);
             assert_eq!(back.encode(), s.encode());
-            assert_eq!(value_bytes(&back, form(w)), 32);
+            assert_eq!(value_bytes(&back, form(w)), 16);
             // Rewritten in place, same word.
             let Loaded::Compact(_, p) = back else { panic!("not compact") };
-            let next = State::TokenBucket(token_bucket::State { rate, tokens: tokens - 7, last: now + 5 });
+            let next = State::TokenBucket(token_bucket::State { rate, tokens: tokens / 2 - 7, last: now + 5_000 });
             assert!(unsafe { overwrite_compact(p, &next) });
             assert_eq!(*unsafe { Loaded::from_word(w) }.unwrap(), next);
             // A state of another algorithm is never written into a compact box.
             let g = State::Gcra(gcra::State { rate, tat: now as i128 * 1000 });
             assert!(!unsafe { overwrite_compact(p, &g) });
-            assert_eq!(unsafe { table_id(w) }, Some(unsafe { (*p).id }));
+            assert_eq!(unsafe { table_id(w) }, Some(unsafe { (*p).id() }));
+            unsafe { free(w) };
+        }
+        // What a compact box cannot hold exactly keeps the general box, and decodes the same.
+        let latest = BASE + ((1i64 << 52) - 1) * NANOS_PER_MICRO;
+        for (tokens, last, fits) in [
+            (i64::MAX as i128 + 1, now, false),
+            (i64::MIN as i128 - 1, now, false),
+            (0, now + 1, false),
+            (0, BASE - NANOS_PER_MICRO, false),
+            (0, BASE, true),
+            (0, latest, true),
+            (0, latest + NANOS_PER_MICRO, false),
+            (0, i64::MAX, false),
+            (0, i64::MIN, false),
+        ] {
+            let s = State::TokenBucket(token_bucket::State { rate, tokens, last });
+            assert_eq!(form_of(&s) == Form::Compact, fits, "{s:?}");
+            let w = into_word(s.clone(), None);
+            assert_eq!(form(w) == Form::Compact, fits);
+            assert_eq!(*unsafe { Loaded::from_word(w) }.unwrap(), s);
             unsafe { free(w) };
         }
     }
