@@ -330,8 +330,8 @@ impl Key {
             }
             Some(Loaded::Inline(_, id)) => Some(*id),
             // A compact token bucket stays in its box when its rate has a table id.
-            Some(Loaded::Compact(_, p)) => {
-                if unsafe { value::overwrite_compact(*p, &state) } {
+            Some(Loaded::Compact(old, p)) => {
+                if unsafe { value::overwrite_compact(*p, old, &state) } {
                     self.modified.set(true);
                     return Ok(());
                 }

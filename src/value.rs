@@ -34,8 +34,8 @@
 
 use std::collections::HashMap;
 use std::os::raw::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{LazyLock, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{LazyLock, Mutex};
 
 use crate::core::codec::State;
 use crate::core::{fixed, gcra, leaky, sliding, token_bucket, Nanos, Rate, Window, NANOS_PER_MICRO};
@@ -97,45 +97,52 @@ fn gcd(mut a: i128, mut b: i128) -> i128 {
     a.max(1)
 }
 
-#[derive(Default)]
-struct Table {
-    entries: Vec<Entry>,
-    ids: HashMap<Params, u16>,
-}
-
-static TABLE: LazyLock<RwLock<Table>> = LazyLock::new(|| RwLock::new(Table::default()));
+// The table: entries in segments of SEGMENT, allocated as it grows, never changed or freed once
+// published. `LEN` publishes them (Release after the write, Acquire before a read), so a read
+// (every call decodes and re-encodes a value) takes no lock; additions and lookups by
+// parameters (a new key) hold `IDS`.
+const SEGMENT: usize = 64;
+static SEGMENTS: [AtomicPtr<Entry>; CAPACITY.div_ceil(SEGMENT)] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; CAPACITY.div_ceil(SEGMENT)];
+static LEN: AtomicUsize = AtomicUsize::new(0);
+static IDS: LazyLock<Mutex<HashMap<Params, u16>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 fn entry(id: u16) -> Option<Entry> {
-    let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
-    t.entries.get(id as usize).copied()
+    let id = id as usize;
+    if id >= LEN.load(Ordering::Acquire) {
+        return None;
+    }
+    let segment = SEGMENTS[id / SEGMENT].load(Ordering::Acquire);
+    // SAFETY: entry `id` was written (and its segment stored) before LEN passed it, and is
+    // never written again; only this element is read (others may be being written).
+    Some(unsafe { segment.add(id % SEGMENT).read() })
 }
 
 /// The id of `params`, added to the table if there is room.
 fn intern(params: Params, hint: Option<u16>) -> Option<(u16, Entry)> {
-    {
-        let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = hint.and_then(|h| t.entries.get(h as usize)).filter(|e| e.params == params) {
-            return Some((hint.unwrap_or_default(), *e));
-        }
-        if let Some(&id) = t.ids.get(&params) {
-            return Some((id, t.entries[id as usize]));
-        }
-        if t.entries.len() >= CAPACITY {
-            return None;
-        }
+    if let Some(e) = hint.and_then(|h| entry(h).filter(|e| e.params == params)) {
+        return Some((hint.unwrap_or_default(), e));
     }
-    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
-    if let Some(&id) = t.ids.get(&params) {
-        return Some((id, t.entries[id as usize]));
+    let mut ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&id) = ids.get(&params) {
+        return Some((id, entry(id)?));
     }
-    if t.entries.len() >= CAPACITY {
+    let id = LEN.load(Ordering::Acquire);
+    if id >= CAPACITY {
         return None;
     }
-    let id = t.entries.len() as u16;
+    let slot = &SEGMENTS[id / SEGMENT];
+    if slot.load(Ordering::Acquire).is_null() {
+        let segment = std::mem::ManuallyDrop::new(Vec::<Entry>::with_capacity(SEGMENT)).as_mut_ptr();
+        slot.store(segment, Ordering::Release);
+    }
     let e = Entry::new(params);
-    t.entries.push(e);
-    t.ids.insert(params, id);
-    Some((id, e))
+    // SAFETY: slot `id` of an allocation of SEGMENT entries; no reader looks at it before LEN
+    // passes it, and writers hold IDS.
+    unsafe { slot.load(Ordering::Acquire).add(id % SEGMENT).write(e) };
+    LEN.store(id + 1, Ordering::Release);
+    ids.insert(params, id as u16);
+    Some((id as u16, e))
 }
 
 fn params_of(s: &State) -> Option<Params> {
@@ -212,12 +219,17 @@ fn compact(s: &State, hint: Option<u16>) -> Option<*mut c_void> {
     Some((p as usize | COMPACT_TAG) as *mut c_void)
 }
 
-/// Writes `s` over a compact box in place, when it fits one.
+/// Writes `s` over a compact box in place, when it fits one. `prior`: the state decoded from
+/// the box (the same rate needs no table lookup).
 ///
 /// # Safety
 /// `p` is the live compact box of a value of this type.
-pub unsafe fn overwrite_compact(p: *mut CompactBucket, s: &State) -> bool {
-    match compact_of(s, Some((*p).id())) {
+pub unsafe fn overwrite_compact(p: *mut CompactBucket, prior: &State, s: &State) -> bool {
+    let c = match (prior, s) {
+        (State::TokenBucket(old), State::TokenBucket(tb)) if old.rate == tb.rate => CompactBucket::new(tb, (*p).id()),
+        _ => compact_of(s, Some((*p).id())),
+    };
+    match c {
         Some(c) => {
             *p = c;
             true
@@ -521,11 +533,16 @@ mod tests {
             // Rewritten in place, same word.
             let Loaded::Compact(_, p) = back else { panic!("not compact") };
             let next = State::TokenBucket(token_bucket::State { rate, tokens: tokens / 2 - 7, last: now + 5_000 });
-            assert!(unsafe { overwrite_compact(p, &next) });
+            assert!(unsafe { overwrite_compact(p, &s, &next) });
             assert_eq!(*unsafe { Loaded::from_word(w) }.unwrap(), next);
             // A state of another algorithm is never written into a compact box.
             let g = State::Gcra(gcra::State { rate, tat: now as i128 * 1000 });
-            assert!(!unsafe { overwrite_compact(p, &g) });
+            assert!(!unsafe { overwrite_compact(p, &next, &g) });
+            // Another rate: rewritten in place with that rate's id.
+            let other = Rate::new(999, 86_400 * NANOS_PER_SEC, 1000).unwrap();
+            let moved = State::TokenBucket(token_bucket::State { rate: other, tokens: 5, last: now });
+            assert!(unsafe { overwrite_compact(p, &next, &moved) });
+            assert_eq!(*unsafe { Loaded::from_word(w) }.unwrap(), moved);
             assert_eq!(unsafe { table_id(w) }, Some(unsafe { (*p).id() }));
             unsafe { free(w) };
         }
