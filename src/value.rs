@@ -157,8 +157,9 @@ fn params_of(s: &State) -> Option<Params> {
 
 /// A token bucket's state without its parameters, which are entry `id` of the table: 16
 /// bytes, jemalloc's 16-byte class (the general box takes 64). Only for states it holds
-/// exactly: the balance (units × period, at most BURST × period) within an i64, as for any
-/// BURST up to 106,751 over a day or 9.2 × 10^9 over a second; `last` a whole µs (as every
+/// exactly: the balance (units × period, at most BURST × period) within an i64, which every
+/// balance is when BURST × period < 2^63 ns (BURST up to 106,751 over a day, 9.2 × 10^9 over a
+/// second) and larger buckets' are while they hold fewer units; `last` a whole µs (as every
 /// call's now is) after BASE, within 2^52 µs (142 years). Any other token bucket keeps the
 /// general box.
 #[repr(C)]

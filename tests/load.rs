@@ -542,6 +542,59 @@ fn memory_usage_matches_native_type() {
     assert!(mu < m2 / 4, "memory not given back: {mu} vs peak {m2}");
 }
 
+/// A token bucket moves between its 16-byte compact box and the general box as its rate changes
+/// (the compact box holds balances within an i64: BURST × period < 2^63 ns); in every form it
+/// answers and dumps exactly what the core computes, and MEMORY USAGE follows the form.
+#[test]
+fn token_bucket_compact_and_general_forms() {
+    let server = Server::start();
+    let mut c = Resp::connect(server.port);
+    assert_eq!(c.c(&["RL.DEBUG", "CLOCK", "SET", &T0_US.to_string()]), Reply::Status(b"OK".to_vec()));
+    // An inline GCRA state adds nothing to Redis' own cost of a key of the same name length.
+    limiter_ints(&c.c(&["RL.GCRA", "f:gcra", "10", "1h"]), false).unwrap();
+    let base = memory_usage(&mut c, "f:gcra");
+    // DUMP then holds the encoded state as it is (no LZF).
+    assert_eq!(c.c(&["CONFIG", "SET", "rdbcompression", "no"]), Reply::Status(b"OK".to_vec()));
+    let general = std::mem::size_of::<State>() as i64;
+    let hour = 3_600_000 * NANOS_PER_MILLI;
+    let day = 24 * hour;
+    let mut model = Model::default();
+    let mut now = T0_US;
+    // (limit, period, its ns, clock step in µs, bytes the value costs the module)
+    let steps = [
+        ("10", "1h", hour, 1_234_567, 16),
+        ("1000000", "1d", day, 1_234_567, 16), // carried over: a few tokens, within an i64
+        ("1000000", "1d", day, 3 * 3_600_000_000, general), // refilled past 2^63 / 8.64e13 tokens
+        ("10", "1h", hour, 1_234_567, 16),
+        ("20", "1h", hour, 1_234_567, 16), // another rate: another table id, still compact
+        ("20", "1h", hour, 1, 16),
+    ];
+    for (i, (limit, period, ns, step, bytes)) in steps.into_iter().enumerate() {
+        for _ in 0..2 {
+            now += step;
+            c.c(&["RL.DEBUG", "CLOCK", "SET", &now.to_string()]);
+            let got = limiter_ints(&c.c(&["RL.TOKENBUCKET", "f:tokb", limit, period]), false).unwrap();
+            let spec = spec_of("RL.TOKENBUCKET", limit.parse().unwrap(), ns, None);
+            let want = decision_ints(&model.check(&spec, now, Request::new(1), false), false);
+            assert_eq!(got, want, "step {i}: {limit} per {period}");
+        }
+        let dump = c.c(&["DUMP", "f:tokb"]);
+        assert!(contains(dump.bulk().expect("DUMP"), &model.encoded().unwrap()), "step {i}: DUMP does not hold the model's state");
+        assert_eq!(memory_usage(&mut c, "f:tokb") - base, bytes, "step {i}: {limit} per {period}");
+    }
+    // A new full bucket of 10^6 per day: 8.64 × 10^19 ≥ 2^63, the general box.
+    limiter_ints(&c.c(&["RL.TOKENBUCKET", "f:full", "1000000", "1d"]), false).unwrap();
+    assert_eq!(memory_usage(&mut c, "f:full") - base, general);
+    // A copy and a restored dump decode to the same state, compact again.
+    assert_eq!(c.c(&["COPY", "f:tokb", "f:copy"]).int(), Some(1));
+    let dump = c.c(&["DUMP", "f:tokb"]).bulk().unwrap().to_vec();
+    assert_eq!(c.cmd(&[b"RESTORE", b"f:rest", b"0", &dump]), Reply::Status(b"OK".to_vec()));
+    for key in ["f:copy", "f:rest"] {
+        assert_eq!(c.c(&["DUMP", key]).bulk().map(dump_body), Some(dump_body(&dump)), "{key}");
+        assert_eq!(memory_usage(&mut c, key) - base, 16, "{key}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // (d) maxmemory with noeviction: RL commands answer OOM and write nothing.
 
