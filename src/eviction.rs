@@ -31,17 +31,21 @@ pub fn current() -> Option<Setting> {
 }
 
 /// Checks at load, then after every `CONFIG SET` (the config-change server event, Redis 7.0
-/// and newer).
-pub fn watch(ctx: *mut RedisModuleCtx) {
+/// and newer). Returns whether configuration changes are reported. (A module subscribes to an
+/// event once: the same callback also tells `propagation`, which caches the AOF setting.)
+pub fn watch(ctx: *mut RedisModuleCtx) -> bool {
     check(ctx, "at load");
     let event = RedisModuleEvent { id: raw::REDISMODULE_EVENT_CONFIG, dataver: 1 };
     let subscribed = unsafe { raw::RedisModule_SubscribeToServerEvent.map(|f| f(ctx, event, Some(on_config))) };
     if subscribed != Some(raw::REDISMODULE_OK as c_int) {
         log(ctx, c"warning", "ratelimit: this server reports no configuration changes: the eviction risk is checked at load only");
+        return false;
     }
+    true
 }
 
 unsafe extern "C" fn on_config(ctx: *mut RedisModuleCtx, _eid: RedisModuleEvent, _sub: u64, _data: *mut c_void) {
+    crate::propagation::forget();
     let _ = std::panic::catch_unwind(|| check(ctx, "after CONFIG SET"));
 }
 

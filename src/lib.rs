@@ -103,8 +103,8 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         }
     }
     unsafe { raw::RedisModule_RegisterInfoFunc.unwrap()(ctx.ctx, Some(metrics::info)) };
-    eviction::watch(ctx.ctx);
-    propagation::watch(ctx.ctx);
+    let config_events = eviction::watch(ctx.ctx);
+    propagation::watch(ctx.ctx, config_events);
     Status::Ok
 }
 

@@ -8,17 +8,17 @@
 //! the call when the answer is no. The state of the keys is the same either way; what is
 //! skipped is only what Redis would have thrown away.
 //!
-//! The AOF state and the role come with every call's context flags. The backlog does not: it
-//! is read from `INFO replication` once and again after any server event that can create a
-//! backlog or a replica, and until then the answer is "propagate":
+//! None of this is in a call's arguments, so the answer is cached: found from the context flags
+//! (the AOF, the role) and `INFO replication` (the backlog, the replicas) at the first effect,
+//! and found again at the next effect after any server event that can change it:
 //! - a replica's SYNC creates the backlog before anything needs it: the replica's stream starts
 //!   at the fork that produces its RDB, and the fork (`FORK_CHILD` born, fired in the parent)
-//!   makes the next call read INFO again, before it writes;
+//!   makes the next call look again, before it writes;
 //! - becoming a replica (`REPLICATION_ROLE_CHANGED`, `MASTER_LINK_CHANGE`), a replica coming
-//!   or going (`REPLICA_CHANGE`) and loading a dataset (`LOADING`: an RDB with replication
+//!   or going (`REPLICA_CHANGE`), loading a dataset (`LOADING`: an RDB with replication
 //!   metadata restores the backlog, so that replicas can resynchronize partially after a
-//!   restart) do the same;
-//! - a server event that cannot be subscribed to makes the module propagate always.
+//!   restart) and any `CONFIG SET` (`appendonly`) do the same;
+//! - when an event cannot be subscribed to, effects are always propagated.
 //!
 //! Being wrong on the safe side (propagating what Redis drops) costs time only; the INFO read
 //! costs a few microseconds once per event. All of this runs on Redis's main thread.
@@ -32,7 +32,7 @@ const UNKNOWN: u8 = 0;
 const NOT_NEEDED: u8 = 1;
 const NEEDED: u8 = 2;
 
-/// Whether effects are needed, as last found (UNKNOWN: look again before the next effect).
+/// Whether effects are needed, as last found (UNKNOWN: find it again at the next effect).
 static BACKLOG: AtomicU8 = AtomicU8::new(UNKNOWN);
 /// Every event that invalidates BACKLOG is subscribed to; without them, always propagate.
 static WATCHING: AtomicBool = AtomicBool::new(false);
@@ -45,17 +45,24 @@ const EVENTS: [u64; 5] = [
     raw::REDISMODULE_EVENT_LOADING,
 ];
 
-/// Subscribes to the events that can make a backlog or a replica appear. Called at load.
-pub fn watch(ctx: *mut RedisModuleCtx) {
+/// Subscribes to the events that can make a backlog, a replica or the AOF appear. Called at
+/// load; `config_events`: the configuration-change event is subscribed to (by `eviction`,
+/// whose callback calls `forget`).
+pub fn watch(ctx: *mut RedisModuleCtx, config_events: bool) {
     let Some(subscribe) = (unsafe { raw::RedisModule_SubscribeToServerEvent }) else { return };
     let all = EVENTS.iter().all(|&id| {
         let event = RedisModuleEvent { id, dataver: 1 };
         unsafe { subscribe(ctx, event, Some(on_event)) == raw::REDISMODULE_OK as c_int }
     });
-    WATCHING.store(all, Relaxed);
+    WATCHING.store(all && config_events, Relaxed);
 }
 
 unsafe extern "C" fn on_event(_ctx: *mut RedisModuleCtx, _eid: RedisModuleEvent, _sub: u64, _data: *mut c_void) {
+    forget();
+}
+
+/// The answer may have changed: find it again before the next effect.
+pub fn forget() {
     BACKLOG.store(UNKNOWN, Relaxed);
 }
 
@@ -75,23 +82,22 @@ pub fn needed(ctx: *mut RedisModuleCtx) -> bool {
 }
 
 fn effects_have_readers(ctx: *mut RedisModuleCtx) -> bool {
-    let backlog = BACKLOG.load(Relaxed);
-    if backlog == NEEDED || !WATCHING.load(Relaxed) {
-        return true;
+    match BACKLOG.load(Relaxed) {
+        _ if !WATCHING.load(Relaxed) => true,
+        NEEDED => true,
+        NOT_NEEDED => false,
+        _ => find(ctx),
     }
+}
+
+fn find(ctx: *mut RedisModuleCtx) -> bool {
     let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx) } as u32;
     if flags & raw::REDISMODULE_CTX_FLAGS_LOADING != 0 {
-        return true;
+        return true; // (Redis drops it; found again once loaded.)
     }
-    // (Kept until the next event: turning the AOF off later only costs time.)
-    if flags & raw::REDISMODULE_CTX_FLAGS_AOF != 0 || flags & raw::REDISMODULE_CTX_FLAGS_MASTER == 0 {
-        BACKLOG.store(NEEDED, Relaxed);
-        return true;
-    }
-    if backlog == NOT_NEEDED {
-        return false;
-    }
-    let needed = backlog_or_replica(ctx).unwrap_or(true);
+    let needed = flags & raw::REDISMODULE_CTX_FLAGS_AOF != 0
+        || flags & raw::REDISMODULE_CTX_FLAGS_MASTER == 0
+        || backlog_or_replica(ctx).unwrap_or(true);
     BACKLOG.store(if needed { NEEDED } else { NOT_NEEDED }, Relaxed);
     needed
 }
