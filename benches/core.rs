@@ -99,7 +99,7 @@ fn full_log(limit: u64) -> (sliding_log::State, Window, Nanos) {
         assert_eq!(d.allowed, 1, "filling the log: call {i} must be admitted");
         state.apply(&commit.expect("admitted call commits"));
     }
-    assert_eq!(state.log.entries.len() as u64, limit);
+    assert_eq!(state.log.len() as u64, limit);
     assert_eq!(state.in_window(now), limit, "the log is at its limit");
     (state, win, now)
 }
@@ -126,7 +126,7 @@ fn sliding_log_at_limit(c: &mut Criterion) {
         });
         // Still at the limit, still the same size: the benchmark measured the steady state.
         assert_eq!(state.in_window(now), limit);
-        assert_eq!(state.log.entries.len() as u64, limit);
+        assert_eq!(state.log.len() as u64, limit);
     }
     g.finish();
 }

@@ -278,7 +278,7 @@ pub fn info(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         State::SlidingLog(s) => f.extend([
             ("limit", int(s.win.limit)),
             ("window_us", us(s.win.window as i128)),
-            ("entries", int(s.log.entries.len() as u64)),
+            ("entries", int(s.log.len() as u64)),
             ("units", int(s.log.total)),
             ("in_window", int(s.in_window(now))),
             ("oldest_us", Field::Int(s.log.oldest().unwrap_or(-1))),

@@ -7,7 +7,6 @@
 //! can run it. Each runs behind `catch_unwind`: a panic must never reach redis-server.
 
 use std::cell::Cell;
-use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -137,8 +136,8 @@ pub static DEFRAG_VISITS: AtomicU64 = AtomicU64::new(0);
 pub static DEFRAG_MOVES: AtomicU64 = AtomicU64::new(0);
 
 /// Active defragmentation (servers built with Redis' jemalloc and `activedefrag yes`): moves the
-/// value's allocations (the boxed state; for a sliding log also its box and its two entry
-/// buffers) where `RedisModule_DefragAlloc` says. Only addresses change, never a byte of the
+/// value's allocations (the boxed state; for a sliding log also its box and its entry
+/// buffer) where `RedisModule_DefragAlloc` says. Only addresses change, never a byte of the
 /// state. Everything is moved in one call (a few allocations per key), so it returns 0: done.
 unsafe extern "C" fn defrag(ctx: *mut raw::RedisModuleDefragCtx, _key: *mut RedisModuleString, value: *mut *mut c_void) -> c_int {
     guarded(0, || {
@@ -167,21 +166,20 @@ unsafe extern "C" fn defrag(ctx: *mut raw::RedisModuleDefragCtx, _key: *mut Redi
             // Nothing between the read and the write can unwind.
             let inner = Box::into_raw(std::ptr::read(log));
             std::ptr::write(log, Box::from_raw(moved(inner.cast()).cast()));
-            defrag_deque(&mut log.log.entries, &moved);
-            defrag_deque(&mut log.log.big, &moved);
+            defrag_vec(log.log.buffer_mut(), &moved);
         }
         0
     })
 }
 
-/// Moves a VecDeque's buffer: as a Vec (no reallocation either way), by its raw parts.
-unsafe fn defrag_deque(deque: &mut VecDeque<u64>, moved: &impl Fn(*mut c_void) -> *mut c_void) {
-    if deque.capacity() == 0 {
+/// Moves a Vec's buffer, by its raw parts (no reallocation).
+unsafe fn defrag_vec<T>(vec: &mut Vec<T>, moved: &impl Fn(*mut c_void) -> *mut c_void) {
+    if vec.capacity() == 0 {
         return; // no allocation (a dangling pointer)
     }
-    let mut v = ManuallyDrop::new(Vec::from(std::mem::take(deque)));
+    let mut v = ManuallyDrop::new(std::mem::take(vec));
     let (ptr, len, cap) = (v.as_mut_ptr(), v.len(), v.capacity());
-    *deque = VecDeque::from(Vec::from_raw_parts(moved(ptr.cast()).cast::<u64>(), len, cap));
+    *vec = Vec::from_raw_parts(moved(ptr.cast()).cast::<T>(), len, cap);
 }
 
 unsafe extern "C" fn free(value: *mut c_void) {

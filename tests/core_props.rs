@@ -727,3 +727,146 @@ proptest! {
         prop_assert_eq!(exact::div_ceil(n, d), q + (r != 0) as i128);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The byte log against the word log it replaced.
+
+#[path = "common/old_sliding_log.rs"]
+mod old_sliding_log;
+
+/// Any window: sub-µs to a century, limits from 1 to MAX_COUNT.
+fn any_window() -> impl Strategy<Value = Window> {
+    let limit = prop_oneof![1u64..=20, 1u64..=5_000, 1u64..=MAX_COUNT];
+    let len = prop_oneof![
+        1i64..=3 * US,
+        1i64..=10 * NANOS_PER_MILLI,
+        SEC..=3_600 * SEC,
+        86_400 * SEC..=redis_ratelimit::core::MAX_PERIOD,
+    ];
+    (limit, len).prop_map(|(l, w)| Window::new(l, w).unwrap())
+}
+
+/// One call: (how far the clock moves, cost, partial, which window).
+fn log_op() -> impl Strategy<Value = (Nanos, u64, bool, usize)> {
+    let big = sliding_log::BIG;
+    let dt = prop_oneof![
+        3 => Just(0i64),                                  // the same µs: merges
+        2 => 0i64..1_000,                                  // within a µs or just past it
+        4 => (1i64..64).prop_map(|u| u * US),              // one-byte gaps
+        2 => (64i64..8_192).prop_map(|u| u * US),
+        2 => (8_192i64..2_000_000).prop_map(|u| u * US),
+        2 => SEC..7_200 * SEC,
+        1 => 86_400 * SEC..200 * 365 * 86_400 * SEC,      // beyond any window: gaps of 8 bytes
+        2 => (-10 * SEC)..0,                               // the clock steps back
+    ];
+    let cost = prop_oneof![
+        1 => Just(0u64),
+        6 => Just(1u64),
+        3 => 2u64..200,
+        2 => (big - 3)..(big + 3),
+        1 => big..4 * big,
+        1 => 1u64..=MAX_COUNT,
+    ];
+    (dt, cost, any::<bool>(), 0usize..3)
+}
+
+proptest! {
+    #![proptest_config(cfg(3000))]
+
+    /// The byte log holds exactly what the word log held (entries, total, encoding byte for
+    /// byte) and decides as the naive model does, on traces with merges, big counts, window
+    /// changes, clocks stepping back and gaps of every length; decoding gives the same log
+    /// back; the buffer stays within 4× its bytes (the shrink rule).
+    #[test]
+    fn byte_log_matches_word_log(
+        wins in prop::collection::vec(any_window(), 3), ops in prop::collection::vec(log_op(), 1..120), t0 in start(),
+    ) {
+        let mut now = t0;
+        let mut naive = NaiveLog { log: Vec::new() };
+        let (mut new, mut old): (Option<sliding_log::State>, Option<old_sliding_log::State>) = (None, None);
+        for (i, &(dt, cost, partial, wi)) in ops.iter().enumerate() {
+            now = now.saturating_add(dt).clamp(0, sliding_log::MAX_TS * US);
+            let w = wins[wi];
+            let req = Request { cost, partial };
+            let (d, c) = sliding_log::check(new.as_ref(), &w, now, req);
+            prop_assert_eq!(d, naive.check(&w, now, req), "call {} at {}", i, now);
+            if let Some(c) = c {
+                let s = new.get_or_insert_with(|| sliding_log::State::new(c.win));
+                let o = old.get_or_insert_with(|| old_sliding_log::State::new(c.win));
+                prop_assert_eq!(s.total_after(&c), o.total_after(&c));
+                prop_assert!(s.total_after(&c) <= MAX_COUNT);
+                s.apply(&c);
+                o.apply(&c);
+            }
+            let (Some(s), Some(o)) = (&new, &old) else { continue };
+            prop_assert_eq!(s.log.iter().collect::<Vec<_>>(), o.log.iter().collect::<Vec<_>>());
+            prop_assert_eq!((s.log.total, s.log.len()), (o.log.total, o.log.entries.len()));
+            prop_assert_eq!((s.log.oldest(), s.log.newest()), (o.log.oldest(), o.log.newest()));
+            let enc = State::SlidingLog(Box::new(s.clone())).encode();
+            prop_assert_eq!(&enc, &old_sliding_log::encode(o));
+            prop_assert_eq!(State::decode(&enc), Ok(State::SlidingLog(Box::new(s.clone()))));
+            let used: usize = s.log.iter().scan(None, |prev: &mut Option<i64>, (ts, c)| {
+                let gap = (ts - prev.unwrap_or(ts)) as u64;
+                *prev = Some(ts);
+                Some(varint_len(gap << 1) + if c > 1 { varint_len(c) } else { 0 })
+            }).sum();
+            // (`used` counts the oldest entry's gap from itself; the log's from the entry
+            // dropped before it: up to 7 bytes more.)
+            prop_assert!(s.log.heap_bytes() <= 64.max(4 * (used + 7)), "{} bytes held for {}", s.log.heap_bytes(), used);
+        }
+    }
+}
+
+fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// The bytes a log holds per entry, growing only: at most the entry's varints × 1.25 (the next
+/// size class), from 100 entries up; one byte for requests under 64 µs apart, three under a
+/// second, five under 4.8 hours (docs/PERFORMANCE.md).
+#[test]
+fn byte_log_memory_per_entry() {
+    for (gap, bytes) in [(US, 1), (7 * NANOS_PER_MILLI, 2), (SEC / 2, 3), (60 * SEC, 4), (3_600 * SEC, 5)] {
+        for n in [10u64, 100, 1_000, 10_000] {
+            let w = Window::new(n, redis_ratelimit::core::MAX_PERIOD).unwrap();
+            let mut s = sliding_log::State::new(w);
+            for i in 0..n as i64 {
+                let (_, c) = sliding_log::check(Some(&s), &w, T0 + i * gap, Request::new(1));
+                s.apply(&c.expect("admitted"));
+            }
+            assert_eq!(s.log.len() as u64, n);
+            let per_entry = s.log.heap_bytes() as f64 / n as f64;
+            let bound = if n >= 100 { 1.25 * bytes as f64 } else { 2.0 * bytes as f64 };
+            assert!(per_entry <= bound, "gap {gap} ns, {n} entries: {per_entry} B/entry, bound {bound}");
+        }
+    }
+}
+
+/// A log's memory follows its traffic: once the entries have left the window, the buffer is
+/// given back down to a small one (a quarter used at most before it shrinks).
+#[test]
+fn byte_log_memory_follows_traffic() {
+    let w = Window::new(100_000, SEC).unwrap();
+    let mut s = sliding_log::State::new(w);
+    let mut now = T0;
+    let call = |s: &mut sliding_log::State, now: Nanos| {
+        let (_, c) = sliding_log::check(Some(s), &w, now, Request::new(1));
+        s.apply(&c.expect("admitted"));
+    };
+    for _ in 0..50_000 {
+        now += 10 * US; // 10 µs apart: one byte each
+        call(&mut s, now);
+    }
+    let full = s.log.heap_bytes();
+    assert!(full <= 50_000 * 5 / 4, "{full}");
+    // Half a window on, half the entries are left: more than a quarter used, nothing given back.
+    now += 3 * SEC / 4;
+    call(&mut s, now);
+    assert_eq!(s.log.len(), 25_001);
+    assert_eq!(s.log.heap_bytes(), full);
+    // Past the window: one entry left, and the buffer with it.
+    now += 2 * SEC;
+    call(&mut s, now);
+    assert_eq!(s.log.len(), 1);
+    assert!(s.log.heap_bytes() <= 64, "{}", s.log.heap_bytes());
+}

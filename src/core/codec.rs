@@ -113,10 +113,15 @@ impl State {
             }
             State::SlidingLog(s) => {
                 put_window(out, &s.win);
-                put_u64(out, s.log.entries.len() as u64);
-                s.log.entries.iter().for_each(|&e| put_u64(out, e));
-                put_u64(out, s.log.big.len() as u64);
-                s.log.big.iter().for_each(|&c| put_u64(out, c));
+                // One word per entry, then the counts that do not fit their word, in order.
+                put_u64(out, s.log.len() as u64);
+                let mut bigs = 0u64;
+                for (ts, count) in s.log.iter() {
+                    put_u64(out, sliding_log::stored_entry(ts, count));
+                    bigs += (count >= sliding_log::BIG) as u64;
+                }
+                put_u64(out, bigs);
+                s.log.iter().filter(|&(_, c)| c >= sliding_log::BIG).for_each(|(_, c)| put_u64(out, c));
             }
         }
     }
@@ -197,9 +202,9 @@ impl Update {
 fn decode_log(r: &mut Reader) -> Result<sliding_log::State, &'static str> {
     let mut s = sliding_log::State::new(r.window()?);
     let n = r.len()?;
+    let mut entries = Vec::with_capacity(n);
     let mut last_ts = 0;
     let mut bigs = 0usize;
-    s.log.entries.reserve_exact(n);
     for _ in 0..n {
         let e = r.u64()?;
         let (ts, count) = (sliding_log::ts_of(e), e >> 53);
@@ -208,23 +213,24 @@ fn decode_log(r: &mut Reader) -> Result<sliding_log::State, &'static str> {
         }
         last_ts = ts;
         bigs += (count == sliding_log::BIG) as usize;
-        s.log.entries.push_back(e);
+        entries.push((ts, count));
     }
     if r.len()? != bigs {
         return Err("log counts do not match");
     }
-    for _ in 0..bigs {
-        let c = r.units()?;
-        if c == 0 {
+    for (_, count) in entries.iter_mut().filter(|(_, c)| *c == sliding_log::BIG) {
+        *count = r.units()?;
+        if *count == 0 {
             return Err("log count is zero");
         }
-        s.log.big.push_back(c);
     }
     let mut total = 0u64;
-    for (_, c) in s.log.iter() {
-        total = total.checked_add(c).filter(|t| *t <= super::MAX_COUNT * 2).ok_or("log total too large")?;
+    for (_, count) in &entries {
+        total = total.checked_add(*count).filter(|t| *t <= super::MAX_COUNT * 2).ok_or("log total too large")?;
     }
-    s.log.total = total;
+    for (ts, count) in entries {
+        s.log.push_stored(ts, count);
+    }
     Ok(s)
 }
 

@@ -2,29 +2,44 @@
 //! interval (now − window, now] plus its cost fit the limit.
 //!
 //! Unlike the sorted-set log, its cost does not grow with the client's volume: the log is a
-//! FIFO of 8-byte entries (microsecond timestamp and unit count packed in one word; requests
-//! in the same microsecond share an entry) with a running total, so an admitted call pops the
-//! entries that left the window (each entry is popped once: amortized O(1)) and pushes or
-//! merges one. Entries hold at least one unit each, so the log never holds more than `limit`
-//! entries. Counts too large for the 11-bit field live in a side FIFO, in entry order.
-
-use std::collections::VecDeque;
+//! FIFO of entries (a microsecond timestamp and a unit count; requests in the same microsecond
+//! share an entry) with a running total, so an admitted call pops the entries that left the
+//! window (each entry is popped once: amortized O(1)) and pushes or merges one. Entries hold at
+//! least one unit each, so the log never holds more than `limit` entries.
+//!
+//! In memory the entries are bytes, oldest first: each entry is the varint (LEB128) of
+//! `gap << 1 | (count > 1)`, followed by the varint of `count` when that bit is set, where `gap`
+//! is the µs since the previous entry (the first entry's since `Log::base`). A log only walks
+//! its entries in order (from the oldest to evict and to count, at the newest to merge), so
+//! gaps lose nothing: one byte per request under 64 µs apart, two under 8 ms, three under 1 s,
+//! four under 2 min, five under 4.8 h, at most eight (any gap up to the year 2255); a count
+//! above one adds its own varint. The stored encoding (codec.rs) is still one word per entry:
+//! [`stored_entry`] and [`BIG`].
 
 use super::{to_nanos, Decision, Nanos, Request, Window, NANOS_PER_MICRO};
 
 const TS_BITS: u32 = 53;
 const TS_MASK: u64 = (1 << TS_BITS) - 1;
-/// Counts from 1 to BIG - 1 are stored inline; BIG marks an entry whose count is in `big`.
+/// Stored encoding: counts from 1 to BIG - 1 are stored in the entry's word; BIG marks an entry
+/// whose count follows the entries, in entry order.
 pub const BIG: u64 = (1 << (64 - TS_BITS)) - 1;
 /// Latest representable timestamp (µs since the epoch: the year 2255).
 pub const MAX_TS: i64 = TS_MASK as i64;
 
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Log {
-    /// `count << 53 | timestamp_us`, oldest first, timestamps non-decreasing.
-    pub entries: VecDeque<u64>,
-    /// Counts of the entries marked BIG, in entry order.
-    pub big: VecDeque<u64>,
+    /// The entries from `head` on, as described above. The bytes before `head` are entries
+    /// already dropped: dropping is `head` moving on; the room is taken back (the live bytes
+    /// moved to the front) when the buffer is full, once it is worth an eighth of them.
+    buf: Vec<u8>,
+    head: usize,
+    /// The timestamp (µs) the oldest entry's gap counts from.
+    base: i64,
+    /// The newest entry's timestamp (meaningless when empty).
+    newest: i64,
+    /// Entries held (low 56 bits) and the newest entry's length in bytes (high 8): a merge
+    /// rewrites that entry.
+    len_and_back: u64,
     /// Sum of all counts.
     pub total: u64,
 }
@@ -45,17 +60,14 @@ pub struct Commit {
     pub units: u64,
 }
 
+/// Stored encoding: the timestamp of an entry's word.
 pub fn ts_of(entry: u64) -> i64 {
     (entry & TS_MASK) as i64
 }
 
-fn inline_count(entry: u64) -> u64 {
-    entry >> TS_BITS
-}
-
-fn pack(ts: i64, count: u64) -> u64 {
-    debug_assert!((1..=BIG).contains(&count));
-    (count << TS_BITS) | (ts as u64 & TS_MASK)
+/// Stored encoding: the word of an entry (its count is BIG when it does not fit the word).
+pub fn stored_entry(ts: i64, count: u64) -> u64 {
+    (count.min(BIG) << TS_BITS) | (ts as u64 & TS_MASK)
 }
 
 fn micros(now: Nanos) -> i64 {
@@ -66,80 +78,241 @@ fn window_us(win: &Window) -> i64 {
     (win.window / NANOS_PER_MICRO).max(1)
 }
 
+const LEN_MASK: u64 = (1 << 56) - 1;
+
+/// Reads a varint at `bytes[*at..]`, moving `at` past it (0 past the end: never happens on
+/// bytes this module wrote).
+#[inline]
+fn read_varint(bytes: &[u8], at: &mut usize) -> u64 {
+    let Some(&first) = bytes.get(*at) else { return 0 };
+    *at += 1;
+    if first < 0x80 {
+        return first as u64;
+    }
+    let (mut v, mut shift) = ((first & 0x7f) as u64, 7u32);
+    while let Some(&b) = bytes.get(*at) {
+        *at += 1;
+        v |= ((b & 0x7f) as u64) << (shift & 63);
+        if b < 0x80 {
+            break;
+        }
+        shift += 7;
+    }
+    v
+}
+
+/// The entry at `bytes[*at..]`: (gap µs, count), moving `at` past it.
+#[inline]
+fn read_entry(bytes: &[u8], at: &mut usize) -> (u64, u64) {
+    let head = read_varint(bytes, at);
+    let count = if head & 1 == 1 { read_varint(bytes, at) } else { 1 };
+    (head >> 1, count)
+}
+
+fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// jemalloc's size class for `n` bytes (Redis's allocator): 16-byte steps up to 128, then four
+/// classes per doubling. A buffer sized to its class wastes nothing to rounding.
+fn size_class(n: usize) -> usize {
+    if n <= 8 {
+        8
+    } else if n <= 128 {
+        n.next_multiple_of(16)
+    } else {
+        let step = 1usize << (usize::BITS - 1 - (n - 1).leading_zeros() - 2);
+        n.next_multiple_of(step)
+    }
+}
+
+/// The entries of a log, oldest first: (timestamp µs, units).
+pub struct Entries<'a> {
+    /// The live bytes: exactly the entries.
+    bytes: &'a [u8],
+    at: usize,
+    ts: i64,
+}
+
+impl Iterator for Entries<'_> {
+    type Item = (i64, u64);
+
+    #[inline]
+    fn next(&mut self) -> Option<(i64, u64)> {
+        if self.at >= self.bytes.len() {
+            return None;
+        }
+        let (gap, count) = read_entry(self.bytes, &mut self.at);
+        self.ts += gap as i64;
+        Some((self.ts, count))
+    }
+}
+
+impl PartialEq for Log {
+    /// The same entries (the bytes may differ in where the gaps count from).
+    fn eq(&self, other: &Log) -> bool {
+        self.len() == other.len() && self.total == other.total && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Log {}
+
 impl Log {
     /// Iterates (timestamp µs, units), oldest first.
-    pub fn iter(&self) -> impl Iterator<Item = (i64, u64)> + '_ {
-        let mut big = self.big.iter();
-        self.entries.iter().map(move |&e| {
-            let c = inline_count(e);
-            (ts_of(e), if c == BIG { *big.next().unwrap_or(&0) } else { c })
-        })
+    pub fn iter(&self) -> Entries<'_> {
+        Entries { bytes: self.live(), at: 0, ts: self.base }
+    }
+
+    fn live(&self) -> &[u8] {
+        &self.buf[self.head..]
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        (self.len_and_back & LEN_MASK) as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn back_len(&self) -> usize {
+        (self.len_and_back >> 56) as usize
+    }
+
+    fn set_len(&mut self, len: usize, back_len: usize) {
+        self.len_and_back = (len as u64 & LEN_MASK) | (back_len as u64) << 56;
     }
 
     /// Units in entries at or before `cutoff`: those that have left the window.
     fn units_through(&self, cutoff: i64) -> u64 {
-        self.iter().take_while(|&(ts, _)| ts <= cutoff).map(|(_, c)| c).sum()
+        let mut units = 0;
+        for (ts, count) in self.iter() {
+            if ts > cutoff {
+                break;
+            }
+            units += count;
+        }
+        units
     }
 
     fn pop_through(&mut self, cutoff: i64) {
-        while let Some(&e) = self.entries.front() {
-            if ts_of(e) > cutoff {
+        let (mut ts, mut at, mut popped) = (self.base, 0usize, 0usize);
+        let mut total = self.total;
+        let live = &self.buf[self.head..];
+        while at < live.len() {
+            let mut next = at;
+            let (gap, count) = read_entry(live, &mut next);
+            if ts + gap as i64 > cutoff {
                 break;
             }
-            self.entries.pop_front();
-            let c = inline_count(e);
-            let c = if c == BIG { self.big.pop_front().unwrap_or(0) } else { c };
-            self.total = self.total.saturating_sub(c);
+            (ts, at, popped) = (ts + gap as i64, next, popped + 1);
+            total = total.saturating_sub(count);
         }
-        shrink(&mut self.entries);
-        shrink(&mut self.big);
+        if popped == 0 {
+            return;
+        }
+        self.total = total;
+        self.base = ts;
+        let len = self.len() - popped;
+        if len == 0 {
+            self.buf.clear();
+            self.head = 0;
+            self.set_len(0, 0);
+        } else {
+            self.head += at;
+            self.set_len(len, self.back_len());
+        }
+        // Give memory back when a log has shrunk to a quarter of its allocation, so a key's
+        // memory follows its traffic, not its peak.
+        let cap = self.buf.capacity();
+        if cap > 64 && self.buf.len() - self.head < cap / 4 {
+            self.compact();
+            self.buf.shrink_to(size_class(self.buf.len() * 2));
+        }
     }
 
-    fn push(&mut self, ts: i64, units: u64) {
-        // Timestamps never go backwards in the log (a clock stepping back records at the newest).
-        let ts = self.newest().map_or(ts, |n| n.max(ts));
+    /// Moves the live bytes to the front of the buffer.
+    fn compact(&mut self) {
+        if self.head > 0 {
+            self.buf.drain(..self.head);
+            self.head = 0;
+        }
+    }
+
+    /// Records `units` at `ts`; `merge`: into the newest entry when it has the same timestamp.
+    fn push(&mut self, ts: i64, units: u64, merge: bool) {
         self.total = self.total.saturating_add(units);
-        if let Some(back) = self.entries.back_mut() {
-            if ts_of(*back) == ts {
-                let c = inline_count(*back);
-                if c == BIG {
-                    *self.big.back_mut().expect("BIG entry without its count") += units;
-                } else if c + units < BIG {
-                    *back = pack(ts, c + units);
-                } else {
-                    *back = pack(ts, BIG);
-                    self.big.push_back(c + units);
-                }
-                return;
+        let len = self.len();
+        if len == 0 {
+            self.base = ts;
+        } else if merge && ts == self.newest {
+            let start = self.buf.len() - self.back_len();
+            let (gap, count) = read_entry(&self.buf, &mut start.clone());
+            self.buf.truncate(start);
+            let n = self.append(gap, count.saturating_add(units));
+            self.set_len(len, n);
+            return;
+        }
+        let gap = (ts - if len == 0 { ts } else { self.newest }) as u64;
+        let n = self.append(gap, units);
+        self.newest = ts;
+        self.set_len(len + 1, n);
+    }
+
+    /// Appends an entry's bytes; returns their length.
+    fn append(&mut self, gap: u64, count: u64) -> usize {
+        let head = gap << 1 | (count > 1) as u64;
+        let n = varint_len(head) + if count > 1 { varint_len(count) } else { 0 };
+        if self.buf.len() + n > self.buf.capacity() {
+            let live = self.buf.len() - self.head;
+            let room_back = self.head >= live / 8 && self.buf.capacity() - live >= n;
+            self.compact();
+            if !room_back {
+                // Grow to the next size class (an eighth to a quarter more): a few bytes of
+                // slack per entry rather than doubling's half; amortized O(1) per byte.
+                let want = size_class((live + n).max(self.buf.capacity() + 1));
+                self.buf.reserve_exact(want - live);
             }
         }
-        if units < BIG {
-            self.entries.push_back(pack(ts, units));
-        } else {
-            self.entries.push_back(pack(ts, BIG));
-            self.big.push_back(units);
+        put_varint(&mut self.buf, head);
+        if count > 1 {
+            put_varint(&mut self.buf, count);
         }
+        n
+    }
+
+    /// Appends an entry as stored (no merge): the decoder's way in. Timestamps must not
+    /// decrease and counts must be positive (the decoder checks both).
+    pub fn push_stored(&mut self, ts: i64, count: u64) {
+        debug_assert!(count > 0 && (self.is_empty() || ts >= self.newest));
+        self.push(ts, count, false);
     }
 
     pub fn newest(&self) -> Option<i64> {
-        self.entries.back().map(|&e| ts_of(e))
+        (!self.is_empty()).then_some(self.newest)
     }
 
     pub fn oldest(&self) -> Option<i64> {
-        self.entries.front().map(|&e| ts_of(e))
+        self.iter().next().map(|(ts, _)| ts)
     }
 
     /// Bytes of heap this log holds.
     pub fn heap_bytes(&self) -> usize {
-        (self.entries.capacity() + self.big.capacity()) * std::mem::size_of::<u64>()
+        self.buf.capacity()
     }
-}
 
-/// Give memory back when a log has shrunk to a quarter of its allocation, so a key's memory
-/// follows its traffic, not its peak.
-fn shrink(q: &mut VecDeque<u64>) {
-    if q.capacity() > 16 && q.len() < q.capacity() / 4 {
-        q.shrink_to(q.len() * 2);
+    /// The buffer, for active defragmentation (which moves it without changing a byte).
+    pub fn buffer_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
     }
 }
 
@@ -152,12 +325,10 @@ impl State {
         self.win = c.win;
         self.log.pop_through(c.cutoff);
         if c.units > 0 {
-            // Grow by half rather than double: memory stays close to 8 bytes per entry.
-            if self.log.entries.len() == self.log.entries.capacity() {
-                let extra = (self.log.entries.len() / 2).max(4);
-                self.log.entries.reserve_exact(extra);
-            }
-            self.log.push(c.ts, c.units);
+            // Timestamps never go backwards in the log (a clock stepping back records at the
+            // newest).
+            let ts = self.log.newest().map_or(c.ts, |n| n.max(c.ts));
+            self.log.push(ts, c.units, true);
         }
     }
 
