@@ -8,7 +8,8 @@
 # Environment: LOG_MEM_PORT [6393], RL_MODULE [target/release/libredis_ratelimit.so],
 # LOG_MEM_SIZES ["10 100 1000 10000"] entries per key, LOG_MEM_KEYS ["20000 2000 200 20"] keys
 # per size, LOG_MEM_GAPS ["1 1000000"] µs between a key's requests (RL.DEBUG CLOCK ADVANCE
-# between rounds, as the benchmark does with 1).
+# between rounds, as the benchmark does with 1), LOG_MEM_WINDOW [1d] (each key's window:
+# RL.SLIDINGLOG log:<n> 100000 <window>; it must cover size × gap for every entry to stay).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -17,6 +18,7 @@ MODULE=${RL_MODULE:-target/release/libredis_ratelimit.so}
 read -r -a SIZES <<<"${LOG_MEM_SIZES:-10 100 1000 10000}"
 read -r -a KEYS <<<"${LOG_MEM_KEYS:-20000 2000 200 20}"
 read -r -a GAPS <<<"${LOG_MEM_GAPS:-1 1000000}"
+WINDOW=${LOG_MEM_WINDOW:-1d}
 [ -f "$MODULE" ] || { echo "log_memory: module not found at $MODULE: run cargo build --release" >&2; exit 1; }
 if redis-cli -p "$PORT" ping >/dev/null 2>&1; then
   echo "log_memory: port $PORT is busy; set LOG_MEM_PORT" >&2; exit 1
@@ -42,11 +44,11 @@ for gap in "${GAPS[@]}"; do
     sleep 0.2
     before=$(used_memory)
     # size rounds of one call per key, the debug clock stepped by the gap between rounds
-    res=$(awk -v keys="$keys" -v rounds="$size" -v gap="$gap" 'BEGIN {
+    res=$(awk -v keys="$keys" -v rounds="$size" -v gap="$gap" -v win="$WINDOW" 'BEGIN {
       for (j = 0; j < rounds; j++) {
         for (i = 0; i < keys; i++) {
           k = sprintf("log:%012d", i)
-          printf "*4\r\n$13\r\nRL.SLIDINGLOG\r\n$%d\r\n%s\r\n$6\r\n100000\r\n$2\r\n1d\r\n", length(k), k
+          printf "*4\r\n$13\r\nRL.SLIDINGLOG\r\n$%d\r\n%s\r\n$6\r\n100000\r\n$%d\r\n%s\r\n", length(k), k, length(win), win
         }
         printf "*4\r\n$8\r\nRL.DEBUG\r\n$5\r\nCLOCK\r\n$7\r\nADVANCE\r\n$%d\r\n%s\r\n", length(gap), gap
       } }' | cli --pipe 2>&1)
