@@ -6,46 +6,62 @@
 # limit for limits 10 .. 100,000; memory per key. Prints Markdown tables and writes them to
 # target/bench-report.md.
 #
-#   bash scripts/bench.sh            (or: make bench; ~6 min)
+#   bash scripts/bench.sh            (or: make bench; ~11 min on an idle 2-CPU machine)
 #
 # Servers (all `--save "" --appendonly no`, stopped at the end): the module's on BENCH_PORT, its
-# replica on BENCH_PORT+1, redis-cell's on BENCH_PORT+2 and its replica on BENCH_PORT+3. On a
-# machine with two or more CPUs the measured server is pinned to one CPU and redis-benchmark
-# (and the replicas) to another (taskset).
+# replica on BENCH_PORT+1, redis-cell's on BENCH_PORT+2, its replica on BENCH_PORT+3, and (for
+# the memory rows on other servers) one server at a time on BENCH_PORT+4. On a machine with two
+# or more CPUs the measured server is pinned to one CPU and redis-benchmark (and the replicas) to
+# another (taskset).
 #
 # Environment (defaults in brackets):
-#   BENCH_PORT [6390]               first of the four ports (must be free)
+#   BENCH_PORT [6390]               first of the five ports (must be free)
 #   RL_MODULE  [target/release/libredis_ratelimit.so]
 #   BENCH_REDIS_CELL_SRC            redis-cell source tarball [../shared/peers/redis-cell-0.5.0.tar.gz,
 #                                   relative to the repository root (or to the main worktree's)];
 #                                   built once into target/peers/ (needs crates.io). Absent or
 #                                   unbuildable: the redis-cell rows say so and the rest runs.
 #   BENCH_REPORT [target/bench-report.md]
-#   BENCH_N_PIPELINED [200000]      requests per pipelined run (-P 16)
-#   BENCH_RUNS [3]                  pipelined runs per row; the one with the least server CPU is kept
+#   BENCH_ROUNDS [5]                rounds; each measures every row of a configuration once
+#   BENCH_N_PIPELINED [1000000]     requests per pipelined run (-P 16), INCR, SET and limiter rows
+#   BENCH_N_LUA [200000]            requests per pipelined run of the Lua rows (8-16 µs/op each)
 #   BENCH_N_UNPIPELINED [50000]     requests of the one unpipelined run per row (0: skip)
+#   BENCH_N_HAMMER [200000]         requests per sliding-log-at-its-limit row
 #   BENCH_CLIENTS [50]              redis-benchmark -c
 #   BENCH_KEYSPACE [100000]         redis-benchmark -r (random keys via __rand_int__)
 #   BENCH_MEM_KEYS [200000]         keys for the O(1) memory rows
 #   BENCH_LOG_KEYS ["20000 2000 200"]  keys for the 10 / 100 / 1,000-entry log rows
+#   BENCH_SERVERS_DIR [target/servers, else the main worktree's]  other servers for the memory
+#                                   rows, as scripts/compat.sh builds them (<dir>/<name>/bin/
+#                                   {redis,valkey}-server); absent: skipped with a note; "none": skip
 #   BENCH_SERVER_CPU [0] BENCH_CLIENT_CPU [1]
 #
 # Method (also printed in the report):
-# - Every row: FLUSHALL, one unmeasured call of the same command on every key of the keyspace
-#   (so keys exist and the dict is grown, as in production where clients' keys live), then
-#   BENCH_RUNS measured pipelined runs with CONFIG RESETSTAT before each; the run with the least
-#   server CPU is kept. Server CPU per op = CPU time of all the server's threads during the run
-#   (utime + stime, read from Linux schedstat in ns rather than /proc/<pid>/stat's 10-ms ticks)
-#   ÷ requests: what one operation costs the server, whatever the client does. usec_per_call
-#   comes from INFO commandstats of the kept run (Lua rows: cmdstat_evalsha, the whole script).
+# - Rounds: the CPU rows are measured in BENCH_ROUNDS rounds; a round runs every row of the
+#   configuration once (INCR, SET EX, every limiter, CL.THROTTLE, the Lua rows and redis-cell's
+#   server's rows), starting one row later than the round before, so a slow period of the machine
+#   touches every row alike instead of the rows measured during it. Each row reports the median
+#   server CPU per op over the rounds and the least and the most; ratios come from medians (and
+#   the targets table shows the range of the same ratio taken within each round).
+# - Every run: FLUSHALL, one unmeasured call of the same command on every key of the keyspace
+#   (so keys exist and the dict is grown, as in production where clients' keys live; with a
+#   replica, its offset is then waited for), CONFIG RESETSTAT, one pipelined run. Server CPU per
+#   op = CPU time of all the server's threads during the run (utime + stime, read from Linux
+#   schedstat in ns rather than /proc/<pid>/stat's 10-ms ticks) ÷ requests: what one operation
+#   costs the server, whatever the client does. usec_per_call comes from INFO commandstats of the
+#   run (Lua rows: cmdstat_evalsha, the whole script).
 # - Parameters keep every key alive for the whole run: 1000 per day (a bucket's key lives
 #   86.4 s per admitted request, a window's key until its window ends; the Lua scripts get the
 #   same rate). A limiter whose key expires between two hits measures key churn, not a decision.
-# - With a replica: the same rows with a replica attached (REPLICAOF, full sync done), then the
-#   replica is waited for (replication offsets equal) and DEBUG DIGEST compared; PEXPIRETIME of a
-#   sample of keys is compared too (DEBUG DIGEST only records that a key has an expiry).
+# - With a replica: the same rows (Lua excepted) in their own rounds with a replica attached
+#   (REPLICAOF, full sync done); after every run the replica is waited for (replication offsets
+#   equal) and DEBUG DIGEST compared; PEXPIRETIME of a sample of keys is compared too (DEBUG
+#   DIGEST only records that a key has an expiry).
 # - redis-cell registers CL.THROTTLE as this module does, so it runs on its own server, where
-#   INCR and SET EX are measured again: its ratios are against its own server's rows.
+#   INCR and SET EX are measured again, in the same rounds as the module's rows: its ratios are
+#   against its own server's rows.
+# - Memory per key: used_memory before and after loading the keys (no replica attached); the
+#   SET, RL.GCRA, RL.TOKENBUCKET and RL.SLIDING rows again on every other server found.
 # - The module is loaded with DEBUG_CLOCK. That only enables RL.DEBUG (used to place sliding-log
 #   entries at distinct microseconds for the memory rows and to step the clock for the "admit
 #   one, evict one" rows); the clock follows the real clock otherwise and the hot path reads the
@@ -57,8 +73,10 @@ ROOT=$(pwd)
 BASE_PORT=${BENCH_PORT:-6390}
 MODULE=${RL_MODULE:-target/release/libredis_ratelimit.so}
 REPORT=${BENCH_REPORT:-target/bench-report.md}
-N_PIPE=${BENCH_N_PIPELINED:-200000}
-RUNS=${BENCH_RUNS:-3}
+ROUNDS=${BENCH_ROUNDS:-5}
+N_PIPE=${BENCH_N_PIPELINED:-1000000}
+N_LUA=${BENCH_N_LUA:-200000}
+N_HAMMER=${BENCH_N_HAMMER:-200000}
 N_UNPIPE=${BENCH_N_UNPIPELINED:-50000}
 CLIENTS=${BENCH_CLIENTS:-50}
 KEYSPACE=${BENCH_KEYSPACE:-100000}
@@ -94,9 +112,9 @@ cli() { redis-cli -p "$PORT" "$@"; }
 # ---------------------------------------------------------------------------------------------
 # Servers
 # ---------------------------------------------------------------------------------------------
-for p in $(seq "$BASE_PORT" $((BASE_PORT + 3))); do
+for p in $(seq "$BASE_PORT" $((BASE_PORT + 4))); do
   if redis-cli -p "$p" ping >/dev/null 2>&1; then
-    echo "bench: something already answers on port $p; set BENCH_PORT to a free range of 4 ports" >&2
+    echo "bench: something already answers on port $p; set BENCH_PORT to a free range of 5 ports" >&2
     exit 1
   fi
 done
@@ -117,13 +135,14 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# start_server <name> <port> <cpu> <module args...>: a redis-server pinned to <cpu>.
+# start_server <name> <port> <cpu> <module args...>: a redis-server (SERVER_BIN, if set)
+# pinned to <cpu>.
 start_server() {
   local name=$1 port=$2 cpu=$3; shift 3
   local pin=()
   [ ${#SERVER_PIN[@]} -gt 0 ] && pin=(taskset -c "$cpu")
   mkdir -p "$WORK/$name"
-  "${pin[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+  "${pin[@]}" "${SERVER_BIN:-redis-server}" --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
     --enable-debug-command local --dir "$WORK/$name" --logfile "$WORK/$name/redis.log" --daemonize no \
     --loadmodule "$@" &
   PIDS[$name]=$!
@@ -134,6 +153,11 @@ start_server() {
   done
   redis-cli -p "$port" ping >/dev/null || { echo "bench: $name did not start" >&2; cat "$WORK/$name/redis.log" >&2; exit 1; }
   log "$name: redis-server pid ${PIDS[$name]} on port $port${pin:+ (CPU $cpu)}"
+}
+stop_server() { # name
+  kill "${PIDS[$1]}" 2>/dev/null || true
+  wait "${PIDS[$1]}" 2>/dev/null || true
+  unset "PIDS[$1]"
 }
 use_server() { PORT=$1 SERVER_PID=$2; }
 
@@ -310,14 +334,18 @@ gen_resp() {
     }'
 }
 # pipe_in <what> <keys> <rounds> <template>: sends gen_resp's commands through redis-cli --pipe;
-# fails loudly if any reply is an error.
+# fails loudly if any reply is an error. pipe_file <what> <file>: the same for a file of RESP.
 pipe_in() {
   local what=$1; shift
-  local res
-  res=$(gen_resp "$@" | cli --pipe 2>&1) || true
-  case "$(tail -1 <<<"$res")" in
+  pipe_check "$what" "$(gen_resp "$@" | cli --pipe 2>&1)"
+}
+pipe_file() {
+  pipe_check "$1" "$(cli --pipe <"$2" 2>&1)"
+}
+pipe_check() {
+  case "$(tail -1 <<<"$2")" in
     *"errors: 0,"*) ;;
-    *) echo "bench: $what failed:" >&2; tail -5 <<<"$res" >&2; exit 1 ;;
+    *) echo "bench: $1 failed:" >&2; tail -5 <<<"$2" >&2; exit 1 ;;
   esac
 }
 
@@ -335,15 +363,22 @@ attach_replica() {
   [ "$(cli INFO replication | tr -d '\r' | awk -F: '$1 == "connected_slaves" { print $2 }')" = 1 ] ||
     { echo "bench: replica $name did not attach" >&2; exit 1; }
 }
-check_replica() {
-  local rport=$1 want got i=0 sample
+# wait_replica <replica port>: until the replica has processed everything; prints its offset
+# and the primary's when it falls short after 30 s.
+wait_replica() {
+  local rport=$1 want got
   want=$(info_field replication master_repl_offset)
-  for i in $(seq 600); do
+  for _ in $(seq 600); do
     got=$(redis-cli -p "$rport" INFO replication | tr -d '\r' | awk -F: '$1 == "slave_repl_offset" { print $2 }')
-    [ "$got" = "$want" ] && break
+    [ "$got" = "$want" ] && return 0
     sleep 0.05
   done
-  [ "$got" = "$want" ] || { echo "replica behind (offset $got of $want)"; return; }
+  echo "$got of $want"
+}
+check_replica() {
+  local rport=$1 behind sample
+  behind=$(wait_replica "$rport")
+  [ -z "$behind" ] || { echo "replica behind (offset $behind)"; return; }
   if [ "$(cli DEBUG DIGEST)" != "$(redis-cli -p "$rport" DEBUG DIGEST)" ]; then
     echo "**DEBUG DIGEST differs**"; return
   fi
@@ -384,38 +419,124 @@ CELL_CASES=(
   "$CELL_LABEL|cl.throttle|-|yes|CL.THROTTLE key:__rand_int__ 999 1000 86400 1"
 )
 
-declare -A CPU RPS USEC LIMITED UCPU URPS UUSEC REPL
-# run_cases <config: alone|replica> <server tag> <cases...>
-run_cases() {
-  local config=$1 tag=$2; shift 2
-  local c label stat algo with_replica command argv
-  for c in "$@"; do
-    IFS='|' read -r label stat algo with_replica command <<<"$c"
-    [ "$config" = alone ] || [ "$with_replica" = yes ] || continue
-    read -r -a argv <<<"$command"
-    log "$tag, $config: $label"
-    cli FLUSHALL >/dev/null
-    # Warm-up: one call on every key of the keyspace (the names __rand_int__ makes), so the
-    # measured runs find every key in place.
-    pipe_in "warming up $label" "$KEYSPACE" 1 "${command//__rand_int__/@}"
-    measure "$N_PIPE" "$PIPELINE" "$RUNS" "$stat" "$algo" "${argv[@]}"
-    CPU[$tag,$label,$config]=$M_CPU RPS[$tag,$label,$config]=$M_RPS USEC[$tag,$label,$config]=$M_USEC
-    if [ "$algo" = - ]; then
-      LIMITED[$tag,$label,$config]="–"
-    else
-      LIMITED[$tag,$label,$config]=$(calc "%.1f%%" "100 * $M_LIMITED / ($M_CHECKS > 0 ? $M_CHECKS : 1)")
-    fi
-    if [ "$config" = replica ]; then
-      REPL[$tag,$label]=$(check_replica "$REPLICA_PORT")
-      log "  replica: ${REPL[$tag,$label]}"
-    elif [ "$N_UNPIPE" -gt 0 ]; then
-      measure "$N_UNPIPE" 1 1 "$stat" "$algo" "${argv[@]}"
-      UCPU[$tag,$label]=$M_CPU URPS[$tag,$label]=$M_RPS UUSEC[$tag,$label]=$M_USEC
-    fi
+declare -A CPU CPU_MIN CPU_MAX SAMPLES RPS USEC LIMITED UCPU URPS UUSEC REPL
+# Where each server tag's commands go: its port, pid and replica's port.
+declare -A TAG_PORT=([rl]=$BASE_PORT [cell]=$((BASE_PORT + 2))) TAG_PID=([rl]=${PIDS[rl]} [cell]=${PIDS[cell]:-})
+declare -A TAG_REPLICA_PORT=([rl]=$((BASE_PORT + 1)) [cell]=$((BASE_PORT + 3)))
+use_tag() { use_server "${TAG_PORT[$1]}" "${TAG_PID[$1]}"; }
+# rows <config>: the rows of a configuration, both servers', as "tag|label|stat|algo|command".
+rows() {
+  local config=$1 c label stat algo with_replica command tag
+  for tag in rl cell; do
+    [ "$tag" = rl ] || [ -n "$CELL_SO" ] || continue
+    if [ "$tag" = rl ]; then set -- "${CASES[@]}"; else set -- "${CELL_CASES[@]}"; fi
+    for c in "$@"; do
+      IFS='|' read -r label stat algo with_replica command <<<"$c"
+      [ "$config" = alone ] || [ "$with_replica" = yes ] || continue
+      echo "$tag|$label|$stat|$algo|$command"
+    done
   done
 }
+# requests per run: the Lua rows cost 8-16 µs/op, so fewer requests give them as much server CPU.
+row_requests() { if [ "$1" = evalsha ]; then echo "$N_LUA"; else echo "$N_PIPE"; fi; }
+# warm_file <command>: sets W_FILE to the warm-up of a command as RESP (one call on each key
+# __rand_int__ names), generated once.
+declare -A WARM_FILE=()
+WARM_FILES=0
+warm_file() {
+  local command=$1
+  if [ -z "${WARM_FILE[$command]:-}" ]; then
+    WARM_FILES=$((WARM_FILES + 1))
+    WARM_FILE[$command]="$WORK/warm.$WARM_FILES.resp"
+    gen_resp "$KEYSPACE" 1 "${command//__rand_int__/@}" >"${WARM_FILE[$command]}"
+  fi
+  W_FILE=${WARM_FILE[$command]}
+}
+# median_min_max <values...>: "median min max" (3 decimals).
+median_min_max() {
+  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 }
+    END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.3f %.3f %.3f\n", m, v[1], v[NR] }'
+}
 
-run_cases alone rl "${CASES[@]}"
+# run_rounds <config: alone|replica>: ROUNDS rounds; each round prepares and measures every row
+# of the configuration once (one pipelined run), starting one row later than the round before.
+# Per row: CPU (median), CPU_MIN, CPU_MAX, SAMPLES (server CPU µs/op of each round, in round
+# order), USEC and RPS (medians), LIMITED (over all rounds); with a replica, REPL ("identical",
+# or the first round whose check failed); alone, the module's rows also get one unpipelined run
+# in the first round (UCPU, UUSEC, URPS).
+run_rounds() {
+  local config=$1 round j i nrows row tag label stat algo command key n calls usec
+  local c0 u0 l0 c1 u1 l1 check
+  local -a all argv
+  local -A usecs rpss checks limited
+  mapfile -t all < <(rows "$config")
+  nrows=${#all[@]}
+  for round in $(seq "$ROUNDS"); do
+    log "$config: round $round of $ROUNDS ($nrows rows; load $(cut -d' ' -f1 /proc/loadavg))"
+    for ((j = 0; j < nrows; j++)); do
+      row=${all[$(((j + round - 1) % nrows))]}
+      IFS='|' read -r tag label stat algo command <<<"$row"
+      key="$tag,$label,$config"
+      read -r -a argv <<<"$command"
+      n=$(row_requests "$stat")
+      use_tag "$tag"
+      cli FLUSHALL >/dev/null
+      warm_file "$command"
+      pipe_file "warming up $label" "$W_FILE"
+      # The replica receives the warm-up as well: let it finish before the measured run.
+      if [ "$config" = replica ]; then
+        check=$(wait_replica "${TAG_REPLICA_PORT[$tag]}")
+        [ -z "$check" ] || { echo "bench: replica of $tag behind after warming up $label ($check)" >&2; exit 1; }
+      fi
+      [ "$algo" = - ] || read -r c0 u0 l0 < <(rl_counters "$algo")
+      cli CONFIG RESETSTAT >/dev/null
+      run_benchmark "$n" "$PIPELINE" "${argv[@]}"
+      read -r calls usec < <(cmdstat "$stat")
+      if [ "$calls" -lt "$n" ]; then
+        echo "bench: '$command': commandstats saw $calls calls of $stat, expected $n" >&2; exit 1
+      fi
+      SAMPLES[$key]="${SAMPLES[$key]:-}${SAMPLES[$key]:+ }$R_CPU"
+      usecs[$key]="${usecs[$key]:-} $usec" rpss[$key]="${rpss[$key]:-} $R_RPS"
+      if [ "$algo" != - ]; then
+        read -r c1 u1 l1 < <(rl_counters "$algo")
+        checks[$key]=$(( ${checks[$key]:-0} + c1 - c0 )) limited[$key]=$(( ${limited[$key]:-0} + l1 - l0 ))
+      fi
+      if [ "$config" = replica ]; then
+        check=$(check_replica "${TAG_REPLICA_PORT[$tag]}")
+        [ "$check" = identical ] || log "  $label, round $round: replica $check"
+        if [ "$round" = 1 ] || [ "${REPL[$tag,$label]}" = identical ]; then
+          REPL[$tag,$label]=$check
+          [ "$check" = identical ] || REPL[$tag,$label]="$check (round $round)"
+        fi
+      elif [ "$round" = 1 ] && [ "$tag" = rl ] && [ "$N_UNPIPE" -gt 0 ]; then
+        measure "$N_UNPIPE" 1 1 "$stat" "$algo" "${argv[@]}"
+        UCPU[$tag,$label]=$M_CPU URPS[$tag,$label]=$M_RPS UUSEC[$tag,$label]=$M_USEC
+      fi
+    done
+  done
+  local med lo hi
+  for row in "${all[@]}"; do
+    IFS='|' read -r tag label stat algo command <<<"$row"
+    key="$tag,$label,$config"
+    # shellcheck disable=SC2086
+    read -r med lo hi < <(median_min_max ${SAMPLES[$key]})
+    CPU[$key]=$med CPU_MIN[$key]=$lo CPU_MAX[$key]=$hi
+    # shellcheck disable=SC2086
+    read -r med _ < <(median_min_max ${usecs[$key]})
+    USEC[$key]=$(calc "%.2f" "$med")
+    # shellcheck disable=SC2086
+    read -r med _ < <(median_min_max ${rpss[$key]})
+    RPS[$key]=$med
+    if [ "$algo" = - ]; then
+      LIMITED[$key]="–"
+    else
+      LIMITED[$key]=$(calc "%.1f%%" "100 * ${limited[$key]} / (${checks[$key]} > 0 ? ${checks[$key]} : 1)")
+    fi
+  done
+  use_tag rl
+}
+
+run_rounds alone
 
 # ---------------------------------------------------------------------------------------------
 # 2. The sliding log at its limit, one key hammered
@@ -445,14 +566,14 @@ for limit in "${HAMMER_LIMITS[@]}"; do
   key="hot:$limit"
   # a) admit one, evict one
   fill_log "$key" "$limit" "${limit}s" 1000000
-  measure "$N_PIPE" "$PIPELINE" 1 rl.slidinglog slidinglog EVALSHA "$SHA_STEP" 1 "$key" "$limit" "${limit}s" 1000000
+  measure "$N_HAMMER" "$PIPELINE" 1 rl.slidinglog slidinglog EVALSHA "$SHA_STEP" 1 "$key" "$limit" "${limit}s" 1000000
   H_ADMIT_USEC[$limit]=$M_USEC
   H_ADMIT_PCT[$limit]=$(calc "%.1f%%" "100 * $M_ADMITTED / $M_CHECKS")
   H_ADMIT_ENTRIES[$limit]=$(log_entries "$key")
   # b) refused
   fill_log "$key" "$limit" 1m 1
   cli RL.DEBUG CLOCK REAL >/dev/null
-  measure "$N_PIPE" "$PIPELINE" 1 rl.slidinglog slidinglog RL.SLIDINGLOG "$key" "$limit" 1m
+  measure "$N_HAMMER" "$PIPELINE" 1 rl.slidinglog slidinglog RL.SLIDINGLOG "$key" "$limit" 1m
   H_REF_USEC[$limit]=$M_USEC H_REF_CPU[$limit]=$M_CPU
   H_REF_PCT[$limit]=$(calc "%.1f%%" "100 * $M_LIMITED / $M_CHECKS")
   H_REF_ENTRIES[$limit]=$(log_entries "$key")
@@ -463,18 +584,20 @@ cli RL.DEBUG CLOCK REAL >/dev/null
 # ---------------------------------------------------------------------------------------------
 # 3. Memory per key: used_memory before and after loading N keys (FLUSHALL between)
 # ---------------------------------------------------------------------------------------------
-# measure_memory <keys> <rounds> <template>: sets M_BYTES (used_memory delta per key)
+# measure_memory <keys> <rounds> <template>: sets M_BYTES (used_memory delta per key). On the
+# servers with this module (all but redis-cell's) the debug clock is pinned while loading.
 measure_memory() {
-  local keys=$1 rounds=$2 tpl=$3 before after
+  local keys=$1 rounds=$2 tpl=$3 before after debug_clock=yes
+  [ "$PORT" != "${TAG_PORT[cell]}" ] || debug_clock=no
   cli FLUSHALL >/dev/null
-  [ "$PORT" != "$BASE_PORT" ] || cli RL.DEBUG CLOCK SET "$(( $(date +%s) * 1000000 ))" >/dev/null
+  [ $debug_clock = no ] || cli RL.DEBUG CLOCK SET "$(( $(date +%s) * 1000000 ))" >/dev/null
   sleep 0.2
   before=$(info_field memory used_memory)
   pipe_in "loading '$tpl'" "$keys" "$rounds" "$tpl"
   after=$(info_field memory used_memory)
   M_BYTES=$(calc "%.1f" "($after - $before) / $keys")
   M_DBSIZE=$(cli DBSIZE)
-  [ "$PORT" != "$BASE_PORT" ] || cli RL.DEBUG CLOCK REAL >/dev/null
+  [ $debug_clock = no ] || cli RL.DEBUG CLOCK REAL >/dev/null
 }
 
 MEM_SET_LABEL="SET k 1 EX 60 (baseline)"
@@ -507,30 +630,77 @@ for i in 0 1 2; do
   LOGMEM[zset,$size]=$M_BYTES
 done
 cli FLUSHALL >/dev/null
-
-# ---------------------------------------------------------------------------------------------
-# 4. With a replica attached (the module's server), then redis-cell's server alone, with its
-#    memory row, and with its own replica
-# ---------------------------------------------------------------------------------------------
-REPLICA_PORT=$((BASE_PORT + 1))
-attach_replica rl-replica "$REPLICA_PORT" "$WORK/module.so" DEBUG_CLOCK
-run_cases replica rl "${CASES[@]}"
-cli FLUSHALL >/dev/null
-
 if [ -n "$CELL_SO" ]; then
-  use_server $((BASE_PORT + 2)) "${PIDS[cell]}"
-  run_cases alone cell "${CELL_CASES[@]}"
+  use_tag cell
   log "memory: $CELL_LABEL"
   measure_memory "$MEM_KEYS" 1 "CL.THROTTLE mem:@ 999 1000 86400 1"
   MEM[$CELL_LABEL]=$M_BYTES MEM_DB[$CELL_LABEL]=$M_DBSIZE
   measure_memory "$MEM_KEYS" 1 "SET mem:@ 1 EX 60"
   MEM[cell-set]=$M_BYTES
-  REPLICA_PORT=$((BASE_PORT + 3))
-  attach_replica cell-replica "$REPLICA_PORT" "$WORK/cell.so"
-  run_cases replica cell "${CELL_CASES[@]}"
   cli FLUSHALL >/dev/null
-  use_server "$BASE_PORT" "${PIDS[rl]}"
+  use_tag rl
 fi
+
+# The same rows on the other servers scripts/compat.sh builds (Redis 7.2, 7.4, 8.0, Valkey 8;
+# newer servers lay keys out differently, e.g. Valkey 8 embeds the key in its entry), one server
+# at a time on BASE_PORT+4, with the module loaded as above.
+OTHER_MEM_CASES=("$MEM_SET_LABEL" RL.GCRA RL.TOKENBUCKET RL.SLIDING)
+declare -A OTHER_MEM
+OTHER_SERVERS=() OTHER_STATUS=
+find_servers_dir() {
+  local c main_root
+  if [ -n "${BENCH_SERVERS_DIR:-}" ]; then echo "$BENCH_SERVERS_DIR"; return; fi
+  main_root=$(cd "$(git rev-parse --git-common-dir 2>/dev/null || echo .git)/.." 2>/dev/null && pwd || echo "$ROOT")
+  for c in "$ROOT/target/servers" "$main_root/target/servers"; do
+    [ -d "$c" ] && { echo "$c"; return; }
+  done
+  echo "$ROOT/target/servers"
+}
+SERVERS_DIR=$(find_servers_dir)
+if [ "$SERVERS_DIR" = none ]; then
+  OTHER_STATUS="skipped (BENCH_SERVERS_DIR=none)"
+else
+  for bin in "$SERVERS_DIR"/*/bin/redis-server "$SERVERS_DIR"/*/bin/valkey-server; do
+    [ -x "$bin" ] && OTHER_SERVERS+=("$bin")
+  done
+  [ ${#OTHER_SERVERS[@]} -gt 0 ] ||
+    OTHER_STATUS="skipped: no server built in $SERVERS_DIR (\`bash scripts/compat.sh build\` builds them; BENCH_SERVERS_DIR names another folder)"
+fi
+for bin in "${OTHER_SERVERS[@]}"; do
+  name=$(basename "$(dirname "$(dirname "$bin")")")
+  version=$("$bin" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p')
+  OTHER_MEM[$name,version]=$version
+  SERVER_BIN=$bin start_server "other-$name" $((BASE_PORT + 4)) "$SERVER_CPU" "$WORK/module.so" DEBUG_CLOCK
+  use_server $((BASE_PORT + 4)) "${PIDS[other-$name]}"
+  for c in "${MEM_CASES[@]}"; do
+    IFS='|' read -r label tpl <<<"$c"
+    case "$label" in "$MEM_SET_LABEL"|RL.GCRA|RL.TOKENBUCKET|RL.SLIDING) ;; *) continue ;; esac
+    log "memory on $name: $label"
+    measure_memory "$MEM_KEYS" 1 "$tpl"
+    OTHER_MEM[$name,$label]=$M_BYTES
+  done
+  stop_server "other-$name"
+  use_tag rl
+done
+
+# ---------------------------------------------------------------------------------------------
+# 4. With a replica attached: the same rounds, the module's server and redis-cell's each with
+#    its own replica (on the client's CPU)
+# ---------------------------------------------------------------------------------------------
+use_tag rl
+attach_replica rl-replica "${TAG_REPLICA_PORT[rl]}" "$WORK/module.so" DEBUG_CLOCK
+if [ -n "$CELL_SO" ]; then
+  use_tag cell
+  attach_replica cell-replica "${TAG_REPLICA_PORT[cell]}" "$WORK/cell.so"
+  use_tag rl
+fi
+run_rounds replica
+for tag in rl cell; do
+  [ "$tag" = rl ] || [ -n "$CELL_SO" ] || continue
+  use_tag "$tag"
+  cli FLUSHALL >/dev/null
+done
+use_tag rl
 
 # ---------------------------------------------------------------------------------------------
 # Report
@@ -545,11 +715,11 @@ DATE=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
   echo "## redis-ratelimit benchmark report"
   echo ""
   echo "- Command: \`bash $COMMAND_LINE\` (what \`make bench\` runs, before \`cargo bench --bench core\`), in $ROOT"
-  echo "- Settings: BENCH_PORT=$BASE_PORT BENCH_N_PIPELINED=$N_PIPE BENCH_RUNS=$RUNS BENCH_N_UNPIPELINED=$N_UNPIPE BENCH_CLIENTS=$CLIENTS BENCH_KEYSPACE=$KEYSPACE BENCH_MEM_KEYS=$MEM_KEYS BENCH_LOG_KEYS=\"${LOG_KEYS[*]}\""
+  echo "- Settings: BENCH_PORT=$BASE_PORT BENCH_ROUNDS=$ROUNDS BENCH_N_PIPELINED=$N_PIPE BENCH_N_LUA=$N_LUA BENCH_N_HAMMER=$N_HAMMER BENCH_N_UNPIPELINED=$N_UNPIPE BENCH_CLIENTS=$CLIENTS BENCH_KEYSPACE=$KEYSPACE BENCH_MEM_KEYS=$MEM_KEYS BENCH_LOG_KEYS=\"${LOG_KEYS[*]}\" BENCH_SERVERS_DIR=$SERVERS_DIR"
   echo "- Servers: \`redis-server --save \"\" --appendonly no --loadmodule libredis_ratelimit.so DEBUG_CLOCK\`, and one with redis-cell${CELL_VERSION:+ $CELL_VERSION} (${CELL_STATUS:-built from $CELL_SRC}); measured servers pinned with \`taskset -c $SERVER_CPU\`, redis-benchmark and the replicas with \`taskset -c $CLIENT_CPU\`${SERVER_PIN:+}"
   echo "- Date: $DATE; load average (1/5/15 min) at the start: $LOAD_START, at the end: $LOADAVG"
   if awk -v l="${LOAD_START%% *}" 'BEGIN { exit !(l > 0.5) }'; then
-    echo "- **Note:** the machine was not idle when the run started (1-minute load average ${LOAD_START%% *}): other processes competed for the CPUs; server CPU per op is the least disturbed measure (best of $RUNS), ratios come from the same run."
+    echo "- **Note:** the machine was not idle when the run started (1-minute load average ${LOAD_START%% *}): other processes competed for the CPUs; every row was measured in each of the $ROUNDS rounds, so disturbances spread over all rows; see each row's min–max."
   fi
   echo "- Source: git $GIT_REV$([ "$GIT_DIRTY" -gt 0 ] && echo " with $GIT_DIRTY uncommitted change(s) in src/, Cargo.*")"
   echo "- \`redis-server --version\`: $REDIS_VERSION"
@@ -565,34 +735,35 @@ cat "$WORK/header.md" >>"$REPORT_BODY"
 
 # The redis-cell rows' ratios are against its own server's INCR and SET EX.
 print_cpu_table() { # config
-  local config=$1 c label tag base_incr base_set row_tag
+  local config=$1 c label tag base_incr base_set key n
   out ""
   if [ "$config" = alone ]; then
-    out "### Server CPU per operation, keys in place (-P $PIPELINE, -c $CLIENTS, -n $N_PIPE, -r $KEYSPACE; best of $RUNS)"
+    out "### Server CPU per operation, keys in place (-P $PIPELINE, -c $CLIENTS, -r $KEYSPACE; median of $ROUNDS rounds)"
   else
-    out "### Server CPU per operation with a replica attached (-P $PIPELINE, -c $CLIENTS, -n $N_PIPE, -r $KEYSPACE; best of $RUNS)"
+    out "### Server CPU per operation with a replica attached (-P $PIPELINE, -c $CLIENTS, -r $KEYSPACE; median of $ROUNDS rounds)"
   fi
   out ""
+  local head="| command | requests/run | server CPU µs/op (median) | min–max | spread | × INCR | × SET EX | usec_per_call | × INCR | ops/s | limited |"
+  local rule="|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   if [ "$config" = alone ]; then
-    out "| command | server CPU µs/op | × INCR | × SET EX | usec_per_call | × INCR | ops/s | limited |"
-    out "|---|---:|---:|---:|---:|---:|---:|---:|"
+    out "$head"; out "$rule"
   else
-    out "| command | server CPU µs/op | × INCR | × SET EX | usec_per_call | × INCR | ops/s | limited | replica (DEBUG DIGEST, PEXPIRETIME of $EXPIRY_SAMPLE keys) |"
-    out "|---|---:|---:|---:|---:|---:|---:|---:|---|"
+    out "$head replica (DEBUG DIGEST, PEXPIRETIME of $EXPIRY_SAMPLE keys; every round) |"; out "$rule---|"
   fi
   for tag in rl cell; do
     if [ "$tag" = cell ] && [ -z "$CELL_SO" ]; then
-      out "| $CELL_LABEL | $CELL_STATUS | | | | | | |$([ "$config" = replica ] && echo " |")"
+      out "| $CELL_LABEL | $CELL_STATUS | | | | | | | | | |$([ "$config" = replica ] && echo " |")"
       continue
     fi
     base_incr=${CPU[$tag,INCR,$config]} base_set=${CPU[$tag,$SET_LABEL,$config]} base_usec=${USEC[$tag,INCR,$config]}
     if [ "$tag" = rl ]; then set -- "${CASES[@]}"; else set -- "${CELL_CASES[@]}"; fi
     for c in "$@"; do
-      IFS='|' read -r label _ _ with_replica _ <<<"$c"
+      IFS='|' read -r label stat _ with_replica _ <<<"$c"
       [ "$config" = alone ] || [ "$with_replica" = yes ] || continue
+      key="$tag,$label,$config"
       local shown=$label
       [ "$tag" = rl ] || [ "$label" = "$CELL_LABEL" ] || shown="$label (redis-cell's server)"
-      local row="| $shown | ${CPU[$tag,$label,$config]} | $(ratio "${CPU[$tag,$label,$config]}" "$base_incr") | $(ratio "${CPU[$tag,$label,$config]}" "$base_set") | ${USEC[$tag,$label,$config]} | $(ratio "${USEC[$tag,$label,$config]}" "$base_usec") | $(calc "%.0f" "${RPS[$tag,$label,$config]}") | ${LIMITED[$tag,$label,$config]} |"
+      local row="| $shown | $(row_requests "$stat") | ${CPU[$key]} | ${CPU_MIN[$key]}–${CPU_MAX[$key]} | $(calc "±%.0f%%" "50 * (${CPU_MAX[$key]} - ${CPU_MIN[$key]}) / ${CPU[$key]}") | $(ratio "${CPU[$key]}" "$base_incr") | $(ratio "${CPU[$key]}" "$base_set") | ${USEC[$key]} | $(ratio "${USEC[$key]}" "$base_usec") | $(calc "%.0f" "${RPS[$key]}") | ${LIMITED[$key]} |"
       [ "$config" = alone ] || row="$row ${REPL[$tag,$label]} |"
       out "$row"
     done
@@ -601,7 +772,7 @@ print_cpu_table() { # config
 print_cpu_table alone
 print_cpu_table replica
 out ""
-out "Server CPU µs/op: CPU time (utime + stime, from schedstat) of all the measured server's threads during the run ÷ requests; the run with the least of it is kept (best of $RUNS). usec_per_call: INFO commandstats of that run (Lua rows: cmdstat_evalsha, the whole script). ops/s: redis-benchmark's (on this machine one client cannot saturate the server with the cheap commands, so ops/s partly measure the client). Limited: share of calls refused (module counters). Every key of the keyspace was created by one unmeasured call of the same command first. redis-cell runs on its own server (both modules register CL.THROTTLE); its ratios are against INCR and SET EX measured again on that server. With a replica: the replica runs on the client's CPU; after each row the replica's offset is waited for, then DEBUG DIGEST of the two servers is compared, and PEXPIRETIME of $EXPIRY_SAMPLE keys. (redis-cell replicates the command itself, so its replica recomputes every call with its own clock: its state differs from the primary's.)"
+out "Rounds: each configuration (keys in place; with a replica) was measured in $ROUNDS rounds; a round runs every row of the table once, the module's server's and redis-cell's, starting one row later than the round before, so that a slow period of the machine touches all rows alike. Every run: FLUSHALL, one unmeasured call of the same command on every key of the keyspace (with a replica: its offset waited for), CONFIG RESETSTAT, one pipelined run of the requests shown. Server CPU µs/op: CPU time (utime + stime, from schedstat) of all the measured server's threads during the run ÷ requests; the median over the rounds, with the least and the most; spread: ±half of (max − min) ÷ median. Ratios are between medians. usec_per_call: INFO commandstats of each run, median (Lua rows: cmdstat_evalsha, the whole script). ops/s: redis-benchmark's, median (on this machine one client cannot saturate the server with the cheap commands, so ops/s partly measure the client). Limited: share of calls refused over all rounds (module counters). redis-cell runs on its own server (both modules register CL.THROTTLE); its ratios are against INCR and SET EX measured again on that server, in the same rounds. With a replica: the replica runs on the client's CPU; after every run the replica's offset is waited for, then DEBUG DIGEST of the two servers is compared, and PEXPIRETIME of $EXPIRY_SAMPLE keys. (redis-cell replicates the command itself, so its replica recomputes every call with its own clock: its state differs from the primary's.)"
 
 if [ "$N_UNPIPE" -gt 0 ]; then
   out ""
@@ -618,7 +789,7 @@ if [ "$N_UNPIPE" -gt 0 ]; then
 fi
 
 out ""
-out "### RL.SLIDINGLOG at its limit, one key hammered (-P $PIPELINE, -c $CLIENTS, -n $N_PIPE)"
+out "### RL.SLIDINGLOG at its limit, one key hammered (-P $PIPELINE, -c $CLIENTS, -n $N_HAMMER)"
 out ""
 out "| limit | admit one, evict one: usec_per_call | × INCR | admitted | log entries | refused (log full): usec_per_call | × INCR | server CPU µs/op | refused | log entries |"
 out "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -627,7 +798,7 @@ for limit in "${HAMMER_LIMITS[@]}"; do
   out "| $limit | ${H_ADMIT_USEC[$limit]} | $(ratio "${H_ADMIT_USEC[$limit]}" "$base_usec") | ${H_ADMIT_PCT[$limit]} | ${H_ADMIT_ENTRIES[$limit]} | ${H_REF_USEC[$limit]} | $(ratio "${H_REF_USEC[$limit]}" "$base_usec") | ${H_REF_CPU[$limit]} | ${H_REF_PCT[$limit]} | ${H_REF_ENTRIES[$limit]} |"
 done
 out ""
-out "Admit one, evict one: window = limit seconds, filled with limit entries one second apart (debug clock); each measured call is \`EVALSHA\` of a two-line helper that steps the debug clock by one second and calls \`RL.SLIDINGLOG key <limit> <limit>s\`, so every call evicts the oldest entry and admits one; the usec_per_call shown is RL.SLIDINGLOG's own line in commandstats (not the script's, whose CPU the server CPU figure would include). Refused: limit entries 1 µs apart with a 1-minute window, then the clock back on the real clock and RL.SLIDINGLOG sent directly: every call finds the log full and computes retry_after. × INCR: against pipelined INCR's usec_per_call. One run each."
+out "Admit one, evict one: window = limit seconds, filled with limit entries one second apart (debug clock); each measured call is \`EVALSHA\` of a two-line helper that steps the debug clock by one second and calls \`RL.SLIDINGLOG key <limit> <limit>s\`, so every call evicts the oldest entry and admits one; the usec_per_call shown is RL.SLIDINGLOG's own line in commandstats (not the script's, whose CPU the server CPU figure would include). Refused: limit entries 1 µs apart with a 1-minute window, then the clock back on the real clock and RL.SLIDINGLOG sent directly: every call finds the log full and computes retry_after. × INCR: against pipelined INCR's usec_per_call (median). One run each."
 
 out ""
 out "### Memory per key (used_memory delta / keys; FLUSHALL between rows)"
@@ -643,6 +814,26 @@ if [ -n "$CELL_SO" ]; then
   out "| $CELL_LABEL, on its own server (where the SET baseline is ${MEM[cell-set]}) | ${MEM_DB[$CELL_LABEL]} | ${MEM[$CELL_LABEL]} | $(calc "%+.1f" "${MEM[$CELL_LABEL]} - ${MEM[cell-set]}") |"
 else
   out "| $CELL_LABEL | – | $CELL_STATUS | |"
+fi
+out ""
+out "### Memory per key on other servers (used_memory delta / $MEM_KEYS keys, same keys and commands)"
+out ""
+if [ ${#OTHER_SERVERS[@]} -eq 0 ]; then
+  out "Other servers: $OTHER_STATUS."
+else
+  out "| server | ${OTHER_MEM_CASES[*]/%/ |}"
+  out "|---|$(printf -- '---:|%.0s' "${OTHER_MEM_CASES[@]}")"
+  row="| redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') (Debian; the table above) |"
+  for label in "${OTHER_MEM_CASES[@]}"; do row="$row ${MEM[$label]} |"; done
+  out "$row"
+  for bin in "${OTHER_SERVERS[@]}"; do
+    name=$(basename "$(dirname "$(dirname "$bin")")")
+    row="| $name (${bin##*/} ${OTHER_MEM[$name,version]}) |"
+    for label in "${OTHER_MEM_CASES[@]}"; do row="$row ${OTHER_MEM[$name,$label]} |"; done
+    out "$row"
+  done
+  out ""
+  out "Bytes per key; servers built by \`scripts/compat.sh\` from $SERVERS_DIR, the module loaded as on the main server, one server at a time on the measured CPU. Each server's own allocator and key layout (Valkey 8 embeds the key and its expiry in the entry), so these show what a newer server does to the same keys."
 fi
 out ""
 out "### Memory of the logs (10 / 100 / 1,000 stored requests per key)"
@@ -664,8 +855,37 @@ out "The sorted-set rows include the script's \`:seq\` key (one per log). RL.SLI
 
 # Targets from issue 12.
 pass() { if [ "${2:-}" = "n/a" ] || [ -z "${2-x}" ]; then echo "n/a"; elif awk "BEGIN { exit !($1) }"; then echo "yes"; else echo "**no**"; fi; }
+# round_ratios <samples a> <samples b> [<samples c> <samples d>]: a ÷ b (÷ (c ÷ d)) within each
+# round (the samples are in round order), space separated.
+round_ratios() {
+  awk -v a="$1" -v b="$2" -v c="${3:-}" -v d="${4:-}" 'BEGIN {
+    n = split(a, A, " "); split(b, B, " "); split(c, C, " "); split(d, D, " ")
+    for (i = 1; i <= n; i++) {
+      if (B[i] == 0 || (c != "" && (D[i] == 0 || C[i] == 0))) { print ""; exit }
+      r = A[i] / B[i]; if (c != "") r = r / (C[i] / D[i])
+      printf "%s%.4f", (i > 1 ? " " : ""), r
+    }
+    print "" }'
+}
+# ratio_cell <median ratio> <threshold> <op: <= or >=> <round ratios>: "measured | met" cells;
+# measured shows the range of the ratio within rounds, met says in how many rounds it held when
+# not in all of them (met itself is decided by the ratio of medians).
+ratio_cells() {
+  local r=$1 limit=$2 op=$3 rounds=$4 range held
+  range=$(awk -v s="$rounds" 'BEGIN { n = split(s, v, " "); if (n == 0) exit
+    lo = hi = v[1]; for (i = 2; i <= n; i++) { if (v[i] < lo) lo = v[i]; if (v[i] > hi) hi = v[i] }
+    printf "%.2f–%.2f", lo, hi }')
+  held=$(awk -v s="$rounds" -v t="$limit" -v op="$op" 'BEGIN { n = split(s, v, " ");
+    for (i = 1; i <= n; i++) k += (op == "<=" ? v[i] <= t : v[i] >= t); printf "%d of %d", k, n }')
+  local met
+  met=$(pass "$r $op $limit" "$r")
+  case "$held" in "0 of "*|"$ROUNDS of "*) ;; *) met="$met ($held rounds)" ;; esac
+  echo "${r}× (rounds: ${range:-n/a}) | $met"
+}
 out ""
 out "### Targets"
+out ""
+out "Ratios of medians; in brackets the range of the same ratio taken within each round (both rows measured minutes apart at most). Met is decided by the ratio of medians; when not every round agrees, the count of rounds in which it held is shown."
 out ""
 out "| target | measured | met |"
 out "|---|---|---|"
@@ -674,7 +894,7 @@ for config in alone replica; do
   if [ "$config" = alone ]; then where="keys in place"; else where="with a replica"; fi
   for label in "${O1[@]}"; do
     r=$(ratio "${CPU[rl,$label,$config]}" "${CPU[rl,$SET_LABEL,$config]}")
-    out "| $label server CPU/op ≤ 1.25× SET EX's, $where | ${r}× | $(pass "$r <= 1.25" "$r") |"
+    out "| $label server CPU/op ≤ 1.25× SET EX's, $where | $(ratio_cells "$r" 1.25 "<=" "$(round_ratios "${SAMPLES[rl,$label,$config]}" "${SAMPLES[rl,$SET_LABEL,$config]}")") |"
   done
   if [ -n "$CELL_SO" ]; then
     cell_x=$(ratio "${CPU[cell,$CELL_LABEL,$config]}" "${CPU[cell,$SET_LABEL,$config]}")
@@ -682,7 +902,10 @@ for config in alone replica; do
       ours_x=$(ratio "${CPU[rl,$label,$config]}" "${CPU[rl,$SET_LABEL,$config]}")
       r=$(ratio "$ours_x" "$cell_x")
       raw=$(ratio "${CPU[rl,$label,$config]}" "${CPU[cell,$CELL_LABEL,$config]}")
-      out "| $label server CPU/op ≤ 0.67× redis-cell's CL.THROTTLE, $where (each × its own server's SET EX; raw µs ratio in brackets) | ${r}× (${raw}×) | $(pass "$r <= 0.67" "$r") |"
+      rounds=$(round_ratios "${SAMPLES[rl,$label,$config]}" "${SAMPLES[rl,$SET_LABEL,$config]}" \
+        "${SAMPLES[cell,$CELL_LABEL,$config]}" "${SAMPLES[cell,$SET_LABEL,$config]}")
+      cells=$(ratio_cells "$r" 0.67 "<=" "$rounds")
+      out "| $label server CPU/op ≤ 0.67× redis-cell's CL.THROTTLE, $where (each × its own server's SET EX; raw µs ratio of medians after the range) | ${cells%% | *}, raw ${raw}× | ${cells#* | } |"
     done
   else
     out "| O(1) limiters ≤ 0.67× redis-cell's CL.THROTTLE, $where | redis-cell $CELL_STATUS | n/a |"
@@ -698,7 +921,7 @@ if [ -n "$CELL_SO" ]; then
   out "| (reference) redis-cell's replica after its CL.THROTTLE row | ${REPL[cell,$CELL_LABEL]} | – |"
 fi
 r=$(ratio "${CPU[rl,RL.SLIDINGLOG,alone]}" "${CPU[rl,RL.GCRA,alone]}")
-out "| RL.SLIDINGLOG server CPU/op ≤ 1.5× RL.GCRA's (random keys) | ${r}× | $(pass "$r <= 1.5" "$r") |"
+out "| RL.SLIDINGLOG server CPU/op ≤ 1.5× RL.GCRA's (random keys) | $(ratio_cells "$r" 1.5 "<=" "$(round_ratios "${SAMPLES[rl,RL.SLIDINGLOG,alone]}" "${SAMPLES[rl,RL.GCRA,alone]}")") |"
 lo=${H_ADMIT_USEC[10]} hi=${H_ADMIT_USEC[100000]}
 out "| RL.SLIDINGLOG flat from limit 10 to 100,000 (admit+evict usec_per_call, ±25%) | ${lo} → ${H_ADMIT_USEC[1000]} → ${hi} usec | $(pass "$hi <= 1.25 * $lo && $hi >= 0.75 * $lo") |"
 slope=$(calc "%.2f" "(${LOGMEM[rl,1000]} - ${LOGMEM[rl,10]}) / 990")
@@ -708,13 +931,17 @@ for label in RL.GCRA RL.TOKENBUCKET RL.LEAKY RL.FIXED RL.SLIDING; do
   out "| $label memory ≤ 128 B/key | ${MEM[$label]} B/key | $(pass "${MEM[$label]} <= 128") |"
 done
 out "| (reference) redis-cell memory per key | ${MEM[$CELL_LABEL]:-$CELL_STATUS} | – |"
+for bin in "${OTHER_SERVERS[@]}"; do
+  name=$(basename "$(dirname "$(dirname "$bin")")")
+  out "| (reference) on $name: RL.GCRA / RL.TOKENBUCKET / RL.SLIDING memory per key | ${OTHER_MEM[$name,RL.GCRA]} / ${OTHER_MEM[$name,RL.TOKENBUCKET]} / ${OTHER_MEM[$name,RL.SLIDING]} B/key (SET k 1 EX: ${OTHER_MEM[$name,$MEM_SET_LABEL]}) | – |"
+done
 for pair in "RL.GCRA|Lua token bucket (seed 000)" "RL.TOKENBUCKET|Lua token bucket (seed 000)" \
             "RL.LEAKY|Lua token bucket (seed 000)" "CL.THROTTLE|Lua token bucket (seed 000)" \
             "RL.SLIDING|Lua sliding counter (seed 003)" "RL.FIXED|Lua sliding counter (seed 003)" \
             "RL.SLIDINGLOG|Lua sorted-set log (seed 002)"; do
   IFS='|' read -r a b <<<"$pair"
   r=$(ratio "${CPU[rl,$b,alone]}" "${CPU[rl,$a,alone]}")
-  out "| $a ≥ 4× cheaper per op (server CPU) than $b | ${r}× | $(pass "$r >= 4" "$r") |"
+  out "| $a ≥ 4× cheaper per op (server CPU) than $b | $(ratio_cells "$r" 4 ">=" "$(round_ratios "${SAMPLES[rl,$b,alone]}" "${SAMPLES[rl,$a,alone]}")") |"
 done
 
 mkdir -p "$(dirname "$REPORT")"
