@@ -370,7 +370,8 @@ wait_replica() {
   want=$(info_field replication master_repl_offset)
   for _ in $(seq 600); do
     got=$(redis-cli -p "$rport" INFO replication | tr -d '\r' | awk -F: '$1 == "slave_repl_offset" { print $2 }')
-    [ "$got" = "$want" ] && return 0
+    # (at least: the primary's own PINGs to its replicas move the offset on)
+    [ -n "$got" ] && [ "$got" -ge "$want" ] && return 0
     sleep 0.05
   done
   echo "$got of $want"
@@ -419,7 +420,7 @@ CELL_CASES=(
   "$CELL_LABEL|cl.throttle|-|yes|CL.THROTTLE key:__rand_int__ 999 1000 86400 1"
 )
 
-declare -A CPU CPU_MIN CPU_MAX SAMPLES RPS USEC LIMITED UCPU URPS UUSEC REPL
+declare -A CPU CPU_MIN CPU_MAX SAMPLES RPS USEC LIMITED UCPU URPS UUSEC REPL ROUND_LOADS
 # Where each server tag's commands go: its port, pid and replica's port.
 declare -A TAG_PORT=([rl]=$BASE_PORT [cell]=$((BASE_PORT + 2))) TAG_PID=([rl]=${PIDS[rl]} [cell]=${PIDS[cell]:-})
 declare -A TAG_REPLICA_PORT=([rl]=$((BASE_PORT + 1)) [cell]=$((BASE_PORT + 3)))
@@ -472,7 +473,8 @@ run_rounds() {
   mapfile -t all < <(rows "$config")
   nrows=${#all[@]}
   for round in $(seq "$ROUNDS"); do
-    log "$config: round $round of $ROUNDS ($nrows rows; load $(cut -d' ' -f1 /proc/loadavg))"
+    ROUND_LOADS[$config]="${ROUND_LOADS[$config]:-}${ROUND_LOADS[$config]:+, }$(cut -d' ' -f1 /proc/loadavg)"
+    log "$config: round $round of $ROUNDS ($nrows rows; load ${ROUND_LOADS[$config]##* })"
     for ((j = 0; j < nrows; j++)); do
       row=${all[$(((j + round - 1) % nrows))]}
       IFS='|' read -r tag label stat algo command <<<"$row"
@@ -717,7 +719,7 @@ DATE=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
   echo "- Command: \`bash $COMMAND_LINE\` (what \`make bench\` runs, before \`cargo bench --bench core\`), in $ROOT"
   echo "- Settings: BENCH_PORT=$BASE_PORT BENCH_ROUNDS=$ROUNDS BENCH_N_PIPELINED=$N_PIPE BENCH_N_LUA=$N_LUA BENCH_N_HAMMER=$N_HAMMER BENCH_N_UNPIPELINED=$N_UNPIPE BENCH_CLIENTS=$CLIENTS BENCH_KEYSPACE=$KEYSPACE BENCH_MEM_KEYS=$MEM_KEYS BENCH_LOG_KEYS=\"${LOG_KEYS[*]}\" BENCH_SERVERS_DIR=$SERVERS_DIR"
   echo "- Servers: \`redis-server --save \"\" --appendonly no --loadmodule libredis_ratelimit.so DEBUG_CLOCK\`, and one with redis-cell${CELL_VERSION:+ $CELL_VERSION} (${CELL_STATUS:-built from $CELL_SRC}); measured servers pinned with \`taskset -c $SERVER_CPU\`, redis-benchmark and the replicas with \`taskset -c $CLIENT_CPU\`${SERVER_PIN:+}"
-  echo "- Date: $DATE; load average (1/5/15 min) at the start: $LOAD_START, at the end: $LOADAVG"
+  echo "- Date: $DATE; load average (1/5/15 min) at the start: $LOAD_START, at the end: $LOADAVG; 1-minute load average at the start of each round: keys in place ${ROUND_LOADS[alone]}; with a replica ${ROUND_LOADS[replica]}; run time $((SECONDS / 60)) min $((SECONDS % 60)) s"
   if awk -v l="${LOAD_START%% *}" 'BEGIN { exit !(l > 0.5) }'; then
     echo "- **Note:** the machine was not idle when the run started (1-minute load average ${LOAD_START%% *}): other processes competed for the CPUs; every row was measured in each of the $ROUNDS rounds, so disturbances spread over all rows; see each row's min–max."
   fi
@@ -833,7 +835,7 @@ else
     out "$row"
   done
   out ""
-  out "Bytes per key; servers built by \`scripts/compat.sh\` from $SERVERS_DIR, the module loaded as on the main server, one server at a time on the measured CPU. Each server's own allocator and key layout (Valkey 8 embeds the key and its expiry in the entry), so these show what a newer server does to the same keys."
+  out "Bytes per key; servers built by \`scripts/compat.sh\` from $SERVERS_DIR, the module loaded as on the main server, one server at a time on the measured CPU. Each server lays keys out its own way (Valkey 8 embeds the key and its expiry in the entry) with its own bundled jemalloc: these rows show what a newer server does to the same keys."
 fi
 out ""
 out "### Memory of the logs (10 / 100 / 1,000 stored requests per key)"
@@ -885,7 +887,7 @@ ratio_cells() {
 out ""
 out "### Targets"
 out ""
-out "Ratios of medians; in brackets the range of the same ratio taken within each round (both rows measured minutes apart at most). Met is decided by the ratio of medians; when not every round agrees, the count of rounds in which it held is shown."
+out "CPU ratios are ratios of medians; \"rounds:\" gives the least and the most of the same ratio taken within each round (the rows of one round are measured at most a few minutes apart). Met is decided by the ratio of medians; when not every round agrees, the number of rounds in which the target held is shown."
 out ""
 out "| target | measured | met |"
 out "|---|---|---|"
