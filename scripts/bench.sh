@@ -54,8 +54,8 @@
 #   86.4 s per admitted request, a window's key until its window ends; the Lua scripts get the
 #   same rate). A limiter whose key expires between two hits measures key churn, not a decision.
 # - With a replica: the same rows (Lua excepted) in their own rounds with a replica attached
-#   (REPLICAOF, full sync done); after every run the replica is waited for (replication offsets
-#   equal) and DEBUG DIGEST compared; PEXPIRETIME of a sample of keys is compared too (DEBUG
+#   (REPLICAOF, full sync done); after every run the replica is waited for (its offset reaches
+#   the primary's) and DEBUG DIGEST compared; PEXPIRETIME of a sample of keys is compared too (DEBUG
 #   DIGEST only records that a key has an expiry).
 # - redis-cell registers CL.THROTTLE as this module does, so it runs on its own server, where
 #   INCR and SET EX are measured again, in the same rounds as the module's rows: its ratios are
