@@ -6,7 +6,7 @@
 # limit for limits 10 .. 100,000; memory per key. Prints Markdown tables and writes them to
 # target/bench-report.md.
 #
-#   bash scripts/bench.sh            (or: make bench; ~11 min on an idle 2-CPU machine)
+#   bash scripts/bench.sh            (or: make bench; ~10 min on an idle 2-CPU machine)
 #
 # Servers (all `--save "" --appendonly no`, stopped at the end): the module's on BENCH_PORT, its
 # replica on BENCH_PORT+1, redis-cell's on BENCH_PORT+2, its replica on BENCH_PORT+3, and (for
@@ -24,6 +24,8 @@
 #   BENCH_REPORT [target/bench-report.md]
 #   BENCH_ROUNDS [5]                rounds; each measures every row of a configuration once
 #   BENCH_N_PIPELINED [1000000]     requests per pipelined run (-P 16), INCR, SET and limiter rows
+#   BENCH_N_REPLICA [600000]        the same with a replica attached (each op costs the server
+#                                   ~1.5x more; the replica shares the client's CPU)
 #   BENCH_N_LUA [200000]            requests per pipelined run of the Lua rows (8-16 µs/op each)
 #   BENCH_N_UNPIPELINED [50000]     requests of the one unpipelined run per row (0: skip)
 #   BENCH_N_HAMMER [200000]         requests per sliding-log-at-its-limit row
@@ -75,6 +77,7 @@ MODULE=${RL_MODULE:-target/release/libredis_ratelimit.so}
 REPORT=${BENCH_REPORT:-target/bench-report.md}
 ROUNDS=${BENCH_ROUNDS:-5}
 N_PIPE=${BENCH_N_PIPELINED:-1000000}
+N_REPLICA=${BENCH_N_REPLICA:-600000}
 N_LUA=${BENCH_N_LUA:-200000}
 N_HAMMER=${BENCH_N_HAMMER:-200000}
 N_UNPIPE=${BENCH_N_UNPIPELINED:-50000}
@@ -152,7 +155,7 @@ start_server() {
     sleep 0.1
   done
   redis-cli -p "$port" ping >/dev/null || { echo "bench: $name did not start" >&2; cat "$WORK/$name/redis.log" >&2; exit 1; }
-  log "$name: redis-server pid ${PIDS[$name]} on port $port${pin:+ (CPU $cpu)}"
+  log "$name: ${SERVER_BIN:-redis-server} pid ${PIDS[$name]} on port $port${pin:+ (CPU $cpu)}"
 }
 stop_server() { # name
   kill "${PIDS[$1]}" 2>/dev/null || true
@@ -438,8 +441,11 @@ rows() {
     done
   done
 }
-# requests per run: the Lua rows cost 8-16 µs/op, so fewer requests give them as much server CPU.
-row_requests() { if [ "$1" = evalsha ]; then echo "$N_LUA"; else echo "$N_PIPE"; fi; }
+# row_requests <cmdstat name> <config>: requests per run, about a second of server CPU or more
+# (the Lua rows cost 8-16 µs/op; with a replica every op costs more).
+row_requests() {
+  if [ "$1" = evalsha ]; then echo "$N_LUA"; elif [ "$2" = replica ]; then echo "$N_REPLICA"; else echo "$N_PIPE"; fi
+}
 # warm_file <command>: sets W_FILE to the warm-up of a command as RESP (one call on each key
 # __rand_int__ names), generated once.
 declare -A WARM_FILE=()
@@ -480,7 +486,7 @@ run_rounds() {
       IFS='|' read -r tag label stat algo command <<<"$row"
       key="$tag,$label,$config"
       read -r -a argv <<<"$command"
-      n=$(row_requests "$stat")
+      n=$(row_requests "$stat" "$config")
       use_tag "$tag"
       cli FLUSHALL >/dev/null
       warm_file "$command"
@@ -717,7 +723,7 @@ DATE=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
   echo "## redis-ratelimit benchmark report"
   echo ""
   echo "- Command: \`bash $COMMAND_LINE\` (what \`make bench\` runs, before \`cargo bench --bench core\`), in $ROOT"
-  echo "- Settings: BENCH_PORT=$BASE_PORT BENCH_ROUNDS=$ROUNDS BENCH_N_PIPELINED=$N_PIPE BENCH_N_LUA=$N_LUA BENCH_N_HAMMER=$N_HAMMER BENCH_N_UNPIPELINED=$N_UNPIPE BENCH_CLIENTS=$CLIENTS BENCH_KEYSPACE=$KEYSPACE BENCH_MEM_KEYS=$MEM_KEYS BENCH_LOG_KEYS=\"${LOG_KEYS[*]}\" BENCH_SERVERS_DIR=$SERVERS_DIR"
+  echo "- Settings: BENCH_PORT=$BASE_PORT BENCH_ROUNDS=$ROUNDS BENCH_N_PIPELINED=$N_PIPE BENCH_N_REPLICA=$N_REPLICA BENCH_N_LUA=$N_LUA BENCH_N_HAMMER=$N_HAMMER BENCH_N_UNPIPELINED=$N_UNPIPE BENCH_CLIENTS=$CLIENTS BENCH_KEYSPACE=$KEYSPACE BENCH_MEM_KEYS=$MEM_KEYS BENCH_LOG_KEYS=\"${LOG_KEYS[*]}\" BENCH_SERVERS_DIR=$SERVERS_DIR"
   echo "- Servers: \`redis-server --save \"\" --appendonly no --loadmodule libredis_ratelimit.so DEBUG_CLOCK\`, and one with redis-cell${CELL_VERSION:+ $CELL_VERSION} (${CELL_STATUS:-built from $CELL_SRC}); measured servers pinned with \`taskset -c $SERVER_CPU\`, redis-benchmark and the replicas with \`taskset -c $CLIENT_CPU\`${SERVER_PIN:+}"
   echo "- Date: $DATE; load average (1/5/15 min) at the start: $LOAD_START, at the end: $LOADAVG; 1-minute load average at the start of each round: keys in place ${ROUND_LOADS[alone]}; with a replica ${ROUND_LOADS[replica]}; run time $((SECONDS / 60)) min $((SECONDS % 60)) s"
   if awk -v l="${LOAD_START%% *}" 'BEGIN { exit !(l > 0.5) }'; then
@@ -765,7 +771,7 @@ print_cpu_table() { # config
       key="$tag,$label,$config"
       local shown=$label
       [ "$tag" = rl ] || [ "$label" = "$CELL_LABEL" ] || shown="$label (redis-cell's server)"
-      local row="| $shown | $(row_requests "$stat") | ${CPU[$key]} | ${CPU_MIN[$key]}–${CPU_MAX[$key]} | $(calc "±%.0f%%" "50 * (${CPU_MAX[$key]} - ${CPU_MIN[$key]}) / ${CPU[$key]}") | $(ratio "${CPU[$key]}" "$base_incr") | $(ratio "${CPU[$key]}" "$base_set") | ${USEC[$key]} | $(ratio "${USEC[$key]}" "$base_usec") | $(calc "%.0f" "${RPS[$key]}") | ${LIMITED[$key]} |"
+      local row="| $shown | $(row_requests "$stat" "$config") | ${CPU[$key]} | ${CPU_MIN[$key]}–${CPU_MAX[$key]} | $(calc "±%.0f%%" "50 * (${CPU_MAX[$key]} - ${CPU_MIN[$key]}) / ${CPU[$key]}") | $(ratio "${CPU[$key]}" "$base_incr") | $(ratio "${CPU[$key]}" "$base_set") | ${USEC[$key]} | $(ratio "${USEC[$key]}" "$base_usec") | $(calc "%.0f" "${RPS[$key]}") | ${LIMITED[$key]} |"
       [ "$config" = alone ] || row="$row ${REPL[$tag,$label]} |"
       out "$row"
     done
