@@ -779,6 +779,23 @@ print_cpu_table() { # config
 }
 print_cpu_table alone
 print_cpu_table replica
+# The samples behind the medians: server CPU µs/op of every row in every round.
+print_round_samples() {
+  local config tag label key c i shown
+  out ""
+  out "#### Server CPU µs/op in each round (the samples behind the medians; each round starts one row later than the one before)"
+  out ""
+  out "| configuration | command | $(seq -s ' | ' 1 "$ROUNDS") |"
+  out "|---|---|$(printf -- '---:|%.0s' $(seq "$ROUNDS"))"
+  for config in alone replica; do
+    while IFS='|' read -r tag label _; do
+      key="$tag,$label,$config" shown=$label
+      [ "$tag" = rl ] || [ "$label" = "$CELL_LABEL" ] || shown="$label (redis-cell's server)"
+      out "| $([ "$config" = alone ] && echo "keys in place" || echo "with a replica") | $shown | ${SAMPLES[$key]// / | } |"
+    done < <(rows "$config")
+  done
+}
+print_round_samples
 out ""
 out "Rounds: each configuration (keys in place; with a replica) was measured in $ROUNDS rounds; a round runs every row of the table once, the module's server's and redis-cell's, starting one row later than the round before, so that a slow period of the machine touches all rows alike. Every run: FLUSHALL, one unmeasured call of the same command on every key of the keyspace (with a replica: its offset waited for), CONFIG RESETSTAT, one pipelined run of the requests shown. Server CPU µs/op: CPU time (utime + stime, from schedstat) of all the measured server's threads during the run ÷ requests; the median over the rounds, with the least and the most; spread: ±half of (max − min) ÷ median. Ratios are between medians. usec_per_call: INFO commandstats of each run, median (Lua rows: cmdstat_evalsha, the whole script). ops/s: redis-benchmark's, median (on this machine one client cannot saturate the server with the cheap commands, so ops/s partly measure the client). Limited: share of calls refused over all rounds (module counters). redis-cell runs on its own server (both modules register CL.THROTTLE); its ratios are against INCR and SET EX measured again on that server, in the same rounds. With a replica: the replica runs on the client's CPU; after every run the replica's offset is waited for, then DEBUG DIGEST of the two servers is compared, and PEXPIRETIME of $EXPIRY_SAMPLE keys. (redis-cell replicates the command itself, so its replica recomputes every call with its own clock: its state differs from the primary's.)"
 
