@@ -22,7 +22,7 @@
 #                                   built once into target/peers/ (needs crates.io). Absent or
 #                                   unbuildable: the redis-cell rows say so and the rest runs.
 #   BENCH_REPORT [target/bench-report.md]
-#   BENCH_ROUNDS [5]                rounds; each measures every row of a configuration once
+#   BENCH_ROUNDS [7]                rounds; each measures every row of a configuration once
 #   BENCH_N_PIPELINED [1000000]     requests per pipelined run (-P 16), INCR, SET and limiter rows
 #   BENCH_N_REPLICA [600000]        the same with a replica attached (each op costs the server
 #                                   ~1.5x more; the replica shares the client's CPU)
@@ -75,7 +75,7 @@ ROOT=$(pwd)
 BASE_PORT=${BENCH_PORT:-6390}
 MODULE=${RL_MODULE:-target/release/libredis_ratelimit.so}
 REPORT=${BENCH_REPORT:-target/bench-report.md}
-ROUNDS=${BENCH_ROUNDS:-5}
+ROUNDS=${BENCH_ROUNDS:-7}
 N_PIPE=${BENCH_N_PIPELINED:-1000000}
 N_REPLICA=${BENCH_N_REPLICA:-600000}
 N_LUA=${BENCH_N_LUA:-200000}
