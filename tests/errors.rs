@@ -100,6 +100,24 @@ impl Fx {
         raw(&mut self.c, &words(line)).unwrap_or_else(|e| panic!("`{line}` failed: {}", full_error(&e)))
     }
 
+    /// Sends a command that must fail. A socket call interrupted on the client's side (EINTR:
+    /// the test process was stopped and resumed while blocked, with a socket timeout set; seen
+    /// once with a 1-MB argument) leaves the connection mid-command: the command, which writes
+    /// nothing, is sent again on a new connection.
+    fn send(&mut self, args: &[Vec<u8>]) -> redis::RedisResult<Value> {
+        let mut result = raw(&mut self.c, args);
+        for _ in 0..3 {
+            match &result {
+                Err(e) if e.is_io_error() && e.to_string().contains("os error 4") => {
+                    self.c = self.s.conn();
+                    result = raw(&mut self.c, args);
+                }
+                _ => break,
+            }
+        }
+        result
+    }
+
     fn state(&mut self) -> (i64, Vec<Option<Vec<u8>>>) {
         let mut p = redis::pipe();
         p.cmd("PING").cmd("DBSIZE");
@@ -143,7 +161,7 @@ impl Fx {
     /// was written.
     #[track_caller]
     fn bad(&mut self, args: &[Vec<u8>]) -> String {
-        let msg = match raw(&mut self.c, args) {
+        let msg = match self.send(args) {
             Ok(v) => panic!("`{}` should fail, got {v:?}", show(args)),
             Err(e) => full_error(&e),
         };
