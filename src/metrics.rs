@@ -58,13 +58,12 @@ pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: i32) {
             field("admitted_units", c.admitted_units.load(Relaxed));
             field("limited", c.limited.load(Relaxed));
         }
-        let propagate = std::ffi::CString::new(crate::propagation::describe()).unwrap_or_default();
-        raw::RedisModule_InfoAddFieldCString.unwrap()(ctx, c"propagate_effects".as_ptr() as *mut _, propagate.as_ptr() as *mut _);
+        let text = |name: &std::ffi::CStr, v: &str| {
+            let v = std::ffi::CString::new(v).unwrap_or_default();
+            raw::RedisModule_InfoAddFieldCString.unwrap()(ctx, name.as_ptr() as *mut _, v.as_ptr() as *mut _);
+        };
+        text(c"propagate_effects", crate::propagation::describe());
         if let Some(setting) = crate::eviction::current() {
-            let text = |name: &std::ffi::CStr, v: &str| {
-                let v = std::ffi::CString::new(v).unwrap_or_default();
-                raw::RedisModule_InfoAddFieldCString.unwrap()(ctx, name.as_ptr() as *mut _, v.as_ptr() as *mut _);
-            };
             text(c"eviction_risk", if setting.at_risk() { "yes" } else { "no" });
             text(c"maxmemory_policy", &setting.policy);
             raw::RedisModule_InfoAddFieldULongLong.unwrap()(ctx, c"maxmemory".as_ptr() as *mut _, setting.maxmemory);

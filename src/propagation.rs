@@ -33,8 +33,8 @@ const NOT_NEEDED: u8 = 1;
 const NEEDED: u8 = 2;
 
 /// Whether effects are needed, as last found (UNKNOWN: find it again at the next effect).
-static BACKLOG: AtomicU8 = AtomicU8::new(UNKNOWN);
-/// Every event that invalidates BACKLOG is subscribed to; without them, always propagate.
+static ANSWER: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// Every event that invalidates ANSWER is subscribed to; without them, always propagate.
 static WATCHING: AtomicBool = AtomicBool::new(false);
 
 const EVENTS: [u64; 5] = [
@@ -63,7 +63,7 @@ unsafe extern "C" fn on_event(_ctx: *mut RedisModuleCtx, _eid: RedisModuleEvent,
 
 /// The answer may have changed: find it again before the next effect.
 pub fn forget() {
-    BACKLOG.store(UNKNOWN, Relaxed);
+    ANSWER.store(UNKNOWN, Relaxed);
 }
 
 /// False when nothing would read an effect written now (no AOF, no backlog, no replica): the
@@ -82,7 +82,7 @@ pub fn needed(ctx: *mut RedisModuleCtx) -> bool {
 }
 
 fn effects_have_readers(ctx: *mut RedisModuleCtx) -> bool {
-    match BACKLOG.load(Relaxed) {
+    match ANSWER.load(Relaxed) {
         _ if !WATCHING.load(Relaxed) => true,
         NEEDED => true,
         NOT_NEEDED => false,
@@ -98,14 +98,14 @@ fn find(ctx: *mut RedisModuleCtx) -> bool {
     let needed = flags & raw::REDISMODULE_CTX_FLAGS_AOF != 0
         || flags & raw::REDISMODULE_CTX_FLAGS_MASTER == 0
         || backlog_or_replica(ctx).unwrap_or(true);
-    BACKLOG.store(if needed { NEEDED } else { NOT_NEEDED }, Relaxed);
+    ANSWER.store(if needed { NEEDED } else { NOT_NEEDED }, Relaxed);
     needed
 }
 
 /// For INFO: "yes" (effects are propagated), "no" (not built: no AOF, no backlog, no replica
 /// when last checked) or "unknown" (checked again at the next effect).
 pub fn describe() -> &'static str {
-    match (WATCHING.load(Relaxed), BACKLOG.load(Relaxed)) {
+    match (WATCHING.load(Relaxed), ANSWER.load(Relaxed)) {
         (false, _) | (_, NEEDED) => "yes",
         (true, NOT_NEEDED) => "no",
         _ => "unknown",

@@ -14,10 +14,8 @@ use common::{wait_replica_synced, Opts, Server};
 use redis::{Connection, Value};
 
 fn info_field(s: &Server, section: &str, field: &str) -> String {
-    s.info(section)
-        .lines()
-        .find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')).map(|v| v.trim().to_string()))
-        .unwrap_or_else(|| panic!("INFO {section} has no {field}"))
+    let info = s.info(section);
+    common::info_field(&info, field).unwrap_or_else(|| panic!("INFO {section} has no {field}")).to_string()
 }
 
 fn propagate_effects(s: &Server) -> String {
@@ -81,12 +79,8 @@ fn attach(replica: &Server, primary: &Server) {
     let _: () = redis::cmd("REPLICAOF").arg("127.0.0.1").arg(primary.port).query(&mut r).expect("REPLICAOF");
 }
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    common::wait_until(Duration::from_secs(30), what, f);
 }
 
 #[test]

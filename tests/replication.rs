@@ -9,11 +9,10 @@ mod traffic;
 #[path = "common/values.rs"]
 mod values;
 
-use common::{wait_replica_synced, Opts, Server};
+use common::{wait_replica_synced, wait_until, Opts, Server};
 use redis::{Connection, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
-use std::thread::sleep;
 use std::time::{Duration, Instant};
 use traffic::{
     assert_same, clock_get, clock_set, cmd_of, err_text, now_ms, snapshot, Rng, ALGOS,
@@ -388,14 +387,6 @@ fn ttl_of(info: &[(String, Value)]) -> i64 {
     match info.iter().find(|(k, _)| k == "ttl_ms") {
         Some((_, Value::Int(t))) => *t,
         other => panic!("RL.INFO without integer ttl_ms: {other:?}"),
-    }
-}
-
-fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        sleep(Duration::from_millis(20));
     }
 }
 

@@ -162,7 +162,8 @@ fn ping_port(port: u16, timeout: Duration) -> Result<String, String> {
     redis::cmd("PING").query::<String>(&mut con).map_err(|e| e.to_string())
 }
 
-fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+/// The value of `field` in an INFO text.
+pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     info.lines().find_map(|l| {
         l.strip_prefix(field)
             .and_then(|rest| rest.strip_prefix(':'))
@@ -536,6 +537,15 @@ pub fn wait_replica_synced(primary: &Server, replica: &Server) {
                 replica.log()
             );
         }
+        sleep(Duration::from_millis(20));
+    }
+}
+
+/// Polls `f` every 20 ms until it holds; panics naming `what` after `timeout`.
+pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
         sleep(Duration::from_millis(20));
     }
 }
