@@ -78,7 +78,8 @@ impl Support {
 pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<Support, String> {
     // SAFETY: the API table is filled in by RedisModule_Init; a function this server does not
     // export stays None.
-    let (Some(set_categories), Some(get_command)) = (unsafe { raw::RedisModule_SetCommandACLCategories }, unsafe { raw::RedisModule_GetCommand })
+    let (Some(set_categories), Some(get_command)) =
+        (unsafe { raw::RedisModule_SetCommandACLCategories }, unsafe { raw::RedisModule_GetCommand })
     else {
         return Ok(Support::None);
     };
@@ -109,7 +110,11 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<Support, String> {
             return Err(format!("ACL categories for {}: no such command", row.command.to_string_lossy()));
         }
         if unsafe { set_categories(command, categories.as_ptr().cast()) } != raw::REDISMODULE_OK as c_int {
-            return Err(format!("could not set the ACL categories '{}' of {}", categories.trim_end_matches('\0'), row.command.to_string_lossy()));
+            return Err(format!(
+                "could not set the ACL categories '{}' of {}",
+                categories.trim_end_matches('\0'),
+                row.command.to_string_lossy()
+            ));
         }
     }
     Ok(if with_ratelimit { Support::WithRatelimit } else { Support::Builtin })

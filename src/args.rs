@@ -4,7 +4,9 @@
 
 use crate::core::codec::Algorithm;
 use crate::core::spec::Spec;
-use crate::core::{Nanos, Rate, Request, Window, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
+use crate::core::{
+    Nanos, Rate, Request, Window, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
+};
 
 pub type ArgResult<T> = Result<T, String>;
 
@@ -18,7 +20,8 @@ pub struct Check {
 
 /// Shows a user's argument inside an error message: printable ASCII only, at most 32 bytes.
 pub fn shown(arg: &[u8]) -> String {
-    let mut s: String = arg.iter().take(32).map(|&b| if (0x20..0x7f).contains(&b) && b != b'\'' { b as char } else { '?' }).collect();
+    let mut s: String =
+        arg.iter().take(32).map(|&b| if (0x20..0x7f).contains(&b) && b != b'\'' { b as char } else { '?' }).collect();
     if arg.len() > 32 {
         s.push_str("...");
     }
@@ -47,9 +50,7 @@ pub fn positive(arg: &[u8], name: &str) -> ArgResult<u64> {
     match digits(arg) {
         Some(n) if (1..=MAX_COUNT).contains(&n) => Ok(n),
         Some(n) if n > MAX_COUNT => Err(format!("ERR {name} must be a positive integer no larger than {MAX_COUNT}")),
-        None if overflows(arg) => {
-            Err(format!("ERR {name} must be a positive integer no larger than {MAX_COUNT}"))
-        }
+        None if overflows(arg) => Err(format!("ERR {name} must be a positive integer no larger than {MAX_COUNT}")),
         _ => Err(format!("ERR {name} must be a positive integer")),
     }
 }

@@ -76,7 +76,8 @@ struct Doc {
     args: Vec<Arg>,
 }
 
-const RW_UPDATE: u64 = (raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE) as u64;
+const RW_UPDATE: u64 =
+    (raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE) as u64;
 
 fn limiter_args(with_burst: bool, period_name: &'static str) -> Vec<Arg> {
     let mut v = vec![arg("key", Kind::Key), arg("limit", Kind::Integer), arg(period_name, Kind::Text)];
@@ -265,14 +266,16 @@ fn key_specs(keys: Keys) -> Vec<raw::RedisModuleCommandKeySpec> {
             spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
             spec.bs.index.pos = 1;
             spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-            spec.fk.range = raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 { lastkey: 0, keystep: 1, limit: 0 };
+            spec.fk.range =
+                raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 { lastkey: 0, keystep: 1, limit: 0 };
         }
         Keys::Numkeys(flags) => {
             spec.flags = flags;
             spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
             spec.bs.index.pos = 1;
             spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
-            spec.fk.keynum = raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_2 { keynumidx: 0, firstkey: 1, keystep: 1 };
+            spec.fk.keynum =
+                raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_2 { keynumidx: 0, firstkey: 1, keystep: 1 };
         }
     }
     vec![spec, unsafe { std::mem::zeroed() }]

@@ -8,12 +8,12 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
 use crate::args::{self, wrong_arity};
 use crate::core::codec::{Algorithm, State};
-use crate::core::spec::{AlgorithmMismatch, Spec, Update};
 use crate::core::give_back::{self, Refusal};
+use crate::core::spec::{AlgorithmMismatch, Spec, Update};
 use crate::core::{ceil_ms, Decision, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
 use crate::reply::{self, Field};
-use crate::value::Loaded;
 use crate::state::{server_ms, Held, Key, Stored, SETSTATE, WRONGTYPE};
+use crate::value::Loaded;
 use crate::{clock, metrics, propagation};
 
 pub type Args<'a> = &'a [*mut RedisModuleString];
@@ -94,7 +94,13 @@ fn store(key: &Key, prior: Option<&mut Loaded>, update: &Update, reset_after: Na
 
 /// `store`; with `exact`, the TTL is set to reset_after itself, shorter or longer (RL.RETURN:
 /// units given back shorten the reset, and a bucket given back full expires at once).
-fn store_with(key: &Key, prior: Option<&mut Loaded>, update: &Update, reset_after: Nanos, exact: bool) -> CommandResult {
+fn store_with(
+    key: &Key,
+    prior: Option<&mut Loaded>,
+    update: &Update,
+    reset_after: Nanos,
+    exact: bool,
+) -> CommandResult {
     key.apply_over(prior, update)?.map_err(|e| format!("ERR {e}"))?;
     let now_ms = server_ms();
     let reset_ms = ceil_ms(reset_after).max(1);
@@ -133,7 +139,16 @@ fn replicate_payload(ctx: *mut RedisModuleCtx, key: *mut RedisModuleString, payl
     let replicate = unsafe { raw::RedisModule_Replicate.unwrap() };
     unsafe {
         match expire_at {
-            Some(at) => replicate(ctx, SETSTATE.as_ptr(), c"sbcl".as_ptr(), key, p, len, c"PXAT".as_ptr(), at as std::os::raw::c_longlong),
+            Some(at) => replicate(
+                ctx,
+                SETSTATE.as_ptr(),
+                c"sbcl".as_ptr(),
+                key,
+                p,
+                len,
+                c"PXAT".as_ptr(),
+                at as std::os::raw::c_longlong,
+            ),
             None => replicate(ctx, SETSTATE.as_ptr(), c"sb".as_ptr(), key, p, len),
         };
     }
@@ -207,7 +222,13 @@ pub fn cl_throttle(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         metrics::notify_limited(ctx, argv[1]);
     }
     reply::array(ctx, 5);
-    for v in [limited as i64, d.limit as i64, d.remaining as i64, cell_seconds(d.retry_after), cell_seconds(Some(d.reset_after))] {
+    for v in [
+        limited as i64,
+        d.limit as i64,
+        d.remaining as i64,
+        cell_seconds(d.retry_after),
+        cell_seconds(Some(d.reset_after)),
+    ] {
         reply::integer(ctx, v);
     }
     Ok(())
@@ -230,7 +251,12 @@ pub fn info(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
             let tat_us = Field::Int(tat_ns.div_euclid(1_000) + (tat_ns.rem_euclid(1_000) != 0) as i64);
             reply::fields(
                 ctx,
-                &[("algorithm", Field::Text("gcra")), ("source", Field::Text("redis-cell")), ("tat_us", tat_us), ("ttl_ms", Field::Int(key.ttl_ms()))],
+                &[
+                    ("algorithm", Field::Text("gcra")),
+                    ("source", Field::Text("redis-cell")),
+                    ("tat_us", tat_us),
+                    ("ttl_ms", Field::Int(key.ttl_ms())),
+                ],
             );
             return Ok(());
         }
@@ -424,7 +450,11 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         states.push(key.state_for(spec)?);
     }
     let decide = |req: Request| -> Result<Vec<_>, String> {
-        m.specs.iter().zip(&states).map(|(spec, st)| spec.check(st.as_deref(), now, req).map_err(mismatch_error)).collect()
+        m.specs
+            .iter()
+            .zip(&states)
+            .map(|(spec, st)| spec.check(st.as_deref(), now, req).map_err(mismatch_error))
+            .collect()
     };
     // How many units every limit grants: all of COST, or with PARTIAL the least any grants.
     let first = decide(m.req)?;
@@ -463,7 +493,13 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
                 }
             }
             let unchanged = p[i].0;
-            d = Decision { allowed: 0, remaining: unchanged.remaining, reset_after: unchanged.reset_after, delay: None, ..d };
+            d = Decision {
+                allowed: 0,
+                remaining: unchanged.remaining,
+                reset_after: unchanged.reset_after,
+                delay: None,
+                ..d
+            };
         }
         metrics::record(m.specs[i].algorithm(), if admitted { grant } else { 0 }, limited);
         replies.push(d);
@@ -513,7 +549,9 @@ pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         }
     };
     let credit = give_back::give_back(&stored, req.n, req.age, now).map_err(|r| match r {
-        Refusal::SlidingLog => "ERR RL.RETURN does not support the sliding log: its entries cannot be identified".to_string(),
+        Refusal::SlidingLog => {
+            "ERR RL.RETURN does not support the sliding log: its entries cannot be identified".to_string()
+        }
         Refusal::AgeRequired => {
             "ERR AGE is required for window limiters (fixed, sliding): the ms since the claim was sent".to_string()
         }

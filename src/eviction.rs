@@ -38,7 +38,11 @@ pub fn watch(ctx: *mut RedisModuleCtx) -> bool {
     let event = RedisModuleEvent { id: raw::REDISMODULE_EVENT_CONFIG, dataver: 1 };
     let subscribed = unsafe { raw::RedisModule_SubscribeToServerEvent.map(|f| f(ctx, event, Some(on_config))) };
     if subscribed != Some(raw::REDISMODULE_OK as c_int) {
-        log(ctx, c"warning", "ratelimit: this server reports no configuration changes: the eviction risk is checked at load only");
+        log(
+            ctx,
+            c"warning",
+            "ratelimit: this server reports no configuration changes: the eviction risk is checked at load only",
+        );
         return false;
     }
     true
@@ -70,7 +74,14 @@ fn check(ctx: *mut RedisModuleCtx, when: &str) {
             ),
         );
     } else if previous.is_some_and(|p| p.at_risk()) {
-        log(ctx, c"notice", &format!("ratelimit: limiter keys can no longer be evicted (maxmemory-policy {}, maxmemory {}) ({when})", now.policy, now.maxmemory));
+        log(
+            ctx,
+            c"notice",
+            &format!(
+                "ratelimit: limiter keys can no longer be evicted (maxmemory-policy {}, maxmemory {}) ({when})",
+                now.policy, now.maxmemory
+            ),
+        );
     }
 }
 

@@ -34,7 +34,15 @@ macro_rules! register {
         extern "C" fn run(ctx: *mut raw::RedisModuleCtx, argv: *mut *mut raw::RedisModuleString, argc: c_int) -> c_int {
             commands::dispatch(ctx, argv, argc, $name, $body as Body)
         }
-        create_command($ctx, CStr::from_bytes_with_nul(concat!($name, "\0").as_bytes()).unwrap(), run, $flags, $first, $last, $step)?;
+        create_command(
+            $ctx,
+            CStr::from_bytes_with_nul(concat!($name, "\0").as_bytes()).unwrap(),
+            run,
+            $flags,
+            $first,
+            $last,
+            $step,
+        )?;
     }};
 }
 
@@ -47,7 +55,9 @@ fn create_command(
     last: c_int,
     step: c_int,
 ) -> Result<(), String> {
-    let status = unsafe { raw::RedisModule_CreateCommand.unwrap()(ctx, name.as_ptr(), Some(run), flags.as_ptr(), first, last, step) };
+    let status = unsafe {
+        raw::RedisModule_CreateCommand.unwrap()(ctx, name.as_ptr(), Some(run), flags.as_ptr(), first, last, step)
+    };
     if status != raw::REDISMODULE_OK as c_int {
         return Err(format!("failed to register {}", name.to_string_lossy()));
     }

@@ -16,7 +16,8 @@ struct Counters {
 }
 
 #[allow(clippy::declare_interior_mutable_const)] // only used to initialise the static array
-const ZERO: Counters = Counters { checks: AtomicU64::new(0), admitted_units: AtomicU64::new(0), limited: AtomicU64::new(0) };
+const ZERO: Counters =
+    Counters { checks: AtomicU64::new(0), admitted_units: AtomicU64::new(0), limited: AtomicU64::new(0) };
 static COUNTERS: [Counters; 6] = [ZERO, ZERO, ZERO, ZERO, ZERO, ZERO];
 
 fn slot(a: Algorithm) -> &'static Counters {
@@ -46,8 +47,16 @@ pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: i32) {
         raw::RedisModule_InfoAddSection.unwrap()(ctx, c"".as_ptr());
         let version = concat!(env!("CARGO_PKG_VERSION"), "\0");
         raw::RedisModule_InfoAddFieldCString.unwrap()(ctx, c"version".as_ptr(), version.as_ptr() as *mut _);
-        raw::RedisModule_InfoAddFieldULongLong.unwrap()(ctx, c"defrag_visits".as_ptr() as *mut _, crate::state::DEFRAG_VISITS.load(Relaxed));
-        raw::RedisModule_InfoAddFieldULongLong.unwrap()(ctx, c"defrag_moves".as_ptr() as *mut _, crate::state::DEFRAG_MOVES.load(Relaxed));
+        raw::RedisModule_InfoAddFieldULongLong.unwrap()(
+            ctx,
+            c"defrag_visits".as_ptr() as *mut _,
+            crate::state::DEFRAG_VISITS.load(Relaxed),
+        );
+        raw::RedisModule_InfoAddFieldULongLong.unwrap()(
+            ctx,
+            c"defrag_moves".as_ptr() as *mut _,
+            crate::state::DEFRAG_MOVES.load(Relaxed),
+        );
         for a in Algorithm::ALL {
             let c = slot(a);
             let field = |suffix: &str, v: u64| {

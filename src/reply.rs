@@ -8,7 +8,8 @@ use redis_module::raw::{self, RedisModuleCtx};
 use crate::core::{ceil_ms, Decision};
 
 /// Field names of a limiter reply, in order.
-pub const DECISION_FIELDS: [&str; 6] = ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms"];
+pub const DECISION_FIELDS: [&str; 6] =
+    ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms"];
 
 pub fn resp3(ctx: *mut RedisModuleCtx) -> bool {
     // SAFETY: the API is loaded once the module is; ctx is the command's context.

@@ -114,7 +114,14 @@ unsafe extern "C" fn aof_rewrite(aof: *mut raw::RedisModuleIO, key: *mut RedisMo
         // The TTL is written by Redis itself (PEXPIREAT) after the value.
         let Some(state) = loaded(value) else { return };
         let bytes = state.encode();
-        raw::RedisModule_EmitAOF.unwrap()(aof, SETSTATE.as_ptr(), c"sb".as_ptr(), key, bytes.as_ptr() as *const c_char, bytes.len());
+        raw::RedisModule_EmitAOF.unwrap()(
+            aof,
+            SETSTATE.as_ptr(),
+            c"sb".as_ptr(),
+            key,
+            bytes.as_ptr() as *const c_char,
+            bytes.len(),
+        );
     })
 }
 
@@ -139,7 +146,11 @@ pub static DEFRAG_MOVES: AtomicU64 = AtomicU64::new(0);
 /// value's allocations (the boxed state; for a sliding log also its box and its entry
 /// buffer) where `RedisModule_DefragAlloc` says. Only addresses change, never a byte of the
 /// state. Everything is moved in one call (a few allocations per key), so it returns 0: done.
-unsafe extern "C" fn defrag(ctx: *mut raw::RedisModuleDefragCtx, _key: *mut RedisModuleString, value: *mut *mut c_void) -> c_int {
+unsafe extern "C" fn defrag(
+    ctx: *mut raw::RedisModuleDefragCtx,
+    _key: *mut RedisModuleString,
+    value: *mut *mut c_void,
+) -> c_int {
     guarded(0, || {
         DEFRAG_VISITS.fetch_add(1, Relaxed);
         let Some(defrag_alloc) = raw::RedisModule_DefragAlloc else { return 0 };
@@ -186,7 +197,11 @@ unsafe extern "C" fn free(value: *mut c_void) {
     guarded((), || value::free(value))
 }
 
-unsafe extern "C" fn copy(_from: *mut RedisModuleString, _to: *mut RedisModuleString, value: *const c_void) -> *mut c_void {
+unsafe extern "C" fn copy(
+    _from: *mut RedisModuleString,
+    _to: *mut RedisModuleString,
+    value: *const c_void,
+) -> *mut c_void {
     guarded(std::ptr::null_mut(), || match loaded(value) {
         Some(s) => value::into_word((*s).clone(), value::table_id(value)),
         None => std::ptr::null_mut(),
@@ -219,7 +234,9 @@ pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong
 pub fn cell_state(tat_ns: i64, spec: &Spec) -> State {
     let rate = match *spec {
         Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => r,
-        Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => Rate { limit: w.limit, period: w.window, burst: w.limit },
+        Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => {
+            Rate { limit: w.limit, period: w.window, burst: w.limit }
+        }
     };
     State::Gcra(gcra::State { rate, tat: tat_ns as i128 * rate.limit as i128 })
 }
@@ -296,10 +313,11 @@ impl Key {
                 return None;
             }
             let mut len = 0usize;
-            let value = (raw::RedisModule_CallReplyType.unwrap()(reply) == raw::REDISMODULE_REPLY_STRING as c_int).then(|| {
-                let p = raw::RedisModule_CallReplyStringPtr.unwrap()(reply, &mut len);
-                std::slice::from_raw_parts(p as *const u8, len).to_vec()
-            });
+            let value = (raw::RedisModule_CallReplyType.unwrap()(reply) == raw::REDISMODULE_REPLY_STRING as c_int)
+                .then(|| {
+                    let p = raw::RedisModule_CallReplyStringPtr.unwrap()(reply, &mut len);
+                    std::slice::from_raw_parts(p as *const u8, len).to_vec()
+                });
             raw::RedisModule_FreeCallReply.unwrap()(reply);
             value
         }

@@ -502,7 +502,12 @@ mod tests {
         assert!(!roundtrip(State::Sliding(sliding::State { win, index: -5, prev: 1, curr: 1 })));
         // A 1 ms window over limit 10^15: 2 × 50 count bits leave no room for the index.
         let wide = Window::new(1_000_000_000_000_000, NANOS_PER_MILLI).unwrap();
-        assert!(!roundtrip(State::Sliding(sliding::State { win: wide, index: now / NANOS_PER_MILLI, prev: 0, curr: 1 })));
+        assert!(!roundtrip(State::Sliding(sliding::State {
+            win: wide,
+            index: now / NANOS_PER_MILLI,
+            prev: 0,
+            curr: 1
+        })));
     }
 
     #[test]

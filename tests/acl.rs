@@ -90,7 +90,13 @@ fn all_commands(key: &str, payload: &[u8]) -> Vec<(&'static str, Vec<Vec<u8>>, V
         ),
         (
             "rl.setstate",
-            vec![b"RL.SETSTATE".to_vec(), key.as_bytes().to_vec(), payload.to_vec(), b"PXAT".to_vec(), pxat.into_bytes()],
+            vec![
+                b"RL.SETSTATE".to_vec(),
+                key.as_bytes().to_vec(),
+                payload.to_vec(),
+                b"PXAT".to_vec(),
+                pxat.into_bytes(),
+            ],
             one.clone(),
         ),
         ("rl.reset", s(&["RL.RESET", key]), one),
@@ -131,7 +137,8 @@ fn check_tenant_user(s: &Server, con: &mut Connection, denied: &[&str]) -> usize
             let r = try_run(con, &args);
             assert!(is_noperm(&r), "{} outside ~tenantA:* must be NOPERM, got {r:?}", shown(&args));
             // What was refused, from ACL LOG (the sentences differ between servers).
-            let expected = if denied.contains(&name) { ("command", name.to_string()) } else { ("key", outside.to_string()) };
+            let expected =
+                if denied.contains(&name) { ("command", name.to_string()) } else { ("key", outside.to_string()) };
             assert_eq!(last_denial(&mut admin), (expected.0.to_string(), expected.1), "{}", shown(&args));
             checked += 1;
         }
@@ -166,7 +173,9 @@ fn check_tenant_user(s: &Server, con: &mut Connection, denied: &[&str]) -> usize
             match name {
                 "rl.info" => assert!(matches!(v, Value::Array(_)), "RL.INFO: {v:?}"),
                 "rl.reset" => assert_eq!(v, Value::Int(1), "RL.RESET"),
-                "rl.setstate" => assert!(matches!(v, Value::Okay) || v == Value::SimpleString("OK".into()), "RL.SETSTATE: {v:?}"),
+                "rl.setstate" => {
+                    assert!(matches!(v, Value::Okay) || v == Value::SimpleString("OK".into()), "RL.SETSTATE: {v:?}")
+                }
                 _ => assert!(matches!(v, Value::Array(_)), "{name}: {v:?}"),
             }
         }
@@ -197,8 +206,21 @@ fn module_commands_are_granted_by_name() {
     run(
         &mut admin,
         &[
-            "ACL", "SETUSER", "u2", "on", ">pw", "~tenantA:*", "+rl.gcra", "+rl.tokenbucket", "+rl.leaky",
-            "+rl.sliding", "+rl.fixed", "+rl.slidinglog", "+rl.multi", "+cl.throttle", "+rl.info",
+            "ACL",
+            "SETUSER",
+            "u2",
+            "on",
+            ">pw",
+            "~tenantA:*",
+            "+rl.gcra",
+            "+rl.tokenbucket",
+            "+rl.leaky",
+            "+rl.sliding",
+            "+rl.fixed",
+            "+rl.slidinglog",
+            "+rl.multi",
+            "+cl.throttle",
+            "+rl.info",
             "+rl.reset",
         ],
     );
@@ -228,7 +250,9 @@ fn acl_cat(con: &mut Connection, category: &str) -> Vec<String> {
         .filter(|name| {
             let Value::Array(entries) = run(con, &["COMMAND", "INFO", name]) else { panic!("COMMAND INFO {name}") };
             let Some(Value::Array(entry)) = entries.first() else { panic!("COMMAND INFO {name}: {entries:?}") };
-            let Some(Value::Array(categories)) = entry.get(6) else { panic!("COMMAND INFO {name} without categories: {entry:?}") };
+            let Some(Value::Array(categories)) = entry.get(6) else {
+                panic!("COMMAND INFO {name} without categories: {entry:?}")
+            };
             categories.contains(&want) || categories.contains(&want_bulk)
         })
         .collect();
@@ -259,14 +283,20 @@ fn acl_categories_where_the_server_has_them() {
     let mut admin = s.conn();
 
     // Every module command has a row in the table (a new command without one fails here).
-    let mut listed: Vec<String> = redis::cmd("COMMAND").arg("LIST").arg("FILTERBY").arg("MODULE").arg("ratelimit").query(&mut admin).unwrap();
+    let mut listed: Vec<String> =
+        redis::cmd("COMMAND").arg("LIST").arg("FILTERBY").arg("MODULE").arg("ratelimit").query(&mut admin).unwrap();
     listed.sort();
     let mut rows: Vec<String> = acl::TABLE.iter().map(|r| r.command.to_str().unwrap().to_string()).collect();
     rows.sort();
     assert_eq!(listed, rows, "src/acl.rs TABLE must list every module command");
 
     let all_cats: Vec<String> = redis::cmd("ACL").arg("CAT").query(&mut admin).unwrap();
-    assert_eq!(all_cats.iter().any(|c| c == "ratelimit"), v.has_module_acl_category(), "@ratelimit on {}", v.describe());
+    assert_eq!(
+        all_cats.iter().any(|c| c == "ratelimit"),
+        v.has_module_acl_category(),
+        "@ratelimit on {}",
+        v.describe()
+    );
     let app_commands = expected_in(acl::CATEGORY);
     for internal in ["rl.setstate", "rl.debug"] {
         assert!(!app_commands.iter().any(|c| c == internal), "{internal} must not be an application command");
@@ -325,7 +355,11 @@ fn acl_categories_where_the_server_has_them() {
         }
     }
     run(&mut noapp, &["SET", "plain", "1"]);
-    println!("acl figures [categories, {}]: @ratelimit holds {} commands, commands checked {n}", v.describe(), app_commands.len());
+    println!(
+        "acl figures [categories, {}]: @ratelimit holds {} commands, commands checked {n}",
+        v.describe(),
+        app_commands.len()
+    );
 }
 
 /// RL.DEBUG on a module loaded without DEBUG_CLOCK: every form is an error, and the clock the
@@ -401,7 +435,8 @@ fn commands_touch_only_their_declared_keys() {
         for (name, args, declared) in all_commands(key, &payload) {
             let mut getkeys = vec![b"COMMAND".to_vec(), b"GETKEYS".to_vec()];
             getkeys.extend(args.iter().cloned());
-            let got: Vec<String> = build(&getkeys).query(&mut con).unwrap_or_else(|e| panic!("GETKEYS {name}: {}", err_text(&e)));
+            let got: Vec<String> =
+                build(&getkeys).query(&mut con).unwrap_or_else(|e| panic!("GETKEYS {name}: {}", err_text(&e)));
             assert_eq!(got, declared, "COMMAND GETKEYS {}", shown(&args));
 
             // Run on an empty db (and, for RL.INFO / RL.RESET, on a db holding the key).

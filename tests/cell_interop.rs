@@ -86,12 +86,21 @@ fn native_commands_read_and_take_over_redis_cell_keys() {
     assert_eq!(c.c(&["EXISTS", "reset"]), Reply::Int(0));
     // Other algorithms: the usual mismatch; a string that is not an arrival time: WRONGTYPE.
     cell_key(&mut c, "other", tat);
-    for cmd in [&["RL.TOKENBUCKET", "other", "10", "1m"][..], &["RL.SLIDINGLOG", "other", "10", "1m"], &["RL.MULTI", "1", "other", "FIXED", "1", "1s"]] {
+    for cmd in [
+        &["RL.TOKENBUCKET", "other", "10", "1m"][..],
+        &["RL.SLIDINGLOG", "other", "10", "1m"],
+        &["RL.MULTI", "1", "other", "FIXED", "1", "1s"],
+    ] {
         let e = c.c(cmd).error_text().unwrap_or_default();
         assert!(e.starts_with("WRONGTYPE key holds gcra state"), "{cmd:?}: {e}");
     }
     ok(c.c(&["SET", "text", "hello"]));
-    for cmd in [&["RL.GCRA", "text", "1", "1s"][..], &["RL.INFO", "text"], &["RL.RESET", "text"], &["CL.THROTTLE", "text", "1", "1", "1"]] {
+    for cmd in [
+        &["RL.GCRA", "text", "1", "1s"][..],
+        &["RL.INFO", "text"],
+        &["RL.RESET", "text"],
+        &["CL.THROTTLE", "text", "1", "1", "1"],
+    ] {
         assert!(c.c(cmd).error_text().unwrap_or_default().starts_with("WRONGTYPE"), "{cmd:?}");
     }
     assert_eq!(c.c(&["GET", "text"]), Reply::Bulk(Some(b"hello".to_vec())));
@@ -175,7 +184,8 @@ fn setstate_payload(_c: &mut Resp) -> Vec<u8> {
     use redis_ratelimit::core::{gcra, Rate, NANOS_PER_SEC};
     let rate = Rate::new(10, 60 * NANOS_PER_SEC, 10).unwrap();
     let mut out = Vec::new();
-    Update::Replace(State::Gcra(gcra::State { rate, tat: (NOW_NS as i128 + 6 * NANOS_PER_SEC as i128) * 10 })).encode_into(&mut out);
+    Update::Replace(State::Gcra(gcra::State { rate, tat: (NOW_NS as i128 + 6 * NANOS_PER_SEC as i128) * 10 }))
+        .encode_into(&mut out);
     out
 }
 

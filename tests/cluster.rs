@@ -13,7 +13,6 @@ mod common;
 mod values;
 
 use common::{Cluster, Server};
-use values::ints;
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::cluster_routing::{get_slot, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{ConnectionLike, ErrorKind, RedisResult, Value};
@@ -22,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use values::ints;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -45,9 +45,7 @@ fn build(args: &[&str]) -> redis::Cmd {
 
 /// Runs a command, panicking with the command line on error.
 fn run<C: ConnectionLike>(con: &mut C, args: &[&str]) -> Value {
-    build(args)
-        .query::<Value>(con)
-        .unwrap_or_else(|e| panic!("{} failed: {}", args.join(" "), err_text(&e)))
+    build(args).query::<Value>(con).unwrap_or_else(|e| panic!("{} failed: {}", args.join(" "), err_text(&e)))
 }
 
 fn try_run<C: ConnectionLike>(con: &mut C, args: &[&str]) -> RedisResult<Value> {
@@ -67,11 +65,7 @@ fn text(v: &Value) -> String {
 /// RL.INFO as an ordered field → value list, without `ttl_ms` (it runs on the real clock).
 fn rl_info<C: ConnectionLike>(con: &mut C, key: &str) -> Vec<(String, String)> {
     match run(con, &["RL.INFO", key]) {
-        Value::Array(a) => a
-            .chunks(2)
-            .map(|kv| (text(&kv[0]), text(&kv[1])))
-            .filter(|(k, _)| k != "ttl_ms")
-            .collect(),
+        Value::Array(a) => a.chunks(2).map(|kv| (text(&kv[0]), text(&kv[1]))).filter(|(k, _)| k != "ttl_ms").collect(),
         other => panic!("RL.INFO {key}: expected a flat array, got {other:?}"),
     }
 }
@@ -99,10 +93,7 @@ fn pexpiretime(con: &mut redis::Connection, key: &str) -> i64 {
 
 fn role(n: &Server) -> String {
     let info = n.info("replication");
-    info.lines()
-        .find_map(|l| l.strip_prefix("role:"))
-        .map(|r| r.trim().to_string())
-        .unwrap_or_default()
+    info.lines().find_map(|l| l.strip_prefix("role:")).map(|r| r.trim().to_string()).unwrap_or_default()
 }
 
 fn myid(n: &Server) -> String {
@@ -181,7 +172,13 @@ fn wait_known_replica(c: &Cluster, primary: &Server, replica: &Server) {
             if known {
                 break;
             }
-            assert!(Instant::now() < deadline, "node {} does not see {} as a replica of {}", n.port, replica.port, primary.port);
+            assert!(
+                Instant::now() < deadline,
+                "node {} does not see {} as a replica of {}",
+                n.port,
+                replica.port,
+                primary.port
+            );
             sleep(Duration::from_millis(20));
         }
     }
@@ -874,14 +871,27 @@ fn manual_failover_keeps_exact_state() {
         let votes: Vec<String> = c
             .nodes
             .iter()
-            .flat_map(|n| n.log().lines().filter(|l| l.contains("ailover auth")).map(|l| format!("{}: {l}", n.port)).collect::<Vec<_>>())
+            .flat_map(|n| {
+                n.log()
+                    .lines()
+                    .filter(|l| l.contains("ailover auth"))
+                    .map(|l| format!("{}: {l}", n.port))
+                    .collect::<Vec<_>>()
+            })
             .collect();
         eprintln!(
             "failover attempt {attempts}: roles did not swap within 7 s; replica log (newest first):\n{}\nvotes:\n{}",
             tail.join("\n"),
             votes.join("\n")
         );
-        assert!(attempts < 3, "roles did not swap after {attempts} CLUSTER FAILOVER: {} is {}, {} is {}", new.port, role(new), old.port, role(old));
+        assert!(
+            attempts < 3,
+            "roles did not swap after {attempts} CLUSTER FAILOVER: {} is {}, {} is {}",
+            new.port,
+            role(new),
+            old.port,
+            role(old)
+        );
     }
     let swap_ms = t_fo.elapsed().as_millis();
     c.wait_ok(Duration::from_secs(20));
@@ -1073,8 +1083,5 @@ fn calls(n: &Server, name: &str) -> u64 {
 fn errorstat(n: &Server, code: &str) -> u64 {
     let info = n.info("errorstats");
     let prefix = format!("errorstat_{code}:count=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
+    info.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|s| s.trim().parse().ok()).unwrap_or(0)
 }

@@ -65,7 +65,9 @@ fn command_docs_describe_every_command() {
         assert!(w.iter().any(|x| x == token), "RL.RETURN docs lack {token}: {w:?}");
     }
     let w = flat(&redis::cmd("COMMAND").arg("DOCS").arg("rl.multi").query::<Value>(&mut c).unwrap());
-    for token in ["GCRA", "TOKENBUCKET", "LEAKY", "SLIDING", "FIXED", "SLIDINGLOG", "numkeys", "oneof", "block", "multiple"] {
+    for token in
+        ["GCRA", "TOKENBUCKET", "LEAKY", "SLIDING", "FIXED", "SLIDINGLOG", "numkeys", "oneof", "block", "multiple"]
+    {
         assert!(w.iter().any(|x| x == token), "RL.MULTI docs lack {token}: {w:?}");
     }
 }
@@ -102,14 +104,16 @@ fn command_info_has_arity_flags_and_key_specs() {
     for flag in ["write", "denyoom", "fast", "RW", "access", "update"] {
         assert!(w.iter().any(|x| x == flag), "RL.RETURN: no {flag} in {w:?}");
     }
-    let keys: Vec<String> = redis::cmd("COMMAND").arg(&["GETKEYS", "rl.return", "rk", "3", "AGE", "10"]).query(&mut c).unwrap();
+    let keys: Vec<String> =
+        redis::cmd("COMMAND").arg(&["GETKEYS", "rl.return", "rk", "3", "AGE", "10"]).query(&mut c).unwrap();
     assert_eq!(keys, ["rk"]);
     let w = info(&mut c, "rl.debug");
     assert!(!w.iter().any(|x| x == "begin_search"), "RL.DEBUG declares no key: {w:?}");
 
     // The key specs are what Redis uses to find keys (ACLs, cluster routing).
     for name in LIMITERS {
-        let keys: Vec<String> = redis::cmd("COMMAND").arg("GETKEYS").arg(name).arg("k1").arg("10").arg("1s").query(&mut c).unwrap();
+        let keys: Vec<String> =
+            redis::cmd("COMMAND").arg("GETKEYS").arg(name).arg("k1").arg("10").arg("1s").query(&mut c).unwrap();
         assert_eq!(keys, ["k1"], "{name}");
     }
     let keys: Vec<String> = redis::cmd("COMMAND")
@@ -117,7 +121,8 @@ fn command_info_has_arity_flags_and_key_specs() {
         .query(&mut c)
         .unwrap();
     assert_eq!(keys, ["a", "b", "c"]);
-    let keys: Vec<String> = redis::cmd("COMMAND").arg(&["GETKEYS", "cl.throttle", "ck", "1", "2", "3"]).query(&mut c).unwrap();
+    let keys: Vec<String> =
+        redis::cmd("COMMAND").arg(&["GETKEYS", "cl.throttle", "ck", "1", "2", "3"]).query(&mut c).unwrap();
     assert_eq!(keys, ["ck"]);
     // Redis itself enforces the declared arity, with its usual message.
     let err = redis::cmd("RL.GCRA").arg("k").query::<Value>(&mut c).unwrap_err();

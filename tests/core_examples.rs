@@ -3,8 +3,8 @@
 //! No Redis needed.
 
 use redis_ratelimit::core::{
-    ceil_ms, codec, gcra, leaky, sliding, sliding_log, token_bucket, Decision, Nanos, Rate,
-    Request, Window, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
+    ceil_ms, codec, gcra, leaky, sliding, sliding_log, token_bucket, Decision, Nanos, Rate, Request, Window, MAX_COUNT,
+    MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
 };
 
 use codec::{Algorithm, State};
@@ -93,7 +93,18 @@ fn documented_example_leaky_same_answers() {
 fn documented_example_gcra_and_token_bucket_identical_in_ns() {
     let r = rate(1, SEC, 5);
     let (mut g, mut t) = (None, None);
-    let calls = [(T0, 6), (T0, 1), (T0, 1), (T0, 1), (T0, 1), (T0, 1), (T0, 1), (T0 + 3000 * MS, 1), (T0 + 3100 * MS, 1), (T0 + 3100 * MS, 0)];
+    let calls = [
+        (T0, 6),
+        (T0, 1),
+        (T0, 1),
+        (T0, 1),
+        (T0, 1),
+        (T0, 1),
+        (T0, 1),
+        (T0 + 3000 * MS, 1),
+        (T0 + 3100 * MS, 1),
+        (T0 + 3100 * MS, 0),
+    ];
     for (now, cost) in calls {
         let (dg, ng) = gcra::check(g.as_ref(), &r, now, req(cost));
         let (dt, nt) = token_bucket::check(t.as_ref(), &r, now, req(cost));
@@ -620,7 +631,12 @@ fn codec_round_trips_at_extreme_parameters() {
     // The largest limits at today's clock and at the end of the representable range: every
     // state the algorithms can write must decode again (RDB, replication, DUMP/RESTORE).
     let late = sliding_log::MAX_TS * US - 10 * SEC; // the year 2255
-    let rates = [rate(MAX_COUNT, 1, MAX_COUNT), rate(MAX_COUNT, SEC, MAX_COUNT), rate(1, MAX_PERIOD, 2), rate(7, MAX_PERIOD, 7)];
+    let rates = [
+        rate(MAX_COUNT, 1, MAX_COUNT),
+        rate(MAX_COUNT, SEC, MAX_COUNT),
+        rate(1, MAX_PERIOD, 2),
+        rate(7, MAX_PERIOD, 7),
+    ];
     let wins = [win(MAX_COUNT, 1), win(MAX_COUNT, MAX_PERIOD), win(1, 1)];
     for now in [T0, late, i64::MAX - 10 * SEC] {
         for (algos, ps) in [(BUCKETS, rates.map(Params::Rate).to_vec()), (WINDOWS, wins.map(Params::Win).to_vec())] {
@@ -653,7 +669,11 @@ fn far_clock_step_back_with_a_rate_change_grants_nothing() {
             assert_eq!(step(algo, &mut st, &Params::Rate(fast), T0, req(1)).allowed, 1);
             let then = T0 - days * 86_400 * SEC;
             let (d, n) = check(algo, st.as_ref(), &Params::Rate(slow), then, req(1));
-            assert_eq!((d.allowed, d.remaining, d.retry_after, d.reset_after), (0, 0, Some(Nanos::MAX), Nanos::MAX), "{algo:?}");
+            assert_eq!(
+                (d.allowed, d.remaining, d.retry_after, d.reset_after),
+                (0, 0, Some(Nanos::MAX), Nanos::MAX),
+                "{algo:?}"
+            );
             // A limited call under new parameters may store the converted state (nothing
             // consumed): asked again at once, it answers the same.
             if let Some(n) = n {

@@ -7,8 +7,8 @@ use proptest::prelude::*;
 use proptest::test_runner::Config;
 
 use redis_ratelimit::core::{
-    codec, leaky, sliding_log, Decision, Nanos, Rate, Request, Window, MAX_COUNT, NANOS_PER_MICRO,
-    NANOS_PER_MILLI, NANOS_PER_SEC,
+    codec, leaky, sliding_log, Decision, Nanos, Rate, Request, Window, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI,
+    NANOS_PER_SEC,
 };
 
 use codec::{Algorithm, State};
@@ -76,10 +76,10 @@ impl Op {
         let u = self.u as i128;
         let dt = match self.step % 8 {
             0 | 1 => 0,
-            2..=4 => u * unit / 1000,                      // up to 4 units, anywhere
-            5 => (u % 9) * unit / 4,                       // quarter-unit grid: exact edges
-            6 => u % 5,                                    // a few ns
-            _ => (u % 5) * unit + (u / 5 % 3) - 1,         // a whole number of units, ±1 ns
+            2..=4 => u * unit / 1000,              // up to 4 units, anywhere
+            5 => (u % 9) * unit / 4,               // quarter-unit grid: exact edges
+            6 => u % 5,                            // a few ns
+            _ => (u % 5) * unit + (u / 5 % 3) - 1, // a whole number of units, ±1 ns
         };
         dt.clamp(0, 1 << 50) as Nanos
     }
@@ -113,14 +113,7 @@ impl Op {
 }
 
 fn period() -> impl Strategy<Value = Nanos> {
-    prop_oneof![
-        Just(1),
-        1i64..1000,
-        1_000i64..100_000_000,
-        Just(SEC),
-        Just(60 * SEC),
-        Just(86_400 * SEC),
-    ]
+    prop_oneof![Just(1), 1i64..1000, 1_000i64..100_000_000, Just(SEC), Just(60 * SEC), Just(86_400 * SEC),]
 }
 
 fn rate_params() -> impl Strategy<Value = Params> {
@@ -236,7 +229,13 @@ impl NaiveLog {
         let cutoff = now_us - w_us;
         let counted = self.counted_after(cutoff);
         let available = w.limit.saturating_sub(counted);
-        let granted = if r.partial { r.cost.min(available) } else if r.cost <= available { r.cost } else { 0 };
+        let granted = if r.partial {
+            r.cost.min(available)
+        } else if r.cost <= available {
+            r.cost
+        } else {
+            0
+        };
         let need = if r.partial { r.cost.min(1) } else { r.cost };
         let until = |at_us: i64| at_us as i128 * US as i128 - now as i128;
         let ts = self.log.iter().map(|e| e.0).max().map_or(now_us, |n| n.max(now_us));
@@ -695,7 +694,11 @@ fn edge_i128() -> impl Strategy<Value = i128> {
         (-(1i128 << 115)..=(1i128 << 115)),
         (0u32..116, any::<bool>(), any::<u128>()).prop_map(|(bits, neg, r)| {
             let x = (r % (1u128 << bits).max(1)) as i128;
-            if neg { -x } else { x }
+            if neg {
+                -x
+            } else {
+                x
+            }
         }),
     ]
 }

@@ -174,16 +174,14 @@ impl Runner<'_> {
                     p.add_command(self.algo.call(&self.key, cost));
                 }
             }
-            let raw: Vec<Vec<i64>> = p
-                .query(self.con)
-                .unwrap_or_else(|e| panic!("{} pipeline failed: {e}", self.algo.cmd));
+            let raw: Vec<Vec<i64>> =
+                p.query(self.con).unwrap_or_else(|e| panic!("{} pipeline failed: {e}", self.algo.cmd));
             self.out.commands += size as u64;
             self.out.round_trips += 1;
             let mut it = raw.iter();
             for &(at, n) in &groups[start..end] {
-                let replies: Vec<Reply> = (0..n)
-                    .map(|_| Reply::parse(it.next().expect("reply count"), self.algo))
-                    .collect();
+                let replies: Vec<Reply> =
+                    (0..n).map(|_| Reply::parse(it.next().expect("reply count"), self.algo)).collect();
                 if cost > 0 {
                     self.record(at, &replies);
                 }
@@ -383,10 +381,7 @@ fn worst_window(ts: &[i64]) -> (u64, i64) {
 
 /// Brute force over every candidate right edge, to check `worst_window`.
 fn worst_window_brute(ts: &[i64]) -> u64 {
-    ts.iter()
-        .map(|&t| ts.iter().filter(|&&x| x > t - WINDOW_US && x <= t).count() as u64)
-        .max()
-        .unwrap_or(0)
+    ts.iter().map(|&t| ts.iter().filter(|&&x| x > t - WINDOW_US && x <= t).count() as u64).max().unwrap_or(0)
 }
 
 /// Admitted per epoch-aligned 60 s window (the fixed window's own promise).
@@ -414,7 +409,8 @@ fn run_matrix(algos: &[Algo], traces: &[Trace]) -> Vec<Row> {
         for &algo in algos {
             let out = replay(&mut con, algo, trace);
             assert_eq!(
-                out.remaining_mismatches, 0,
+                out.remaining_mismatches,
+                0,
                 "{} on {}: a peek's `remaining` differed from what was then admitted at the same instant",
                 algo.cmd,
                 trace.name()
@@ -714,10 +710,10 @@ fn memory_usage_per_key() {
             assert_eq!(row.encoded[0], row.encoded[1], "{}", row.algo.cmd);
             // src/core/codec.rs: version + tag, then the fields.
             let expected = match row.algo {
-                GCRA | LEAKY => 2 + 24 + 16, // limit, period, burst; tat (i128)
+                GCRA | LEAKY => 2 + 24 + 16,    // limit, period, burst; tat (i128)
                 TOKENBUCKET => 2 + 24 + 16 + 8, // limit, period, burst; tokens (i128), last
-                SLIDING => 2 + 16 + 8 + 8 + 8, // limit, window; index, prev, curr
-                _ => 2 + 16 + 8 + 8, // fixed: limit, window; index, count
+                SLIDING => 2 + 16 + 8 + 8 + 8,  // limit, window; index, prev, curr
+                _ => 2 + 16 + 8 + 8,            // fixed: limit, window; index, count
             };
             assert_eq!(row.encoded[0], expected, "{}", row.algo.cmd);
         }
@@ -758,7 +754,9 @@ fn print_table() {
     println!("\nEffective burst: limit 100 per 60 s, worst count of admitted requests in any 60 s window (t-60s, t].");
     println!("Produced by: {TABLE_COMMAND}");
     println!("Module source: {}", source_version());
-    println!("Times are seconds after an epoch-aligned base (a multiple of 60 s); a burst is n requests at the same µs.\n");
+    println!(
+        "Times are seconds after an epoch-aligned base (a multiple of 60 s); a burst is n requests at the same µs.\n"
+    );
     println!("Traces:");
     for t in TRACES {
         println!("  {:<20} {}", t.name(), t.describe());
@@ -772,7 +770,10 @@ fn print_table() {
         "| {:<11} | {:<18} | {:>5} | {:>8} | {:>10} | {:>13} | {:>13} | {:>5} | {:>6} |",
         "algorithm", "trace", "sent", "admitted", "worst 60 s", "over promise", "worst ends at", "cmds", "ms"
     );
-    println!("|{:-<13}|{:-<20}|{:->7}|{:->10}|{:->12}|{:->15}|{:->15}|{:->7}|{:->8}|", ":", ":", ":", ":", ":", ":", ":", ":", ":");
+    println!(
+        "|{:-<13}|{:-<20}|{:->7}|{:->10}|{:->12}|{:->15}|{:->15}|{:->7}|{:->8}|",
+        ":", ":", ":", ":", ":", ":", ":", ":", ":"
+    );
     let (mut cmds, mut rtts) = (0u64, 0u64);
     for t in TRACES {
         for row in rows.iter().filter(|r| r.trace == t) {
@@ -801,7 +802,10 @@ fn print_table() {
         println!("  {:<12} {:>3} ({:+}%)  on {}", a.short(), worst, worst as i64 - LIMIT as i64, on.join(", "));
     }
     println!("\nRL.LEAKY as the downstream sees it (departure = arrival + delay_ms):");
-    println!("| {:<18} | {:>8} | {:>18} | {:>22} | {:>13} |", "trace", "admitted", "worst 60 s arrivals", "worst 60 s departures", "max delay_ms");
+    println!(
+        "| {:<18} | {:>8} | {:>18} | {:>22} | {:>13} |",
+        "trace", "admitted", "worst 60 s arrivals", "worst 60 s departures", "max delay_ms"
+    );
     println!("|{:-<20}|{:->10}|{:->20}|{:->24}|{:->15}|", ":", ":", ":", ":", ":");
     for row in rows.iter().filter(|r| r.algo == LEAKY) {
         let deps = departure_times(&row.out.departures);

@@ -7,8 +7,8 @@ mod common;
 mod values;
 
 use common::{raw_cmd, Opts, Server};
-use values::{full_error, into_ints as ints};
 use redis::{Connection, Value};
+use values::{full_error, into_ints as ints};
 
 const T0: i64 = 1_700_000_000_000_000;
 
@@ -50,13 +50,15 @@ fn tpl(template: &str, key: &str, v: &[u8]) -> Vec<Vec<u8>> {
 
 fn show(args: &[Vec<u8>]) -> String {
     args.iter()
-        .map(|a| {
-            if a.len() > 40 {
-                format!("<{} bytes>", a.len())
-            } else {
-                format!("{:?}", String::from_utf8_lossy(a))
-            }
-        })
+        .map(
+            |a| {
+                if a.len() > 40 {
+                    format!("<{} bytes>", a.len())
+                } else {
+                    format!("{:?}", String::from_utf8_lossy(a))
+                }
+            },
+        )
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -128,9 +130,9 @@ impl Fx {
         for k in &self.keys {
             p.cmd("PEXPIRETIME").arg(k);
         }
-        let mut v: Vec<Value> = p.query(&mut self.c).unwrap_or_else(|e| {
-            panic!("server did not answer after a bad input: {e}\n{}", self.s.log())
-        });
+        let mut v: Vec<Value> = p
+            .query(&mut self.c)
+            .unwrap_or_else(|e| panic!("server did not answer after a bad input: {e}\n{}", self.s.log()));
         assert_eq!(v[0], Value::SimpleString("PONG".into()), "PING");
         let Value::Int(dbsize) = v[1] else { panic!("DBSIZE {:?}", v[1]) };
         let n = self.keys.len();
@@ -273,9 +275,15 @@ fn limit_burst_cost_values() {
         }
         for (template, name, zero_ok) in &positions {
             let (plain, bound) = if *zero_ok {
-                (format!("ERR {name} must be a non-negative integer"), format!("ERR {name} must be a non-negative integer no larger than 1000000000000000"))
+                (
+                    format!("ERR {name} must be a non-negative integer"),
+                    format!("ERR {name} must be a non-negative integer no larger than 1000000000000000"),
+                )
             } else {
-                (format!("ERR {name} must be a positive integer"), format!("ERR {name} must be a positive integer no larger than 1000000000000000"))
+                (
+                    format!("ERR {name} must be a positive integer"),
+                    format!("ERR {name} must be a positive integer no larger than 1000000000000000"),
+                )
             };
             for v in malformed_counts() {
                 fx.expect_both(algo, template, &v, &plain);
@@ -322,10 +330,17 @@ fn counts_overflowing_u64_report_the_bound() {
     let mut huge = vec![b'9'; 1 << 20];
     huge[0] = b'1';
     for (cmd, algo, rate) in LIMITERS {
-        let mut positions = vec![(format!("{cmd} K @ 10s"), "ERR limit must be a positive integer no larger than 1000000000000000")];
-        positions.push((format!("{cmd} K 5 10s COST @"), "ERR COST must be a non-negative integer no larger than 1000000000000000"));
+        let mut positions =
+            vec![(format!("{cmd} K @ 10s"), "ERR limit must be a positive integer no larger than 1000000000000000")];
+        positions.push((
+            format!("{cmd} K 5 10s COST @"),
+            "ERR COST must be a non-negative integer no larger than 1000000000000000",
+        ));
         if rate {
-            positions.push((format!("{cmd} K 5 10s BURST @"), "ERR BURST must be a positive integer no larger than 1000000000000000"));
+            positions.push((
+                format!("{cmd} K 5 10s BURST @"),
+                "ERR BURST must be a positive integer no larger than 1000000000000000",
+            ));
         }
         for (template, want) in &positions {
             let mut values: Vec<Vec<u8>> = OVERFLOWING.iter().map(|v| v.as_bytes().to_vec()).collect();
@@ -355,23 +370,42 @@ fn counts_overflowing_u64_report_the_bound() {
 fn period_and_window_values() {
     let mut fx = Fx::new();
     let malformed = [
-        "0", "00", "0s", "0ms", "0us", "0m", "0h", "0d", "-1", "-1s", "1.5", "1.5s", "nan", "inf", "+5", "+5s", "", "s",
-        "ms", "us", "d", "5x", "5sec", "5ns", "5y", "5w", "5 s", " 5", "5s ", "1e3", "5S5", "5msx", "5mss", "0x10", "5s5s",
-        "s5", "-0", "١s",
+        "0", "00", "0s", "0ms", "0us", "0m", "0h", "0d", "-1", "-1s", "1.5", "1.5s", "nan", "inf", "+5", "+5s", "",
+        "s", "ms", "us", "d", "5x", "5sec", "5ns", "5y", "5w", "5 s", " 5", "5s ", "1e3", "5S5", "5msx", "5mss",
+        "0x10", "5s5s", "s5", "-0", "١s",
     ];
     let too_large = [
-        "36526d", "876601h", "52596001m", "3155760001", "3155760001s", "3155760000001ms", "3155760000000001us",
-        "9223372036854775807", "9223372036854775807d", "9223372036854775808us", "18446744073709551615ms",
+        "36526d",
+        "876601h",
+        "52596001m",
+        "3155760001",
+        "3155760001s",
+        "3155760000001ms",
+        "3155760000000001us",
+        "9223372036854775807",
+        "9223372036854775807d",
+        "9223372036854775808us",
+        "18446744073709551615ms",
     ];
     for (cmd, algo, rate) in LIMITERS {
         let name = if rate { "period" } else { "window" };
         for template in [format!("{cmd} K 5 @"), format!("{cmd} K 5 @ COST 0"), format!("{cmd} K 5 @ DRYRUN")] {
             for v in malformed {
                 let shown = v.replace('١', "??");
-                fx.expect_both(algo, &template, v.as_bytes(), &format!("ERR invalid {name} '{shown}': {PERIOD_FORMAT}"));
+                fx.expect_both(
+                    algo,
+                    &template,
+                    v.as_bytes(),
+                    &format!("ERR invalid {name} '{shown}': {PERIOD_FORMAT}"),
+                );
             }
             for v in too_large {
-                fx.expect_both(algo, &template, v.as_bytes(), &format!("ERR invalid {name} '{v}': at most 100 years (36525d)"));
+                fx.expect_both(
+                    algo,
+                    &template,
+                    v.as_bytes(),
+                    &format!("ERR invalid {name} '{v}': at most 100 years (36525d)"),
+                );
             }
             // 2^64 does not fit any integer type: either message is fine, it names the argument.
             for v in ["18446744073709551616", "18446744073709551616s", "99999999999999999999999d"] {
@@ -390,8 +424,27 @@ fn period_and_window_values() {
         }
         // Every unit, any case, up to exactly 100 years, is accepted (peek: nothing written).
         for v in [
-            "1us", "1US", "1ms", "1Ms", "1s", "1S", "1", "1m", "1M", "1h", "1H", "1d", "1D", "36525d", "876600h", "52596000m",
-            "3155760000", "3155760000s", "3155760000000ms", "3155760000000000us", "007s",
+            "1us",
+            "1US",
+            "1ms",
+            "1Ms",
+            "1s",
+            "1S",
+            "1",
+            "1m",
+            "1M",
+            "1h",
+            "1H",
+            "1d",
+            "1D",
+            "36525d",
+            "876600h",
+            "52596000m",
+            "3155760000",
+            "3155760000s",
+            "3155760000000ms",
+            "3155760000000000us",
+            "007s",
         ] {
             let r = ints(fx.ok(&format!("{cmd} fresh 5 {v} COST 0")));
             assert_eq!(&r[..5], &[0, 5, 5, -1, 0], "{cmd} period {v}");
@@ -408,7 +461,9 @@ fn option_errors() {
     for (cmd, algo, rate) in LIMITERS {
         // Unknown options (shown as given).
         for opt in ["FOO", "foo", "BURSTY", "COST5", "-", "DRY", "PARTIALS", "NX", "EX", "1", "DRY-RUN"] {
-            for template in [format!("{cmd} K 5 10s @"), format!("{cmd} K 5 10s COST 1 @"), format!("{cmd} K 5 10s @ DRYRUN")] {
+            for template in
+                [format!("{cmd} K 5 10s @"), format!("{cmd} K 5 10s COST 1 @"), format!("{cmd} K 5 10s @ DRYRUN")]
+            {
                 fx.expect_both(algo, &template, opt.as_bytes(), &format!("ERR unknown option '{opt}'"));
             }
         }
@@ -436,7 +491,12 @@ fn option_errors() {
             repeats.push(("burst 2 COST 1 Burst 3", "BURST"));
         }
         for (opts, name) in repeats {
-            fx.expect_both(algo, &format!("{cmd} K 5 10s {opts}"), b"", &format!("ERR option {name} given more than once"));
+            fx.expect_both(
+                algo,
+                &format!("{cmd} K 5 10s {opts}"),
+                b"",
+                &format!("ERR option {name} given more than once"),
+            );
         }
         // An option missing its value.
         fx.expect_both(algo, &format!("{cmd} K 5 10s COST"), b"", "ERR COST needs a value");
@@ -567,9 +627,18 @@ fn rl_multi_argument_errors() {
     let exact = [
         ("RL.MULTI 1 K GCRA 0 1s", "ERR limit must be a positive integer"),
         ("RL.MULTI 1 K GCRA 1.5 1s", "ERR limit must be a positive integer"),
-        ("RL.MULTI 1 K GCRA 1000000000000001 1s", "ERR limit must be a positive integer no larger than 1000000000000000"),
-        ("RL.MULTI 1 K GCRA 1 5x", "ERR invalid period '5x': expected a positive integer with an optional unit us, ms, s, m, h or d"),
-        ("RL.MULTI 1 K SLIDING 1 0", "ERR invalid window '0': expected a positive integer with an optional unit us, ms, s, m, h or d"),
+        (
+            "RL.MULTI 1 K GCRA 1000000000000001 1s",
+            "ERR limit must be a positive integer no larger than 1000000000000000",
+        ),
+        (
+            "RL.MULTI 1 K GCRA 1 5x",
+            "ERR invalid period '5x': expected a positive integer with an optional unit us, ms, s, m, h or d",
+        ),
+        (
+            "RL.MULTI 1 K SLIDING 1 0",
+            "ERR invalid window '0': expected a positive integer with an optional unit us, ms, s, m, h or d",
+        ),
         ("RL.MULTI 1 K FIXED 1 36526d", "ERR invalid window '36526d': at most 100 years (36525d)"),
         ("RL.MULTI 1 K GCRA 1 1s BURST 0", "ERR BURST must be a positive integer"),
         ("RL.MULTI 1 K LEAKY 1 1s BURST", "ERR BURST needs a value"),
@@ -682,7 +751,8 @@ impl Rng {
 fn setstate_rejects_garbage() {
     let mut fx = Fx::new();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let mut payloads: Vec<Vec<u8>> = vec![Vec::new(), b"garbage".to_vec(), vec![0; 64], vec![0xff; 64], vec![1], vec![1, 1]];
+    let mut payloads: Vec<Vec<u8>> =
+        vec![Vec::new(), b"garbage".to_vec(), vec![0; 64], vec![0xff; 64], vec![1], vec![1, 1]];
     payloads.extend((0..=255u8).map(|b| vec![b]));
     for _ in 0..150 {
         let n = (rng.next() % 200) as usize;
@@ -709,7 +779,13 @@ fn setstate_rejects_garbage() {
     }
     // A garbage expiry option.
     for (opt, at) in [("PXAT", "soon"), ("PXAT", "1.5"), ("EXAT", "1"), ("FOO", "1")] {
-        let args = vec![b"RL.SETSTATE".to_vec(), b"missing".to_vec(), b"garbage".to_vec(), opt.as_bytes().to_vec(), at.as_bytes().to_vec()];
+        let args = vec![
+            b"RL.SETSTATE".to_vec(),
+            b"missing".to_vec(),
+            b"garbage".to_vec(),
+            opt.as_bytes().to_vec(),
+            at.as_bytes().to_vec(),
+        ];
         fx.expect_prefix(&args, "ERR ");
     }
 }

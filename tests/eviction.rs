@@ -7,8 +7,16 @@ mod common;
 
 use common::{Opts, Server};
 
-const POLICIES: [&str; 8] =
-    ["noeviction", "allkeys-lru", "volatile-lru", "volatile-ttl", "allkeys-random", "volatile-random", "allkeys-lfu", "volatile-lfu"];
+const POLICIES: [&str; 8] = [
+    "noeviction",
+    "allkeys-lru",
+    "volatile-lru",
+    "volatile-ttl",
+    "allkeys-random",
+    "volatile-random",
+    "allkeys-lfu",
+    "volatile-lfu",
+];
 
 const WARNING: &str = "lets Redis evict limiter keys";
 
@@ -52,7 +60,9 @@ fn each_policy_at_load() {
         assert_eq!(field(&s, "eviction_risk"), risk, "{policy}");
         assert_eq!(field(&s, "maxmemory_policy"), policy);
         assert_eq!(field(&s, "maxmemory"), (100u64 << 20).to_string());
-        let logged = s.log().lines().any(|l| l.contains(WARNING) && l.contains(&format!("maxmemory-policy {policy} ")) && l.contains("at load"));
+        let logged = s.log().lines().any(|l| {
+            l.contains(WARNING) && l.contains(&format!("maxmemory-policy {policy} ")) && l.contains("at load")
+        });
         assert_eq!(logged, risk == "yes", "{policy}: warning at load\n{}", s.log());
     }
 }
@@ -60,7 +70,8 @@ fn each_policy_at_load() {
 /// The default configuration (maxmemory 0): nothing is evicted, whatever the policy.
 #[test]
 fn no_maxmemory_no_risk() {
-    let s = Server::start_with(Opts { extra: vec![("maxmemory-policy".into(), "allkeys-lru".into())], ..Opts::default() });
+    let s =
+        Server::start_with(Opts { extra: vec![("maxmemory-policy".into(), "allkeys-lru".into())], ..Opts::default() });
     assert_eq!(field(&s, "eviction_risk"), "no");
     assert_eq!(field(&s, "maxmemory"), "0");
     assert_eq!(warnings(&s), 0);
@@ -87,7 +98,10 @@ fn config_set_is_followed() {
         if risk == "yes" {
             expected_warnings += 1;
             let last = s.log().lines().rev().find(|l| l.contains(WARNING)).unwrap_or_default().to_string();
-            assert!(last.contains(&format!("maxmemory-policy {policy} ")) && last.contains("after CONFIG SET"), "{last}");
+            assert!(
+                last.contains(&format!("maxmemory-policy {policy} ")) && last.contains("after CONFIG SET"),
+                "{last}"
+            );
         } else if previous != "noeviction" {
             expected_notices += 1;
         }

@@ -96,7 +96,9 @@ impl Lim {
     /// The time unit to step by: one emission interval or one window (µs).
     fn unit_us(&self) -> i64 {
         match self.spec {
-            Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => (r.period / r.limit as i64 / NANOS_PER_MICRO).max(1),
+            Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => {
+                (r.period / r.limit as i64 / NANOS_PER_MICRO).max(1)
+            }
             Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => w.window / NANOS_PER_MICRO,
         }
     }
@@ -390,7 +392,12 @@ fn states_with_extreme_parameters_survive_dump_restore_and_reload() {
                 calls.push([cmd, "", &max, period, "COST", cost].iter().map(|s| s.to_string()).collect());
             }
         }
-        calls.push(["CL.THROTTLE", "", &(MAX_COUNT - 1).to_string(), &max, "3155760000", &half].iter().map(|s| s.to_string()).collect());
+        calls.push(
+            ["CL.THROTTLE", "", &(MAX_COUNT - 1).to_string(), &max, "3155760000", &half]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        );
         for (i, mut a) in calls.into_iter().enumerate() {
             let key = format!("x:{ci}:{i}:{}", a[0]);
             a[1] = key.clone();
@@ -416,11 +423,20 @@ fn states_with_extreme_parameters_survive_dump_restore_and_reload() {
     c.c(&["DEL", "__copy__"]);
     let before: Vec<Reply> = keys.iter().map(|k| c.c(&["DUMP", k])).collect();
     let reload = if failures.is_empty() { c.c(&["DEBUG", "RELOAD"]) } else { Reply::Status(b"skipped".to_vec()) };
-    println!("extreme parameters: {} keys, DUMP/RESTORE failures {}, DEBUG RELOAD {reload:?}", keys.len(), failures.len());
+    println!(
+        "extreme parameters: {} keys, DUMP/RESTORE failures {}, DEBUG RELOAD {reload:?}",
+        keys.len(),
+        failures.len()
+    );
     for f in &failures {
         eprintln!("FAILURE {f}");
     }
-    assert!(failures.is_empty(), "{} states written by the module cannot be loaded back (first: {})", failures.len(), failures[0]);
+    assert!(
+        failures.is_empty(),
+        "{} states written by the module cannot be loaded back (first: {})",
+        failures.len(),
+        failures[0]
+    );
     assert_eq!(reload, Reply::Status(b"OK".to_vec()), "DEBUG RELOAD:\n{}", server.log());
     let after: Vec<Reply> = keys.iter().map(|k| c.c(&["DUMP", k])).collect();
     assert_eq!(before, after, "DEBUG RELOAD changed states");
@@ -523,7 +539,20 @@ fn kill9_under_load_with_aof_everysec_loads_every_key() {
                             }
                             if rng.chance(5) {
                                 let i = rng.below(40);
-                                argv = args!["RL.MULTI", "2", format!("m:{i}:a"), format!("m:{i}:b"), "GCRA", "1000", "1h", "SLIDINGLOG", "1000", "1h", "COST", "3"];
+                                argv = args![
+                                    "RL.MULTI",
+                                    "2",
+                                    format!("m:{i}:a"),
+                                    format!("m:{i}:b"),
+                                    "GCRA",
+                                    "1000",
+                                    "1h",
+                                    "SLIDINGLOG",
+                                    "1000",
+                                    "1h",
+                                    "COST",
+                                    "3"
+                                ];
                             }
                             batch.push(argv);
                         }
@@ -590,12 +619,18 @@ fn kill9_under_load_with_aof_everysec_loads_every_key() {
             checked += 1;
         }
         // What was loaded from the AOF also survives an RDB round trip unchanged.
-        let long_lived: Vec<&String> = keys.iter().filter(|k| c.c(&["PTTL", k]).int().is_some_and(|t| t > 10_000)).collect();
+        let long_lived: Vec<&String> =
+            keys.iter().filter(|k| c.c(&["PTTL", k]).int().is_some_and(|t| t > 10_000)).collect();
         let before: Vec<Reply> = long_lived.iter().map(|k| c.c(&["DUMP", k])).collect();
         ok(&c.c(&["DEBUG", "RELOAD"]));
         let after: Vec<Reply> = long_lived.iter().map(|k| c.c(&["DUMP", k])).collect();
         assert_eq!(before, after, "DEBUG RELOAD changed states loaded from the AOF");
-        assert!(long_lived.len() * 2 > keys.len(), "most keys should live long: {} of {}", long_lived.len(), keys.len());
+        assert!(
+            long_lived.len() * 2 > keys.len(),
+            "most keys should live long: {} of {}",
+            long_lived.len(),
+            keys.len()
+        );
         let log = server.log();
         assert!(!log.contains("Bad data format"), "{log}");
         assert!(!log.contains("panicked"), "{log}");
@@ -781,13 +816,24 @@ fn rdb_fixtures_of_every_encoding_version_load() {
                     let got = d.bulk().unwrap_or_else(|| panic!("v{version}: {key}: no DUMP"));
                     // The module's payload is byte-identical; so is the whole DUMP when this Redis
                     // writes the same RDB version (the 2 bytes before the CRC).
-                    assert_eq!(dump_body(got), dump_body(&want), "v{version}: {key}: state differs from the recorded one");
-                    if got.len() >= 10 && want.len() >= 10 && got[got.len() - 10..got.len() - 8] == want[want.len() - 10..want.len() - 8] {
+                    assert_eq!(
+                        dump_body(got),
+                        dump_body(&want),
+                        "v{version}: {key}: state differs from the recorded one"
+                    );
+                    if got.len() >= 10
+                        && want.len() >= 10
+                        && got[got.len() - 10..got.len() - 8] == want[want.len() - 10..want.len() - 8]
+                    {
                         assert_eq!(got, &want[..], "v{version}: {key}: DUMP");
                     }
                 }
                 "pexpiretime" => {
-                    assert_eq!(c.c(&["PEXPIRETIME", &key]).int(), Some(rest.parse().unwrap()), "v{version}: {key}: absolute expiry");
+                    assert_eq!(
+                        c.c(&["PEXPIRETIME", &key]).int(),
+                        Some(rest.parse().unwrap()),
+                        "v{version}: {key}: absolute expiry"
+                    );
                 }
                 "info" => assert_eq!(info_text(&mut c, &key), rest, "v{version}: {key}: RL.INFO at {clock}"),
                 "probe" => {

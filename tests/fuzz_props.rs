@@ -24,10 +24,44 @@ fn cases(default: u32) -> Config {
 fn token() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         prop::sample::select(vec![
-            "0", "1", "10", "1000000000000000", "1000000000000001", "18446744073709551615", "18446744073709551616",
-            "000000000000000000000000001", "-1", "+1", "1.5", "nan", "inf", "", "BURST", "burst", "COST", "DRYRUN",
-            "PARTIAL", "AGE", "FOO", "GCRA", "SLIDINGLOG", "LEAKY", "1us", "1ms", "1s", "1m", "1h", "1d", "36525d", "36526d",
-            "0s", "5x", "1 s", "3155760000000000us", "3155760000000001us", "9223372036854775807",
+            "0",
+            "1",
+            "10",
+            "1000000000000000",
+            "1000000000000001",
+            "18446744073709551615",
+            "18446744073709551616",
+            "000000000000000000000000001",
+            "-1",
+            "+1",
+            "1.5",
+            "nan",
+            "inf",
+            "",
+            "BURST",
+            "burst",
+            "COST",
+            "DRYRUN",
+            "PARTIAL",
+            "AGE",
+            "FOO",
+            "GCRA",
+            "SLIDINGLOG",
+            "LEAKY",
+            "1us",
+            "1ms",
+            "1s",
+            "1m",
+            "1h",
+            "1d",
+            "36525d",
+            "36526d",
+            "0s",
+            "5x",
+            "1 s",
+            "3155760000000000us",
+            "3155760000000001us",
+            "9223372036854775807",
         ])
         .prop_map(|s| s.as_bytes().to_vec()),
         "[0-9]{1,25}".prop_map(|s| s.into_bytes()),
@@ -44,7 +78,14 @@ fn joined(sel: u8, toks: Vec<Vec<u8>>) -> Vec<u8> {
 
 /// Valid encodings to start from: states and sliding-log commits produced by the core.
 fn valid_encoding() -> impl Strategy<Value = Vec<u8>> {
-    (any::<u64>(), 0usize..6, 1u64..50, prop::sample::select(vec![1_000i64, 1_000_000, 1_000_000_000, 3_600_000_000_000]), 0u8..8, any::<bool>())
+    (
+        any::<u64>(),
+        0usize..6,
+        1u64..50,
+        prop::sample::select(vec![1_000i64, 1_000_000, 1_000_000_000, 3_600_000_000_000]),
+        0u8..8,
+        any::<bool>(),
+    )
         .prop_map(|(seed, a, limit, period, n, commit)| {
             use redis_ratelimit::core::codec::Algorithm;
             use redis_ratelimit::core::spec::{Spec, Update};

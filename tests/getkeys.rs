@@ -49,7 +49,10 @@ fn a_cluster_node_answers_the_argument_error_not_crossslot() {
         assert_eq!(e.code(), Some("ERR"), "port {}: {e}", node.port);
         assert!(!e.to_string().contains("CROSSSLOT"), "{e}");
         // A valid call with keys in two slots is still CROSSSLOT.
-        let e = redis::cmd("RL.MULTI").arg(&["2", "a", "b", "GCRA", "1", "1s", "FIXED", "1", "1s"]).query::<Value>(&mut c).expect_err("crossslot");
+        let e = redis::cmd("RL.MULTI")
+            .arg(&["2", "a", "b", "GCRA", "1", "1s", "FIXED", "1", "1s"])
+            .query::<Value>(&mut c)
+            .expect_err("crossslot");
         assert_eq!(e.code(), Some("CROSSSLOT"), "{e}");
     }
 }

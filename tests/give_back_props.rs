@@ -88,7 +88,10 @@ fn buckets_take_units_back_up_to_a_full_bucket() {
         assert_eq!(tokens(&st, &rate, T0), 10 * SEC as i128);
         assert_eq!(c.reset_after, 0);
         // Full: nothing to credit, nothing to store.
-        assert_eq!(give_back(st.as_ref().unwrap(), 1, None, T0).unwrap(), Credit { credited: 0, state: None, reset_after: 0 });
+        assert_eq!(
+            give_back(st.as_ref().unwrap(), 1, None, T0).unwrap(),
+            Credit { credited: 0, state: None, reset_after: 0 }
+        );
     }
 }
 
@@ -267,7 +270,13 @@ fn advance(p: &Params, thousandths: u32) -> Nanos {
 }
 
 /// Runs traffic from `now`; returns the clock afterwards and the admitted (instant, units).
-fn run(algo: Algorithm, st: &mut Option<State>, p: &Params, now: &mut Nanos, t: &[(u32, u64, bool)]) -> Vec<(Nanos, u64)> {
+fn run(
+    algo: Algorithm,
+    st: &mut Option<State>,
+    p: &Params,
+    now: &mut Nanos,
+    t: &[(u32, u64, bool)],
+) -> Vec<(Nanos, u64)> {
     let mut admitted = Vec::new();
     for &(dt, cost, partial) in t {
         *now += advance(p, dt);

@@ -34,27 +34,79 @@ fn srv_opts() -> Opts {
 // Random tokens.
 
 const NUMBERS: &[&str] = &[
-    "0", "1", "2", "3", "5", "10", "100", "1000", "-1", "-0", "+1", "01", "007", "00", "9223372036854775807",
-    "9223372036854775808", "-9223372036854775808", "-9223372036854775809", "18446744073709551615",
-    "18446744073709551616", "99999999999999999999999", "1000000000000000", "1000000000000001", "999999999999999",
-    "4294967296", "2147483648",
+    "0",
+    "1",
+    "2",
+    "3",
+    "5",
+    "10",
+    "100",
+    "1000",
+    "-1",
+    "-0",
+    "+1",
+    "01",
+    "007",
+    "00",
+    "9223372036854775807",
+    "9223372036854775808",
+    "-9223372036854775808",
+    "-9223372036854775809",
+    "18446744073709551615",
+    "18446744073709551616",
+    "99999999999999999999999",
+    "1000000000000000",
+    "1000000000000001",
+    "999999999999999",
+    "4294967296",
+    "2147483648",
 ];
 const FLOATS: &[&str] = &[
     "1.5", "0.0", "1e3", "1E3", "nan", "NaN", "-nan", "inf", "-inf", "+inf", "Infinity", "0x10", " 1", "1 ", "1\t",
     "1_000", "1,5", "١", "１",
 ];
 const PERIODS: &[&str] = &[
-    "1s", "100ms", "1us", "1m", "1h", "1d", "36525d", "36526d", "0s", "1S", "1Ms", "1US", "1H", "5x", "s", "ms", "1.5s",
-    "-1s", "1 s", "9223372036854775807us", "3155760000000000us", "3155760000000001us", "3155760000000s", "52596000m",
-    "876600h", "876601h", "1sec", "1msms", "1s1", "10", "0", "1dd",
+    "1s",
+    "100ms",
+    "1us",
+    "1m",
+    "1h",
+    "1d",
+    "36525d",
+    "36526d",
+    "0s",
+    "1S",
+    "1Ms",
+    "1US",
+    "1H",
+    "5x",
+    "s",
+    "ms",
+    "1.5s",
+    "-1s",
+    "1 s",
+    "9223372036854775807us",
+    "3155760000000000us",
+    "3155760000000001us",
+    "3155760000000s",
+    "52596000m",
+    "876600h",
+    "876601h",
+    "1sec",
+    "1msms",
+    "1s1",
+    "10",
+    "0",
+    "1dd",
 ];
 const OPTIONS: &[&str] = &[
-    "BURST", "COST", "DRYRUN", "PARTIAL", "burst", "cost", "dryrun", "partial", "Burst", "FOO", "BURSTS", "PXAT", "NX", "EX",
+    "BURST", "COST", "DRYRUN", "PARTIAL", "burst", "cost", "dryrun", "partial", "Burst", "FOO", "BURSTS", "PXAT", "NX",
+    "EX",
 ];
-const ALGOS: &[&str] = &["GCRA", "TOKENBUCKET", "SLIDING", "SLIDINGLOG", "FIXED", "LEAKY", "gcra", "Leaky", "LEAKYY", "CELL"];
-const WEIRD: &[&[u8]] = &[
-    b"", b"\0", b"\r\n", b"*1\r\n$4\r\nPING\r\n", b"\xff\xfe", b"\x80", b"\xc3\x28", b"\xed\xa0\x80", b"'", b"%s%n",
-];
+const ALGOS: &[&str] =
+    &["GCRA", "TOKENBUCKET", "SLIDING", "SLIDINGLOG", "FIXED", "LEAKY", "gcra", "Leaky", "LEAKYY", "CELL"];
+const WEIRD: &[&[u8]] =
+    &[b"", b"\0", b"\r\n", b"*1\r\n$4\r\nPING\r\n", b"\xff\xfe", b"\x80", b"\xc3\x28", b"\xed\xa0\x80", b"'", b"%s%n"];
 
 struct Gen {
     rng: Rng,
@@ -120,10 +172,7 @@ impl Gen {
     }
 
     fn case(&mut self, w: &str) -> Vec<u8> {
-        w.chars()
-            .map(|c| if self.rng.chance(30) { c.to_ascii_lowercase() } else { c })
-            .collect::<String>()
-            .into_bytes()
+        w.chars().map(|c| if self.rng.chance(30) { c.to_ascii_lowercase() } else { c }).collect::<String>().into_bytes()
     }
 
     fn valid_limit(&mut self) -> u64 {
@@ -223,8 +272,9 @@ impl Gen {
         if self.rng.chance(10) {
             v[0] = self.token();
         }
-        let algos: Vec<&str> =
-            (0..n).map(|_| *self.rng.pick(&["GCRA", "TOKENBUCKET", "SLIDING", "SLIDINGLOG", "FIXED", "LEAKY"])).collect();
+        let algos: Vec<&str> = (0..n)
+            .map(|_| *self.rng.pick(&["GCRA", "TOKENBUCKET", "SLIDING", "SLIDINGLOG", "FIXED", "LEAKY"]))
+            .collect();
         for a in &algos {
             let k = self.key_for(&format!("RL.{a}"));
             v.push(k);
@@ -270,11 +320,19 @@ impl Gen {
     fn debug_args(&mut self) -> Vec<Vec<u8>> {
         let r = &mut self.rng;
         let mut v: Vec<Vec<u8>> = match r.below(6) {
-            0 => vec![b"CLOCK".to_vec(), b"SET".to_vec(), (T0_US + r.range(-10_000_000_000, 10_000_000_000)).to_string().into_bytes()],
+            0 => vec![
+                b"CLOCK".to_vec(),
+                b"SET".to_vec(),
+                (T0_US + r.range(-10_000_000_000, 10_000_000_000)).to_string().into_bytes(),
+            ],
             1 => vec![b"CLOCK".to_vec(), b"ADVANCE".to_vec(), r.range(-5_000_000, 60_000_000).to_string().into_bytes()],
             2 => vec![b"CLOCK".to_vec(), b"GET".to_vec()],
             3 => vec![b"clock".to_vec(), b"real".to_vec()],
-            _ => vec![b"CLOCK".to_vec(), r.pick(&[&b"SET"[..], b"ADVANCE"]).to_vec(), r.pick(NUMBERS).as_bytes().to_vec()],
+            _ => vec![
+                b"CLOCK".to_vec(),
+                r.pick(&[&b"SET"[..], b"ADVANCE"]).to_vec(),
+                r.pick(NUMBERS).as_bytes().to_vec(),
+            ],
         };
         self.mutate(&mut v, 30);
         v
@@ -357,7 +415,8 @@ thread_local! {
 }
 
 fn mutate_payload(rng: &mut Rng, p: &mut Vec<u8>) {
-    const EXTREMES: [u64; 8] = [0, 1, u64::MAX, i64::MAX as u64, i64::MIN as u64, MAX_COUNT, MAX_COUNT + 1, 2 * MAX_COUNT];
+    const EXTREMES: [u64; 8] =
+        [0, 1, u64::MAX, i64::MAX as u64, i64::MIN as u64, MAX_COUNT, MAX_COUNT + 1, 2 * MAX_COUNT];
     for _ in 0..rng.range(1, 3) {
         let len = p.len() as u64;
         match rng.below(8) {
@@ -424,7 +483,10 @@ fn payload(rng: &mut Rng) -> Vec<u8> {
 
 #[derive(Debug)]
 enum Expect {
-    Limiter { leaky: bool, parsed: Result<args::Check, String> },
+    Limiter {
+        leaky: bool,
+        parsed: Result<args::Check, String>,
+    },
     Throttle(Result<(u64 /*burst*/, u64 /*quantity*/), String>),
     Multi(Result<(usize, Vec<(bool, u64)>, Request, bool), String>),
     Info(Option<String>),
@@ -489,7 +551,9 @@ fn predict(argv: &[Vec<u8>]) -> Expect {
             }
             let numkeys = match args::non_negative(a[1], "numkeys") {
                 Ok(n) if n >= 1 && (n as usize) <= a.len() - 2 => n as usize,
-                _ => return Err("ERR numkeys must be a positive integer no larger than the number of keys given".into()),
+                _ => {
+                    return Err("ERR numkeys must be a positive integer no larger than the number of keys given".into())
+                }
             };
             let keys = &a[2..2 + numkeys];
             // The limits are parsed first, then the keys checked for duplicates.
@@ -569,7 +633,9 @@ fn verify(exp: &Expect, r: &Reply) -> Result<bool, String> {
             Expect::Debug => Ok(false),
             // A log commit is refused when, added to what the key already holds, it would
             // exceed any limit (the key's content is not tracked here).
-            Expect::SetState(Ok(())) if err.as_deref().is_some_and(|e| e.contains("more units than any limit")) => Ok(false),
+            Expect::SetState(Ok(())) if err.as_deref().is_some_and(|e| e.contains("more units than any limit")) => {
+                Ok(false)
+            }
             _ => wrongtype_ok(),
         },
         Expect::Limiter { leaky, parsed: Ok(c) } => {
@@ -601,11 +667,9 @@ fn verify(exp: &Expect, r: &Reply) -> Result<bool, String> {
         }
         Expect::Multi(Ok((n, specs, req, dryrun))) => {
             let (allowed, retry, limits): (i64, i64, Vec<Reply>) = match r {
-                Reply::Array(Some(a)) if a.len() == 2 + n => (
-                    a[0].int().ok_or("allowed")?,
-                    a[1].int().ok_or("retry")?,
-                    a[2..].to_vec(),
-                ),
+                Reply::Array(Some(a)) if a.len() == 2 + n => {
+                    (a[0].int().ok_or("allowed")?, a[1].int().ok_or("retry")?, a[2..].to_vec())
+                }
                 Reply::Map(_) => {
                     let m = named(r).ok_or("bad map")?;
                     let names: Vec<&str> = m.iter().map(|(k, _)| k.as_str()).collect();
@@ -620,7 +684,8 @@ fn verify(exp: &Expect, r: &Reply) -> Result<bool, String> {
                 }
                 _ => return Err(format!("RL.MULTI reply shape for {n} keys: {r:?}")),
             };
-            if allowed < 0 || allowed as u64 > req.cost || (!req.partial && allowed != 0 && allowed as u64 != req.cost) {
+            if allowed < 0 || allowed as u64 > req.cost || (!req.partial && allowed != 0 && allowed as u64 != req.cost)
+            {
                 return Err(format!("RL.MULTI allowed {allowed} for COST {}", req.cost));
             }
             if !(retry == -1 || retry >= 1) || (allowed > 0 && retry != -1) {
@@ -644,7 +709,11 @@ fn verify(exp: &Expect, r: &Reply) -> Result<bool, String> {
                 return Ok(false);
             }
             let m = named(r).ok_or_else(|| format!("RL.INFO shape {r:?}"))?;
-            let algo = m.first().filter(|(k, _)| k == "algorithm").and_then(|(_, v)| v.bulk()).ok_or("RL.INFO: no algorithm first")?;
+            let algo = m
+                .first()
+                .filter(|(k, _)| k == "algorithm")
+                .and_then(|(_, v)| v.bulk())
+                .ok_or("RL.INFO: no algorithm first")?;
             if !Algorithm::ALL.iter().any(|a| a.name().as_bytes() == algo) {
                 return Err(format!("RL.INFO algorithm {:?}", String::from_utf8_lossy(algo)));
             }
@@ -762,8 +831,18 @@ fn hostile_random_argument_vectors() {
     assert!(matches!(c3.c(&["HELLO", "3"]), Reply::Map(_)));
     c2.c(&["RL.DEBUG", "CLOCK", "SET", &T0_US.to_string()]);
     let commands = [
-        "RL.GCRA", "RL.TOKENBUCKET", "RL.LEAKY", "RL.SLIDING", "RL.FIXED", "RL.SLIDINGLOG", "RL.MULTI", "RL.INFO",
-        "RL.RESET", "CL.THROTTLE", "RL.SETSTATE", "RL.DEBUG",
+        "RL.GCRA",
+        "RL.TOKENBUCKET",
+        "RL.LEAKY",
+        "RL.SLIDING",
+        "RL.FIXED",
+        "RL.SLIDINGLOG",
+        "RL.MULTI",
+        "RL.INFO",
+        "RL.RESET",
+        "CL.THROTTLE",
+        "RL.SETSTATE",
+        "RL.DEBUG",
     ];
     let mut per_cmd: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let mut failures: Vec<String> = Vec::new();
@@ -899,7 +978,8 @@ fn hostile_random_argument_vectors() {
     let mut c = Resp::connect(server.port);
     let (nkeys, restore_failures) = restore_check(&mut c);
     let dbsize = c.c(&["DBSIZE"]).int().unwrap();
-    let reload = if restore_failures.is_empty() { c.c(&["DEBUG", "RELOAD"]) } else { Reply::Status(b"skipped".to_vec()) };
+    let reload =
+        if restore_failures.is_empty() { c.c(&["DEBUG", "RELOAD"]) } else { Reply::Status(b"skipped".to_vec()) };
     for (cmd, (n, e)) in &per_cmd {
         println!("hostile: {cmd:<15} sent {n:>6}, errors {e:>6}, valid replies {:>6}", n - e);
     }
@@ -921,7 +1001,12 @@ fn hostile_random_argument_vectors() {
         eprintln!("UNRESTORABLE {f}");
     }
     assert!(failures.is_empty(), "{} replies broke the contract (first: {})", failures.len(), failures[0]);
-    assert!(restore_failures.is_empty(), "{} states the module holds cannot be loaded back (first: {})", restore_failures.len(), restore_failures[0]);
+    assert!(
+        restore_failures.is_empty(),
+        "{} states the module holds cannot be loaded back (first: {})",
+        restore_failures.len(),
+        restore_failures[0]
+    );
     assert_eq!(reload, Reply::Status(b"OK".to_vec()), "DEBUG RELOAD failed\n{}", server.log());
     assert!(sent >= total);
 }
@@ -958,7 +1043,13 @@ fn setstate_mutated_payloads_never_crash_and_stay_loadable() {
                 }
                 Ok(u)
             });
-            cmds.push(vec![b"RL.SETSTATE".to_vec(), key.clone().into_bytes(), p.clone(), b"PXAT".to_vec(), far.clone().into_bytes()]);
+            cmds.push(vec![
+                b"RL.SETSTATE".to_vec(),
+                key.clone().into_bytes(),
+                p.clone(),
+                b"PXAT".to_vec(),
+                far.clone().into_bytes(),
+            ]);
             // Then: RL.INFO, a call of every algorithm (WRONGTYPE for all but one), a DUMP.
             cmds.push(args!["RL.INFO", key]);
             for cmd in LIMITERS {
@@ -1015,7 +1106,9 @@ fn setstate_mutated_payloads_never_crash_and_stay_loadable() {
                     let d = models[k].check(&spec, T0_US, Request::new(1), true);
                     let want = decision_ints(&d, *cmd == "RL.LEAKY");
                     if reply.ints().as_ref() != Some(&want) {
-                        failures.push(format!("{ctx}: then {cmd} s:{k} 10 1s DRYRUN answered {reply:?}, the core says {want:?}"));
+                        failures.push(format!(
+                            "{ctx}: then {cmd} s:{k} 10 1s DRYRUN answered {reply:?}, the core says {want:?}"
+                        ));
                     }
                 }
             }
@@ -1049,8 +1142,18 @@ fn setstate_mutated_payloads_never_crash_and_stay_loadable() {
         eprintln!("CORE PAYLOAD REFUSED BY ITS OWN DECODER {f}");
     }
     assert!(failures.is_empty(), "{} failures (first: {})", failures.len(), failures[0]);
-    assert!(refused.is_empty(), "{} payloads written by the core are refused by State/Update::decode (first: {})", refused.len(), refused[0]);
-    assert!(unrestorable.is_empty(), "{} states cannot be loaded back (first: {})", unrestorable.len(), unrestorable[0]);
+    assert!(
+        refused.is_empty(),
+        "{} payloads written by the core are refused by State/Update::decode (first: {})",
+        refused.len(),
+        refused[0]
+    );
+    assert!(
+        unrestorable.is_empty(),
+        "{} states cannot be loaded back (first: {})",
+        unrestorable.len(),
+        unrestorable[0]
+    );
     if unrestorable.is_empty() {
         assert_eq!(c.c(&["DEBUG", "RELOAD"]), Reply::Status(b"OK".to_vec()), "DEBUG RELOAD\n{}", server.log());
     }

@@ -77,7 +77,9 @@ impl Bound {
             Bound::Bucket { burst, limit, period_us } => {
                 burst + ((t1 - t0) as i128 * limit as i128 / period_us as i128) as u64
             }
-            Bound::Windows { limit, window_us } => limit * (t1.div_euclid(window_us) - t0.div_euclid(window_us) + 1) as u64,
+            Bound::Windows { limit, window_us } => {
+                limit * (t1.div_euclid(window_us) - t0.div_euclid(window_us) + 1) as u64
+            }
             Bound::Log { limit, window_us } => limit * ((t1 - t0 + 1 + window_us - 1) / window_us) as u64,
         }
     }
@@ -169,7 +171,13 @@ fn real_clock_32_connections_one_key_never_over_admit() {
             over += 1;
             eprintln!("OVER-ADMISSION: {cmd} admitted {} > bound {max}", r.admitted);
         }
-        assert_eq!(after - before, r.admitted, "{cmd}: INFO {field} moved by {} but clients saw {} admitted", after - before, r.admitted);
+        assert_eq!(
+            after - before,
+            r.admitted,
+            "{cmd}: INFO {field} moved by {} but clients saw {} admitted",
+            after - before,
+            r.admitted
+        );
         // The bound must be tight enough to mean something: the limiter was saturated and
         // admitted a good part of what the bound allows. Not most of it: on a loaded machine
         // (2 cores, the compatibility matrix) the connections are descheduled for whole
@@ -215,8 +223,15 @@ fn run_scripted(server: &Server, case: &Scripted, steps: usize, per_thread: usiz
     let cmd = case.cmd;
     let handles: Vec<_> = (0..THREADS)
         .map(|_| {
-            let (packed, start, done, stop, units, failure, port) =
-                (packed.clone(), start.clone(), done.clone(), stop.clone(), units.clone(), failure.clone(), server.port);
+            let (packed, start, done, stop, units, failure, port) = (
+                packed.clone(),
+                start.clone(),
+                done.clone(),
+                stop.clone(),
+                units.clone(),
+                failure.clone(),
+                server.port,
+            );
             thread::spawn(move || {
                 let mut c = Resp::connect(port);
                 loop {
@@ -312,7 +327,8 @@ fn run_scripted(server: &Server, case: &Scripted, steps: usize, per_thread: usiz
             if matches!(case.spec, Spec::SlidingLog(_)) {
                 assert!(in_span <= limit, "{cmd}: {in_span} units admitted within one window ending at {t}");
             }
-            let in_window: u64 = history[..=i].iter().filter(|&&(s, _)| s.div_euclid(w) == t.div_euclid(w)).map(|&(_, n)| n).sum();
+            let in_window: u64 =
+                history[..=i].iter().filter(|&&(s, _)| s.div_euclid(w) == t.div_euclid(w)).map(|&(_, n)| n).sum();
             if !matches!(case.spec, Spec::Sliding(_)) {
                 assert!(in_window <= limit, "{cmd}: {in_window} units admitted in the window of {t}");
             }
@@ -391,7 +407,8 @@ fn scripted_clock_32_connections_match_the_core_exactly() {
 
 #[test]
 fn churn_million_keys_expire_on_their_own() {
-    let server = Server::start_with(Opts { debug_clock: false, extra: vec![("hz".into(), "100".into())], ..Opts::default() });
+    let server =
+        Server::start_with(Opts { debug_clock: false, extra: vec![("hz".into(), "100".into())], ..Opts::default() });
     let n: usize = if long() { 3_000_000 } else { 1_000_000 };
     let batch = 10_000;
     let mut c = Resp::connect(server.port);
@@ -485,7 +502,10 @@ fn memory_usage_matches_native_type() {
         m.check(&spec_of(cmd, 10, 3_600_000 * NANOS_PER_MILLI, None), T0_US, Request::new(1), false);
         let mu = memory_usage(&mut c, &key);
         let ours = mem_usage_of(m.state.as_ref().unwrap());
-        println!("memory: {cmd:<14} MEMORY USAGE {mu} = mem_usage {ours} (size_of::<State>() {size}) + Redis overhead {}", mu - ours);
+        println!(
+            "memory: {cmd:<14} MEMORY USAGE {mu} = mem_usage {ours} (size_of::<State>() {size}) + Redis overhead {}",
+            mu - ours
+        );
         assert!(mu >= ours, "{cmd}: MEMORY USAGE {mu} < the type's own mem_usage {ours}");
         overheads.push(mu - ours);
     }
@@ -522,8 +542,15 @@ fn memory_usage_matches_native_type() {
         let info = c.c(&["RL.INFO", &key]).pairs().unwrap();
         let entries = info.iter().find(|(k, _)| k == "entries").unwrap().1.int().unwrap();
         assert_eq!(entries as usize, cp);
-        println!("memory: slidinglog entries {cp:>6} MEMORY USAGE {mu:>8} mem_usage {ours:>8} ({:.2} bytes/entry)", (mu - overhead - size) as f64 / cp as f64);
-        assert_eq!(mu - ours, overhead, "sliding log with {cp} entries: MEMORY USAGE {mu} ≠ mem_usage {ours} + overhead {overhead}");
+        println!(
+            "memory: slidinglog entries {cp:>6} MEMORY USAGE {mu:>8} mem_usage {ours:>8} ({:.2} bytes/entry)",
+            (mu - overhead - size) as f64 / cp as f64
+        );
+        assert_eq!(
+            mu - ours,
+            overhead,
+            "sliding log with {cp} entries: MEMORY USAGE {mu} ≠ mem_usage {ours} + overhead {overhead}"
+        );
         samples.push((cp, mu));
     }
     let (n1, m1) = samples[samples.len() - 3];
@@ -580,7 +607,10 @@ fn token_bucket_compact_and_general_forms() {
             assert_eq!(got, want, "step {i}: {limit} per {period}");
         }
         let dump = c.c(&["DUMP", "f:tokb"]);
-        assert!(contains(dump.bulk().expect("DUMP"), &model.encoded().unwrap()), "step {i}: DUMP does not hold the model's state");
+        assert!(
+            contains(dump.bulk().expect("DUMP"), &model.encoded().unwrap()),
+            "step {i}: DUMP does not hold the model's state"
+        );
         assert_eq!(memory_usage(&mut c, "f:tokb") - base, bytes, "step {i}: {limit} per {period}");
     }
     // A new full bucket of 10^6 per day: 8.64 × 10^19 ≥ 2^63, the general box.
@@ -655,7 +685,8 @@ fn maxmemory_noeviction_rl_commands_answer_oom_and_write_nothing() {
     rl_cmds.push("RL.MULTI 2 oom:RL.GCRA oom:RL.FIXED GCRA 100 1h FIXED 100 1h".split(' ').map(String::from).collect());
     rl_cmds.push("RL.MULTI 1 oom:new:m SLIDINGLOG 100 1h".split(' ').map(String::from).collect());
     let payload = c.c(&["DUMP", "oom:RL.GCRA"]); // any bytes: the OOM check comes first
-    let mut setstate: Vec<Vec<u8>> = vec![b"RL.SETSTATE".to_vec(), b"oom:new:s".to_vec(), payload.bulk().unwrap().to_vec()];
+    let mut setstate: Vec<Vec<u8>> =
+        vec![b"RL.SETSTATE".to_vec(), b"oom:new:s".to_vec(), payload.bulk().unwrap().to_vec()];
     for a in &rl_cmds {
         let v: Vec<&[u8]> = a.iter().map(|s| s.as_bytes()).collect();
         let r = c.cmd(&v);

@@ -10,9 +10,7 @@ mod values;
 use common::{wait_replica_synced, Cluster, Opts, Server};
 use redis::{Connection, Value};
 use std::collections::HashMap;
-use traffic::{
-    assert_same, clock_advance, clock_set, cmd_of, err_text, now_ms, snapshot, Rng, ALGOS,
-};
+use traffic::{assert_same, clock_advance, clock_set, cmd_of, err_text, now_ms, snapshot, Rng, ALGOS};
 use values::ints;
 
 // ---------------------------------------------------------------------------------------------
@@ -63,15 +61,9 @@ struct Multi {
 }
 
 fn parse_multi(v: &Value) -> Multi {
-    let Value::Array(items) = v else {
-        panic!("RL.MULTI reply: {v:?}")
-    };
+    let Value::Array(items) = v else { panic!("RL.MULTI reply: {v:?}") };
     assert!(items.len() >= 3, "RL.MULTI reply too short: {v:?}");
-    Multi {
-        allowed: int(&items[0]),
-        retry: int(&items[1]),
-        limits: items[2..].iter().map(ints).collect(),
-    }
+    Multi { allowed: int(&items[0]), retry: int(&items[1]), limits: items[2..].iter().map(ints).collect() }
 }
 
 fn multi(con: &mut Connection, line: &str) -> Multi {
@@ -93,9 +85,7 @@ fn exists(con: &mut Connection, key: &str) -> bool {
 
 /// DUMP and PEXPIRETIME of some keys (None for missing ones).
 fn states(con: &mut Connection, keys: &[&str]) -> Vec<(Option<Vec<u8>>, i64)> {
-    keys.iter()
-        .map(|k| (dump(con, k), pexpiretime(con, k)))
-        .collect()
+    keys.iter().map(|k| (dump(con, k), pexpiretime(con, k))).collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -107,10 +97,7 @@ fn refused_multi_changes_no_key() {
     let s = Server::start();
     let mut c = s.conn();
     clock_set(&mut c, T0_US);
-    assert_eq!(
-        lim(&mut c, "RL.FIXED b 2 1m COST 2"),
-        vec![2, 2, 0, -1, 60000]
-    );
+    assert_eq!(lim(&mut c, "RL.FIXED b 2 1m COST 2"), vec![2, 2, 0, -1, 60000]);
     clock_advance(&mut c, 15_000_000);
 
     // a is missing and would admit; b refuses: a stays missing, b unchanged.
@@ -122,54 +109,28 @@ fn refused_multi_changes_no_key() {
     let m = multi(&mut c, "RL.MULTI 2 a b GCRA 10 1m FIXED 2 1m");
     assert_eq!(
         m,
-        Multi {
-            allowed: 0,
-            retry: 45000,
-            limits: vec![vec![0, 10, 10, -1, 0], vec![0, 2, 0, 45000, 45000]]
-        }
+        Multi { allowed: 0, retry: 45000, limits: vec![vec![0, 10, 10, -1, 0], vec![0, 2, 0, 45000, 45000]] }
     );
     assert!(!exists(&mut c, "a"), "a refused RL.MULTI created key a");
-    assert_eq!(
-        states(&mut c, &["b"]),
-        before_b,
-        "a refused RL.MULTI changed b"
-    );
+    assert_eq!(states(&mut c, &["b"]), before_b, "a refused RL.MULTI changed b");
     // Same with the refusing limit first.
     let m = multi(&mut c, "RL.MULTI 2 b a FIXED 2 1m GCRA 10 1m");
     assert_eq!(
         m,
-        Multi {
-            allowed: 0,
-            retry: 45000,
-            limits: vec![vec![0, 2, 0, 45000, 45000], vec![0, 10, 10, -1, 0]]
-        }
+        Multi { allowed: 0, retry: 45000, limits: vec![vec![0, 2, 0, 45000, 45000], vec![0, 10, 10, -1, 0]] }
     );
     assert!(!exists(&mut c, "a"));
 
     // a exists now: still unchanged by a refused call, and its reply shows its own
     // unchanged remaining/reset with its own retry_after (-1: it alone would admit).
-    assert_eq!(
-        lim(&mut c, "RL.GCRA a 10 1m COST 4"),
-        vec![4, 10, 6, -1, 24000]
-    );
+    assert_eq!(lim(&mut c, "RL.GCRA a 10 1m COST 4"), vec![4, 10, 6, -1, 24000]);
     clock_advance(&mut c, 1_000_000);
     let before = states(&mut c, &["a", "b"]);
     let peek_a = lim(&mut c, "RL.GCRA a 10 1m COST 0");
     assert_eq!(peek_a, vec![0, 10, 6, -1, 23000]);
     let m = multi(&mut c, "RL.MULTI 2 a b GCRA 10 1m FIXED 2 1m");
-    assert_eq!(
-        m,
-        Multi {
-            allowed: 0,
-            retry: 44000,
-            limits: vec![peek_a.clone(), vec![0, 2, 0, 44000, 44000]]
-        }
-    );
-    assert_eq!(
-        states(&mut c, &["a", "b"]),
-        before,
-        "a refused RL.MULTI changed a or b"
-    );
+    assert_eq!(m, Multi { allowed: 0, retry: 44000, limits: vec![peek_a.clone(), vec![0, 2, 0, 44000, 44000]] });
+    assert_eq!(states(&mut c, &["a", "b"]), before, "a refused RL.MULTI changed a or b");
 
     // Three limits of different algorithms, the middle one refusing.
     assert_eq!(lim(&mut c, "RL.SLIDINGLOG l 5 1m COST 2")[0], 2);
@@ -181,25 +142,15 @@ fn refused_multi_changes_no_key() {
     let peek_t = lim(&mut c, "RL.TOKENBUCKET t 5 1m COST 0");
     assert_eq!(dry_k[0], 0, "k should refuse: {dry_k:?}");
     assert!(dry_k[3] > 0);
-    let m = multi(
-        &mut c,
-        "RL.MULTI 3 l k t SLIDINGLOG 5 1m LEAKY 3 1m TOKENBUCKET 5 1m",
-    );
+    let m = multi(&mut c, "RL.MULTI 3 l k t SLIDINGLOG 5 1m LEAKY 3 1m TOKENBUCKET 5 1m");
     assert_eq!(m.allowed, 0);
     assert_eq!(m.retry, dry_k[3]);
     assert_eq!(m.limits, vec![peek_l, dry_k, peek_t]);
-    assert_eq!(
-        states(&mut c, &["l", "k", "t"]),
-        before,
-        "a refused RL.MULTI changed a key"
-    );
+    assert_eq!(states(&mut c, &["l", "k", "t"]), before, "a refused RL.MULTI changed a key");
 
     // Admitted: every key is updated, as single calls would have.
     clock_advance(&mut c, 20_000_000);
-    let m = multi(
-        &mut c,
-        "RL.MULTI 3 l k t SLIDINGLOG 5 1m LEAKY 3 1m TOKENBUCKET 5 1m",
-    );
+    let m = multi(&mut c, "RL.MULTI 3 l k t SLIDINGLOG 5 1m LEAKY 3 1m TOKENBUCKET 5 1m");
     assert_eq!(m.allowed, 1);
     assert_eq!(m.retry, -1);
     for (i, r) in m.limits.iter().enumerate() {
@@ -223,30 +174,16 @@ fn retry_after_is_the_largest_or_never() {
     let m = multi(&mut c, "RL.MULTI 2 a b GCRA 1 10s GCRA 1 20s");
     assert_eq!(
         m,
-        Multi {
-            allowed: 0,
-            retry: 18000,
-            limits: vec![vec![0, 1, 0, 8000, 8000], vec![0, 1, 0, 18000, 18000]]
-        }
+        Multi { allowed: 0, retry: 18000, limits: vec![vec![0, 1, 0, 8000, 8000], vec![0, 1, 0, 18000, 18000]] }
     );
-    let m = multi(
-        &mut c,
-        "RL.MULTI 3 b fresh a GCRA 1 20s FIXED 5 1m GCRA 1 10s",
-    );
+    let m = multi(&mut c, "RL.MULTI 3 b fresh a GCRA 1 20s FIXED 5 1m GCRA 1 10s");
     assert_eq!(m.retry, 18000);
     assert_eq!(m.limits[1], vec![0, 5, 5, -1, 0]);
     assert!(!exists(&mut c, "fresh"));
 
     // A limit the cost can never fit (COST > capacity): overall -1 …
     let m = multi(&mut c, "RL.MULTI 2 c d GCRA 5 1m FIXED 10 1m COST 6");
-    assert_eq!(
-        m,
-        Multi {
-            allowed: 0,
-            retry: -1,
-            limits: vec![vec![0, 5, 5, -1, 0], vec![0, 10, 10, -1, 0]]
-        }
-    );
+    assert_eq!(m, Multi { allowed: 0, retry: -1, limits: vec![vec![0, 5, 5, -1, 0], vec![0, 10, 10, -1, 0]] });
     assert!(!exists(&mut c, "c") && !exists(&mut c, "d"));
     // … even when another refusing limit has a finite retry.
     assert_eq!(lim(&mut c, "RL.SLIDINGLOG e 10 1m COST 8")[0], 8);
@@ -254,23 +191,9 @@ fn retry_after_is_the_largest_or_never() {
     let dry_e = lim(&mut c, "RL.SLIDINGLOG e 10 1m COST 3 DRYRUN");
     assert_eq!(dry_e, vec![0, 10, 2, 59000, 59000]);
     let m = multi(&mut c, "RL.MULTI 2 e f SLIDINGLOG 10 1m GCRA 2 1m COST 3");
-    assert_eq!(
-        m,
-        Multi {
-            allowed: 0,
-            retry: -1,
-            limits: vec![dry_e.clone(), vec![0, 2, 2, -1, 0]]
-        }
-    );
+    assert_eq!(m, Multi { allowed: 0, retry: -1, limits: vec![dry_e.clone(), vec![0, 2, 2, -1, 0]] });
     let m = multi(&mut c, "RL.MULTI 2 f e GCRA 2 1m SLIDINGLOG 10 1m COST 3");
-    assert_eq!(
-        m,
-        Multi {
-            allowed: 0,
-            retry: -1,
-            limits: vec![vec![0, 2, 2, -1, 0], dry_e]
-        }
-    );
+    assert_eq!(m, Multi { allowed: 0, retry: -1, limits: vec![vec![0, 2, 2, -1, 0], dry_e] });
     // The finite one alone: its retry.
     let m = multi(&mut c, "RL.MULTI 2 e g SLIDINGLOG 10 1m GCRA 5 1m COST 3");
     assert_eq!(m.retry, 59000);
@@ -280,10 +203,7 @@ fn retry_after_is_the_largest_or_never() {
     assert!(m.limits.iter().all(|r| r[3] == -1), "{m:?}");
     // Both refusing with a finite retry, PARTIAL: retry until one unit fits everywhere.
     clock_advance(&mut c, 1_000_000);
-    let m = multi(
-        &mut c,
-        "RL.MULTI 2 a b GCRA 1 10s GCRA 1 20s PARTIAL COST 5",
-    );
+    let m = multi(&mut c, "RL.MULTI 2 a b GCRA 1 10s GCRA 1 20s PARTIAL COST 5");
     assert_eq!((m.allowed, m.retry), (0, 16000), "{m:?}");
 }
 
@@ -298,57 +218,28 @@ fn partial_grants_the_minimum_available() {
     assert_eq!(lim(&mut c, "RL.GCRA a 10 1m COST 0")[2], 7);
     assert_eq!(lim(&mut c, "RL.SLIDINGLOG b 5 1m COST 0")[2], 3);
 
-    let m = multi(
-        &mut c,
-        "RL.MULTI 2 a b GCRA 10 1m SLIDINGLOG 5 1m COST 6 PARTIAL",
-    );
-    assert_eq!(
-        m,
-        Multi {
-            allowed: 3,
-            retry: -1,
-            limits: vec![vec![3, 10, 4, -1, 35000], vec![3, 5, 0, -1, 60000]]
-        }
-    );
-    assert_eq!(
-        lim(&mut c, "RL.GCRA a 10 1m COST 0"),
-        vec![0, 10, 4, -1, 35000]
-    );
-    assert_eq!(
-        lim(&mut c, "RL.SLIDINGLOG b 5 1m COST 0"),
-        vec![0, 5, 0, -1, 60000]
-    );
+    let m = multi(&mut c, "RL.MULTI 2 a b GCRA 10 1m SLIDINGLOG 5 1m COST 6 PARTIAL");
+    assert_eq!(m, Multi { allowed: 3, retry: -1, limits: vec![vec![3, 10, 4, -1, 35000], vec![3, 5, 0, -1, 60000]] });
+    assert_eq!(lim(&mut c, "RL.GCRA a 10 1m COST 0"), vec![0, 10, 4, -1, 35000]);
+    assert_eq!(lim(&mut c, "RL.SLIDINGLOG b 5 1m COST 0"), vec![0, 5, 0, -1, 60000]);
 
     // One limit has nothing: refused, retry until one unit fits there; nothing changes.
     let before = states(&mut c, &["a", "b"]);
-    let m = multi(
-        &mut c,
-        "RL.MULTI 2 a b GCRA 10 1m SLIDINGLOG 5 1m PARTIAL COST 2",
-    );
+    let m = multi(&mut c, "RL.MULTI 2 a b GCRA 10 1m SLIDINGLOG 5 1m PARTIAL COST 2");
     assert_eq!(
         m,
-        Multi {
-            allowed: 0,
-            retry: 59000,
-            limits: vec![vec![0, 10, 4, -1, 35000], vec![0, 5, 0, 59000, 60000]]
-        }
+        Multi { allowed: 0, retry: 59000, limits: vec![vec![0, 10, 4, -1, 35000], vec![0, 5, 0, 59000, 60000]] }
     );
     assert_eq!(states(&mut c, &["a", "b"]), before);
 
     // COST below every availability: all of it.
     assert_eq!(lim(&mut c, "RL.FIXED x 10 1m COST 1")[0], 1);
-    let m = multi(
-        &mut c,
-        "RL.MULTI 2 a x GCRA 10 1m FIXED 10 1m PARTIAL COST 2",
-    );
+    let m = multi(&mut c, "RL.MULTI 2 a x GCRA 10 1m FIXED 10 1m PARTIAL COST 2");
     assert_eq!(m.allowed, 2);
     assert_eq!(m.limits[0][..3], [2, 10, 2]);
     assert_eq!(m.limits[1][..3], [2, 10, 7]);
     // PARTIAL grants min over three limits.
-    let m = multi(
-        &mut c,
-        "RL.MULTI 3 x a new FIXED 10 1m GCRA 10 1m TOKENBUCKET 100 1m PARTIAL COST 50",
-    );
+    let m = multi(&mut c, "RL.MULTI 3 x a new FIXED 10 1m GCRA 10 1m TOKENBUCKET 100 1m PARTIAL COST 50");
     assert_eq!(m.allowed, 2, "{m:?}");
     assert_eq!(m.limits[0][..3], [2, 10, 5]);
     assert_eq!(m.limits[1][..3], [2, 10, 0]);
@@ -361,8 +252,7 @@ fn cost_dryrun_and_peek_apply_to_every_limit() {
     let s = Server::start();
     let mut c = s.conn();
     clock_set(&mut c, T0_US);
-    let spec =
-        "TOKENBUCKET 10 1m SLIDING 10 1m LEAKY 10 1m FIXED 10 1m SLIDINGLOG 10 1m GCRA 10 1m";
+    let spec = "TOKENBUCKET 10 1m SLIDING 10 1m LEAKY 10 1m FIXED 10 1m SLIDINGLOG 10 1m GCRA 10 1m";
     let keys = ["a", "b", "c", "d", "e", "f"];
     let m = multi(&mut c, &format!("RL.MULTI 6 a b c d e f {spec} COST 3"));
     assert_eq!((m.allowed, m.retry), (3, -1));
@@ -371,14 +261,7 @@ fn cost_dryrun_and_peek_apply_to_every_limit() {
     }
     assert_eq!(m.limits[2], vec![3, 10, 7, -1, 18000, 0], "LEAKY reply");
     // Each key consumed 3, as a single call with COST 3 would have.
-    let singles = [
-        "RL.TOKENBUCKET",
-        "RL.SLIDING",
-        "RL.LEAKY",
-        "RL.FIXED",
-        "RL.SLIDINGLOG",
-        "RL.GCRA",
-    ];
+    let singles = ["RL.TOKENBUCKET", "RL.SLIDING", "RL.LEAKY", "RL.FIXED", "RL.SLIDINGLOG", "RL.GCRA"];
     for (k, cmd) in keys.iter().zip(singles) {
         let r = lim(&mut c, &format!("{cmd} {k} 10 1m COST 0"));
         assert_eq!(r[2], 7, "{k} after COST 3: {r:?}");
@@ -386,20 +269,13 @@ fn cost_dryrun_and_peek_apply_to_every_limit() {
         let twin = format!("twin:{k}");
         clock_set(&mut c, T0_US);
         lim(&mut c, &format!("{cmd} {twin} 10 1m COST 3"));
-        assert_eq!(
-            dump(&mut c, k),
-            dump(&mut c, &twin),
-            "{k}: RL.MULTI COST 3 vs single {cmd} COST 3"
-        );
+        assert_eq!(dump(&mut c, k), dump(&mut c, &twin), "{k}: RL.MULTI COST 3 vs single {cmd} COST 3");
     }
 
     clock_advance(&mut c, 1_000_000);
     // DRYRUN: the reply of a real call, nothing written.
     let before = states(&mut c, &keys);
-    let dry = multi(
-        &mut c,
-        &format!("RL.MULTI 6 a b c d e f {spec} COST 4 DRYRUN"),
-    );
+    let dry = multi(&mut c, &format!("RL.MULTI 6 a b c d e f {spec} COST 4 DRYRUN"));
     assert_eq!(states(&mut c, &keys), before, "DRYRUN changed a key");
     assert_eq!(dry.allowed, 4);
     let real = multi(&mut c, &format!("RL.MULTI 6 a b c d e f {spec} COST 4"));
@@ -408,10 +284,7 @@ fn cost_dryrun_and_peek_apply_to_every_limit() {
 
     // DRYRUN refused: same reply as a real refused call.
     let before = states(&mut c, &keys);
-    let dry = multi(
-        &mut c,
-        &format!("RL.MULTI 6 a b c d e f {spec} COST 5 DRYRUN"),
-    );
+    let dry = multi(&mut c, &format!("RL.MULTI 6 a b c d e f {spec} COST 5 DRYRUN"));
     let real = multi(&mut c, &format!("RL.MULTI 6 a b c d e f {spec} COST 5"));
     assert_eq!(dry, real);
     assert_eq!(dry.allowed, 0);
@@ -421,26 +294,12 @@ fn cost_dryrun_and_peek_apply_to_every_limit() {
     let peek = multi(&mut c, &format!("RL.MULTI 6 a b c d e f {spec} COST 0"));
     assert_eq!((peek.allowed, peek.retry), (0, -1));
     for ((k, cmd), r) in keys.iter().zip(singles).zip(&peek.limits) {
-        assert_eq!(
-            r,
-            &lim(&mut c, &format!("{cmd} {k} 10 1m COST 0")),
-            "{k}: peek via RL.MULTI vs single"
-        );
+        assert_eq!(r, &lim(&mut c, &format!("{cmd} {k} 10 1m COST 0")), "{k}: peek via RL.MULTI vs single");
     }
     assert_eq!(states(&mut c, &keys), before);
     // A peek on missing keys creates nothing.
-    let peek = multi(
-        &mut c,
-        "RL.MULTI 2 m1 m2 GCRA 10 1m SLIDINGLOG 10 1m COST 0",
-    );
-    assert_eq!(
-        peek,
-        Multi {
-            allowed: 0,
-            retry: -1,
-            limits: vec![vec![0, 10, 10, -1, 0], vec![0, 10, 10, -1, 0]]
-        }
-    );
+    let peek = multi(&mut c, "RL.MULTI 2 m1 m2 GCRA 10 1m SLIDINGLOG 10 1m COST 0");
+    assert_eq!(peek, Multi { allowed: 0, retry: -1, limits: vec![vec![0, 10, 10, -1, 0], vec![0, 10, 10, -1, 0]] });
     assert!(!exists(&mut c, "m1") && !exists(&mut c, "m2"));
 }
 
@@ -476,16 +335,10 @@ fn argument_errors() {
     for (line, needle) in cases {
         let e = run_err(&mut c, line);
         assert!(e.starts_with("ERR "), "`{line}`: {e}");
-        assert!(
-            e.to_lowercase().contains(&needle.to_lowercase()),
-            "`{line}`: error {e:?} should mention {needle:?}"
-        );
+        assert!(e.to_lowercase().contains(&needle.to_lowercase()), "`{line}`: error {e:?} should mention {needle:?}");
     }
     let e = run_err(&mut c, "RL.MULTI");
-    assert!(
-        e.starts_with("ERR") && e.contains("wrong number of arguments"),
-        "{e}"
-    );
+    assert!(e.starts_with("ERR") && e.contains("wrong number of arguments"), "{e}");
     let n: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
     assert_eq!(n, 0, "a failed RL.MULTI wrote a key");
 
@@ -501,10 +354,7 @@ fn argument_errors() {
     assert!(!exists(&mut c, "a"), "a WRONGTYPE RL.MULTI wrote key a");
     assert_eq!(states(&mut c, &["f"]), before);
     // Correct algorithm: fine.
-    assert_eq!(
-        multi(&mut c, "RL.MULTI 2 a f GCRA 5 1m FIXED 5 1m").allowed,
-        1
-    );
+    assert_eq!(multi(&mut c, "RL.MULTI 2 a f GCRA 5 1m FIXED 5 1m").allowed, 1);
 }
 
 #[test]
@@ -514,30 +364,16 @@ fn algorithm_keywords_and_options_are_case_insensitive() {
     clock_set(&mut c, T0_US);
     let upper = "GCRA 5 1m BURST 7 TOKENBUCKET 5 1m SLIDING 5 1m SLIDINGLOG 5 1m FIXED 5 1m LEAKY 5 1m BURST 3";
     let mixed = "gcra 5 1M burst 7 TokenBucket 5 1m sliding 5 1m SlidingLog 5 1m fixed 5 1m Leaky 5 1m Burst 3";
-    for (round, opts) in [
-        ("COST 2", "cost 2"),
-        ("COST 9 PARTIAL", "partial Cost 9"),
-        ("DRYRUN", "dryRun"),
-        ("COST 0", "CoSt 0"),
-    ]
-    .iter()
-    .enumerate()
+    for (round, opts) in
+        [("COST 2", "cost 2"), ("COST 9 PARTIAL", "partial Cost 9"), ("DRYRUN", "dryRun"), ("COST 0", "CoSt 0")]
+            .iter()
+            .enumerate()
     {
-        let a = multi(
-            &mut c,
-            &format!("RL.MULTI 6 u1 u2 u3 u4 u5 u6 {upper} {}", opts.0),
-        );
-        let b = multi(
-            &mut c,
-            &format!("RL.MULTI 6 m1 m2 m3 m4 m5 m6 {mixed} {}", opts.1),
-        );
+        let a = multi(&mut c, &format!("RL.MULTI 6 u1 u2 u3 u4 u5 u6 {upper} {}", opts.0));
+        let b = multi(&mut c, &format!("RL.MULTI 6 m1 m2 m3 m4 m5 m6 {mixed} {}", opts.1));
         assert_eq!(a, b, "round {round}: {} vs {}", opts.0, opts.1);
         for i in 1..=6 {
-            assert_eq!(
-                dump(&mut c, &format!("u{i}")),
-                dump(&mut c, &format!("m{i}")),
-                "round {round}, key {i}"
-            );
+            assert_eq!(dump(&mut c, &format!("u{i}")), dump(&mut c, &format!("m{i}")), "round {round}, key {i}");
         }
         clock_advance(&mut c, 2_000_000);
     }
@@ -552,8 +388,7 @@ fn algorithm_keywords_and_options_are_case_insensitive() {
 #[test]
 fn resp3_reply_is_a_map() {
     let s = Server::start();
-    let client =
-        redis::Client::open(format!("redis://127.0.0.1:{}/?protocol=resp3", s.port)).unwrap();
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}/?protocol=resp3", s.port)).unwrap();
     let mut c3 = client.get_connection().unwrap();
     let mut c2 = s.conn();
     clock_set(&mut c2, T0_US);
@@ -572,27 +407,9 @@ fn resp3_reply_is_a_map() {
             other => panic!("expected a RESP3 map, got {other:?}"),
         }
     }
-    let fields5 = [
-        "allowed",
-        "limit",
-        "remaining",
-        "retry_after_ms",
-        "reset_after_ms",
-    ];
-    let fields6 = [
-        "allowed",
-        "limit",
-        "remaining",
-        "retry_after_ms",
-        "reset_after_ms",
-        "delay_ms",
-    ];
-    let check = |c3: &mut Connection,
-                 c2: &mut Connection,
-                 k3: &str,
-                 k2: &str,
-                 rest: &str,
-                 algos: &[&str]| {
+    let fields5 = ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms"];
+    let fields6 = ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms"];
+    let check = |c3: &mut Connection, c2: &mut Connection, k3: &str, k2: &str, rest: &str, algos: &[&str]| {
         let n = algos.len();
         let v3 = run(c3, &format!("RL.MULTI {n} {k3} {rest}"));
         let v2 = multi(c2, &format!("RL.MULTI {n} {k2} {rest}"));
@@ -601,9 +418,7 @@ fn resp3_reply_is_a_map() {
         assert_eq!(names, ["allowed", "retry_after_ms", "limits"], "{v3:?}");
         assert_eq!(m[0].1, Value::Int(v2.allowed));
         assert_eq!(m[1].1, Value::Int(v2.retry));
-        let Value::Array(limits) = &m[2].1 else {
-            panic!("limits is not an array: {v3:?}")
-        };
+        let Value::Array(limits) = &m[2].1 else { panic!("limits is not an array: {v3:?}") };
         assert_eq!(limits.len(), n);
         for ((l, algo), r2) in limits.iter().zip(algos).zip(&v2.limits) {
             let lm = as_map(l);
@@ -617,66 +432,25 @@ fn resp3_reply_is_a_map() {
     let algos = ["GCRA", "LEAKY", "SLIDINGLOG"];
     let rest = "GCRA 2 1m LEAKY 2 1m SLIDINGLOG 2 1m";
     check(&mut c3, &mut c2, "a b c", "x y z", rest, &algos); // admitted
-    check(
-        &mut c3,
-        &mut c2,
-        "a b c",
-        "x y z",
-        &format!("{rest} COST 0"),
-        &algos,
-    ); // peek
-    check(
-        &mut c3,
-        &mut c2,
-        "a b c",
-        "x y z",
-        &format!("{rest} COST 2"),
-        &algos,
-    ); // refused
-    check(
-        &mut c3,
-        &mut c2,
-        "a b c",
-        "x y z",
-        &format!("{rest} COST 2 PARTIAL"),
-        &algos,
-    ); // partial
-    check(
-        &mut c3,
-        &mut c2,
-        "a b c",
-        "x y z",
-        &format!("{rest} COST 3"),
-        &algos,
-    ); // never
+    check(&mut c3, &mut c2, "a b c", "x y z", &format!("{rest} COST 0"), &algos); // peek
+    check(&mut c3, &mut c2, "a b c", "x y z", &format!("{rest} COST 2"), &algos); // refused
+    check(&mut c3, &mut c2, "a b c", "x y z", &format!("{rest} COST 2 PARTIAL"), &algos); // partial
+    check(&mut c3, &mut c2, "a b c", "x y z", &format!("{rest} COST 3"), &algos); // never
     let algos = ["TOKENBUCKET", "SLIDING", "FIXED"];
-    check(
-        &mut c3,
-        &mut c2,
-        "d e f",
-        "u v w",
-        "TOKENBUCKET 1 1m SLIDING 1 1m FIXED 1 1m DRYRUN",
-        &algos,
-    );
+    check(&mut c3, &mut c2, "d e f", "u v w", "TOKENBUCKET 1 1m SLIDING 1 1m FIXED 1 1m DRYRUN", &algos);
 }
 
 #[test]
 fn command_getkeys_reports_the_keys() {
     let s = Server::start();
     let mut c = s.conn();
-    let keys: Vec<String> = cmd_of(&words("COMMAND GETKEYS RL.MULTI 2 a b GCRA 1 1 FIXED 1 1"))
-        .query(&mut c)
-        .unwrap();
+    let keys: Vec<String> = cmd_of(&words("COMMAND GETKEYS RL.MULTI 2 a b GCRA 1 1 FIXED 1 1")).query(&mut c).unwrap();
     assert_eq!(keys, vec!["a", "b"]);
-    let keys: Vec<String> = cmd_of(&words(
-        "COMMAND GETKEYS RL.MULTI 3 x GCRA y GCRA 1 1 SLIDING 1 1 LEAKY 1 1 COST 2",
-    ))
-    .query(&mut c)
-    .unwrap();
-    assert_eq!(keys, vec!["x", "GCRA", "y"]);
-    let keys: Vec<String> = cmd_of(&words("COMMAND GETKEYS RL.MULTI 1 k gcra 1 1"))
+    let keys: Vec<String> = cmd_of(&words("COMMAND GETKEYS RL.MULTI 3 x GCRA y GCRA 1 1 SLIDING 1 1 LEAKY 1 1 COST 2"))
         .query(&mut c)
         .unwrap();
+    assert_eq!(keys, vec!["x", "GCRA", "y"]);
+    let keys: Vec<String> = cmd_of(&words("COMMAND GETKEYS RL.MULTI 1 k gcra 1 1")).query(&mut c).unwrap();
     assert_eq!(keys, vec!["k"]);
 }
 
@@ -684,9 +458,7 @@ fn command_getkeys_reports_the_keys() {
 fn acl_key_patterns_cover_every_key() {
     let s = Server::start();
     let mut admin = s.conn();
-    let _: () = cmd_of(&words("ACL SETUSER t1 on >pw ~{t1}:* +@all"))
-        .query(&mut admin)
-        .unwrap();
+    let _: () = cmd_of(&words("ACL SETUSER t1 on >pw ~{t1}:* +@all")).query(&mut admin).unwrap();
     let client = redis::Client::open(format!("redis://t1:pw@127.0.0.1:{}/", s.port)).unwrap();
     let mut c = client.get_connection().unwrap();
     let who: String = redis::cmd("ACL").arg("WHOAMI").query(&mut c).unwrap();
@@ -704,19 +476,13 @@ fn acl_key_patterns_cover_every_key() {
         assert!(e.starts_with("NOPERM"), "`{line}` as t1: {e}");
     }
     for k in ["{t1}:a", "{t1}:c", "{t2}:b", "other"] {
-        assert!(
-            !exists(&mut admin, k),
-            "{k} was written by a refused command"
-        );
+        assert!(!exists(&mut admin, k), "{k} was written by a refused command");
     }
     let m = multi(&mut c, "RL.MULTI 2 {t1}:a {t1}:b GCRA 1 1m GCRA 1 1m");
     assert_eq!(m.allowed, 1);
     assert!(exists(&mut admin, "{t1}:a") && exists(&mut admin, "{t1}:b"));
     // The default user may touch anything.
-    assert_eq!(
-        multi(&mut admin, "RL.MULTI 2 {t1}:c {t2}:b GCRA 1 1m GCRA 1 1m").allowed,
-        1
-    );
+    assert_eq!(multi(&mut admin, "RL.MULTI 2 {t1}:c {t2}:b GCRA 1 1m GCRA 1 1m").allowed, 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -726,10 +492,7 @@ fn acl_key_patterns_cover_every_key() {
 #[test]
 fn replica_identical_after_random_multi_traffic() {
     let primary = Server::start();
-    let replica = Server::start_with(Opts {
-        replica_of: Some(primary.port),
-        ..Default::default()
-    });
+    let replica = Server::start_with(Opts { replica_of: Some(primary.port), ..Default::default() });
     wait_replica_synced(&primary, &replica);
     let mut p = primary.conn();
     clock_set(&mut p, T0_US);
@@ -749,22 +512,13 @@ fn replica_identical_after_random_multi_traffic() {
             }
             s
         } else {
-            format!(
-                "{} {} {}",
-                algo,
-                rng.pick(&[1, 3, 10, 50]),
-                rng.pick(&["1m", "5m", "1h", "30s", "10s"])
-            )
+            format!("{} {} {}", algo, rng.pick(&[1, 3, 10, 50]), rng.pick(&["1m", "5m", "1h", "30s", "10s"]))
         }
     };
     let (mut admitted, mut refused) = (0, 0);
     for _ in 0..2500 {
         if rng.chance(35) {
-            let d = if rng.chance(12) {
-                -rng.range(1, 4_000_000)
-            } else {
-                rng.range(0, 15_000_000)
-            };
+            let d = if rng.chance(12) { -rng.range(1, 4_000_000) } else { rng.range(0, 15_000_000) };
             clock_advance(&mut p, d);
         }
         let n = rng.range(1, 4) as usize;
@@ -809,27 +563,16 @@ fn replica_identical_after_random_multi_traffic() {
             run(&mut p, &format!("RL.RESET {{t}}:k{j}"));
         }
     }
-    assert!(
-        admitted > 300 && refused > 100,
-        "admitted {admitted}, refused {refused}"
-    );
+    assert!(admitted > 300 && refused > 100, "admitted {admitted}, refused {refused}");
     wait_replica_synced(&primary, &replica);
     let mut r = replica.conn();
     let sp = snapshot(&mut p);
     let sr = snapshot(&mut r);
-    let n = assert_same(
-        &sp,
-        &sr,
-        now_ms(),
-        "primary vs replica after RL.MULTI traffic",
-    );
+    let n = assert_same(&sp, &sr, now_ms(), "primary vs replica after RL.MULTI traffic");
     assert!(n >= 12, "only {n} keys compared");
     let stats = replica.info("commandstats");
     assert!(stats.contains("cmdstat_rl.setstate:"), "{stats}");
-    assert!(
-        !stats.contains("cmdstat_rl.multi:"),
-        "the replica ran RL.MULTI itself:\n{stats}"
-    );
+    assert!(!stats.contains("cmdstat_rl.multi:"), "the replica ran RL.MULTI itself:\n{stats}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -837,33 +580,17 @@ fn replica_identical_after_random_multi_traffic() {
 // ---------------------------------------------------------------------------------------------
 
 fn keyslot(con: &mut Connection, key: &str) -> i64 {
-    redis::cmd("CLUSTER")
-        .arg("KEYSLOT")
-        .arg(key)
-        .query(con)
-        .unwrap()
+    redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query(con).unwrap()
 }
 
 /// (slot, port) of a MOVED error.
 fn moved(e: &redis::RedisError) -> (i64, u16) {
-    assert_eq!(
-        e.code(),
-        Some("MOVED"),
-        "expected MOVED, got {}",
-        err_text(e)
-    );
+    assert_eq!(e.code(), Some("MOVED"), "expected MOVED, got {}", err_text(e));
     let detail = e.detail().unwrap_or_default();
     let mut parts = detail.split_whitespace();
-    let slot: i64 = parts
-        .next()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("MOVED {detail}"));
+    let slot: i64 = parts.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("MOVED {detail}"));
     let addr = parts.next().unwrap_or_else(|| panic!("MOVED {detail}"));
-    let port: u16 = addr
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("MOVED {detail}"));
+    let port: u16 = addr.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("MOVED {detail}"));
     (slot, port)
 }
 
@@ -884,10 +611,7 @@ fn cluster_slots_moved_and_crossslot() {
     // The owner admits, all keys in one slot.
     let m = multi(&mut oc, line);
     assert_eq!(m.allowed, 1, "{m:?}");
-    assert_eq!(
-        m.limits,
-        vec![vec![1, 10, 9, -1, 6000], vec![1, 100, 99, -1, 3_600_000]]
-    );
+    assert_eq!(m.limits, vec![vec![1, 10, 9, -1, 6000], vec![1, 100, 99, -1, 3_600_000]]);
     assert!(exists(&mut oc, "{tenant}:ip") && exists(&mut oc, "{tenant}:user"));
 
     // Keys in different slots: CROSSSLOT, wherever it is sent; nothing written.
@@ -897,24 +621,14 @@ fn cluster_slots_moved_and_crossslot() {
     for n in &cluster.nodes {
         let mut c = n.conn();
         let e = try_run(&mut c, &cross).unwrap_err();
-        assert_eq!(
-            e.code(),
-            Some("CROSSSLOT"),
-            "node {}: {}",
-            n.port,
-            err_text(&e)
-        );
+        assert_eq!(e.code(), Some("CROSSSLOT"), "node {}: {}", n.port, err_text(&e));
     }
     for k in [k1, k2] {
         let mut c = cluster.primary_for_key(k.as_bytes()).conn();
         assert!(!exists(&mut c, k), "{k} written by a CROSSSLOT RL.MULTI");
     }
     // Also CROSSSLOT with a key in the owner's own slot first.
-    let e = try_run(
-        &mut oc,
-        "RL.MULTI 2 {tenant}:ip {beta}:ip GCRA 10 1m GCRA 10 1m",
-    )
-    .unwrap_err();
+    let e = try_run(&mut oc, "RL.MULTI 2 {tenant}:ip {beta}:ip GCRA 10 1m GCRA 10 1m").unwrap_err();
     assert_eq!(e.code(), Some("CROSSSLOT"), "{}", err_text(&e));
 
     // A hash-tagged RL.GCRA key followed through MOVED.
@@ -922,9 +636,7 @@ fn cluster_slots_moved_and_crossslot() {
     let mut port = cluster.nodes[0].port;
     let mut hops = 0;
     let reply = loop {
-        let node = cluster
-            .node_by_port(port)
-            .expect("MOVED to an unknown node");
+        let node = cluster.node_by_port(port).expect("MOVED to an unknown node");
         let mut c = node.conn();
         match try_run(&mut c, &format!("RL.GCRA {key} 5 1m COST 2")) {
             Ok(v) => break ints(&v),
@@ -943,10 +655,7 @@ fn cluster_slots_moved_and_crossslot() {
     let again = ints(&run(&mut c, &format!("RL.GCRA {key} 5 1m COST 0")));
     assert_eq!(again[..3], [0, 5, 3]);
     // RL.MULTI with two keys of that tag on the owner.
-    let m = multi(
-        &mut c,
-        "RL.MULTI 2 {user:42}:api {user:42}:login GCRA 5 1m FIXED 3 1h",
-    );
+    let m = multi(&mut c, "RL.MULTI 2 {user:42}:api {user:42}:login GCRA 5 1m FIXED 3 1h");
     assert_eq!(m.allowed, 1);
     assert_eq!(m.limits[0][..3], [1, 5, 2]);
 }
@@ -967,17 +676,9 @@ fn partial_never_exceeds_single_calls() {
     let mut failures = Vec::new();
     for algo in ALGOS {
         clock_set(&mut c, T0_US + rng.range(0, 9_999_999));
-        let (a, b, m) = (
-            format!("pa:{algo}"),
-            format!("pb:{algo}"),
-            format!("pm:{algo}"),
-        );
+        let (a, b, m) = (format!("pa:{algo}"), format!("pb:{algo}"), format!("pm:{algo}"));
         let bucket = matches!(algo, "GCRA" | "TOKENBUCKET" | "LEAKY");
-        let mut spec = if bucket {
-            "10 10s BURST 15".to_string()
-        } else {
-            "10 10s".to_string()
-        };
+        let mut spec = if bucket { "10 10s BURST 15".to_string() } else { "10 10s".to_string() };
         for step in 0..120 {
             let r = rng.below(100);
             let d = if r < 8 {
@@ -997,11 +698,7 @@ fn partial_never_exceeds_single_calls() {
                         rng.pick(&[5, 15, 30])
                     )
                 } else {
-                    format!(
-                        "{} {}",
-                        rng.pick(&[5, 10, 20]),
-                        rng.pick(&["10s", "5s", "20s"])
-                    )
+                    format!("{} {}", rng.pick(&[5, 10, 20]), rng.pick(&["10s", "5s", "20s"]))
                 };
             }
             let cap: i64 = {
@@ -1017,14 +714,9 @@ fn partial_never_exceeds_single_calls() {
             let ra = lim(&mut c, &format!("RL.{algo} {a} {spec} COST {n} PARTIAL"));
             let g = ra[0];
             // RL.MULTI with that one limit answers exactly as the single-key command.
-            let rm = multi(
-                &mut c,
-                &format!("RL.MULTI 1 {m} {algo} {spec} COST {n} PARTIAL"),
-            );
+            let rm = multi(&mut c, &format!("RL.MULTI 1 {m} {algo} {spec} COST {n} PARTIAL"));
             if rm.limits[0] != ra || rm.allowed != g || rm.retry != ra[3] {
-                failures.push(format!(
-                    "{algo} step {step}: RL.MULTI 1 {rm:?} vs single {ra:?}"
-                ));
+                failures.push(format!("{algo} step {step}: RL.MULTI 1 {rm:?} vs single {ra:?}"));
             }
             let mut admitted = 0;
             for _ in 0..n {
@@ -1039,9 +731,7 @@ fn partial_never_exceeds_single_calls() {
                 failures.push(format!("PARTIAL granted less than single calls: {ctx}"));
             }
             if g != n.min(peek_a[2]) {
-                failures.push(format!(
-                    "PARTIAL grant is not min(COST, remaining before): {ctx}"
-                ));
+                failures.push(format!("PARTIAL grant is not min(COST, remaining before): {ctx}"));
             }
             if g == 0 && ra[3] <= 0 {
                 failures.push(format!("PARTIAL refused without a retry_after: {ctx}"));
@@ -1049,14 +739,10 @@ fn partial_never_exceeds_single_calls() {
             let pa = lim(&mut c, &format!("RL.{algo} {a} {spec} COST 0"));
             let pb = lim(&mut c, &format!("RL.{algo} {b} {spec} COST 0"));
             if pa != pb {
-                failures.push(format!(
-                    "after the step, peeks differ: A {pa:?} vs B {pb:?}: {ctx}"
-                ));
+                failures.push(format!("after the step, peeks differ: A {pa:?} vs B {pb:?}: {ctx}"));
             }
             if dump(&mut c, &a) != dump(&mut c, &m) {
-                failures.push(format!(
-                    "after the step, RL.MULTI's key and the single-key command's key differ: {ctx}"
-                ));
+                failures.push(format!("after the step, RL.MULTI's key and the single-key command's key differ: {ctx}"));
             }
             if !failures.is_empty() {
                 break;

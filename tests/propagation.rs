@@ -35,7 +35,16 @@ fn traffic(con: &mut Connection, round: u64, keys: u64) {
         p.cmd("RL.FIXED").arg(format!("f:{i}")).arg(100).arg("1d");
         p.cmd("RL.SLIDINGLOG").arg(format!("o:{i}")).arg(100).arg("1d").arg("COST").arg(cost);
         p.cmd("CL.THROTTLE").arg(format!("c:{i}")).arg(99).arg(100).arg(86400).arg(cost);
-        p.cmd("RL.MULTI").arg(2).arg(format!("m1:{i}")).arg(format!("m2:{i}")).arg("GCRA").arg(50).arg("1d").arg("FIXED").arg(50).arg("1d");
+        p.cmd("RL.MULTI")
+            .arg(2)
+            .arg(format!("m1:{i}"))
+            .arg(format!("m2:{i}"))
+            .arg("GCRA")
+            .arg(50)
+            .arg("1d")
+            .arg("FIXED")
+            .arg(50)
+            .arg("1d");
         if round % 2 == 1 {
             p.cmd("RL.RETURN").arg(format!("g:{i}")).arg(1).arg("AGE").arg(0);
         }
@@ -183,10 +192,7 @@ fn a_partial_resync_after_a_disconnection_keeps_the_state() {
 fn a_primary_restarted_from_its_rdb_propagates_before_its_replica_returns() {
     // The RDB is written at shutdown (a save point), after the last bytes sent to the replica,
     // so that its offset is the replica's and the replica can resynchronize partially.
-    let mut primary = Server::start_with(Opts {
-        extra: vec![("save".into(), "3600 1".into())],
-        ..Default::default()
-    });
+    let mut primary = Server::start_with(Opts { extra: vec![("save".into(), "3600 1".into())], ..Default::default() });
     let replica = Server::start();
     attach(&replica, &primary);
     wait_replica_synced(&primary, &replica);

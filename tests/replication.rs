@@ -14,9 +14,7 @@ use redis::{Connection, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use traffic::{
-    assert_same, clock_get, clock_set, cmd_of, err_text, now_ms, snapshot, Rng, ALGOS,
-};
+use traffic::{assert_same, clock_get, clock_set, cmd_of, err_text, now_ms, snapshot, Rng, ALGOS};
 use values::ints;
 
 // ---------------------------------------------------------------------------------------------
@@ -27,24 +25,15 @@ use values::ints;
 const T0_US: i64 = 1_699_999_200_000_000;
 
 fn run(con: &mut Connection, args: &[String]) -> Value {
-    cmd_of(args)
-        .query::<Value>(con)
-        .unwrap_or_else(|e| panic!("{} failed: {}", args.join(" "), err_text(&e)))
+    cmd_of(args).query::<Value>(con).unwrap_or_else(|e| panic!("{} failed: {}", args.join(" "), err_text(&e)))
 }
 
 fn info_field(info: &str, field: &str) -> Option<String> {
-    info.lines().find_map(|l| {
-        l.strip_prefix(field)
-            .and_then(|r| r.strip_prefix(':'))
-            .map(|v| v.trim().to_string())
-    })
+    info.lines().find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')).map(|v| v.trim().to_string()))
 }
 
 fn repl_offset(s: &Server) -> i64 {
-    info_field(&s.info("replication"), "master_repl_offset")
-        .expect("master_repl_offset")
-        .parse()
-        .unwrap()
+    info_field(&s.info("replication"), "master_repl_offset").expect("master_repl_offset").parse().unwrap()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -61,28 +50,8 @@ fn is_bucket(algo: &str) -> bool {
 /// inline field).
 fn random_spec(rng: &mut Rng, algo: &str, wild: bool) -> Vec<String> {
     if wild {
-        let limit = *rng.pick(&[
-            1u64,
-            7,
-            1000,
-            2047,
-            2048,
-            65536,
-            1_000_000,
-            1_000_000_000_000,
-            1_000_000_000_000_000,
-        ]);
-        let period = *rng.pick(&[
-            "1us",
-            "999us",
-            "1ms",
-            "1s",
-            "1h",
-            "1d",
-            "36525d",
-            "3600000000us",
-            "7s",
-        ]);
+        let limit = *rng.pick(&[1u64, 7, 1000, 2047, 2048, 65536, 1_000_000, 1_000_000_000_000, 1_000_000_000_000_000]);
+        let period = *rng.pick(&["1us", "999us", "1ms", "1s", "1h", "1d", "36525d", "3600000000us", "7s"]);
         let mut v = vec![limit.to_string(), period.to_string()];
         if is_bucket(algo) && rng.chance(40) {
             // At most twice the limit: a refill never takes more than 200 years.
@@ -99,18 +68,7 @@ fn random_spec(rng: &mut Rng, algo: &str, wild: bool) -> Vec<String> {
     }
     if is_bucket(algo) {
         let limit = *rng.pick(&[1u64, 2, 3, 5, 10, 20, 100]);
-        let period = *rng.pick(&[
-            "60",
-            "1m",
-            "90s",
-            "10m",
-            "1h",
-            "3600000ms",
-            "600s",
-            "5s",
-            "2500ms",
-            "86400000000us",
-        ]);
+        let period = *rng.pick(&["60", "1m", "90s", "10m", "1h", "3600000ms", "600s", "5s", "2500ms", "86400000000us"]);
         let mut v = vec![limit.to_string(), period.to_string()];
         if rng.chance(40) {
             v.push("BURST".into());
@@ -136,23 +94,12 @@ fn random_options(rng: &mut Rng, capacity: u64, wild: bool) -> Vec<String> {
     let mut opts: Vec<Vec<String>> = Vec::new();
     let r = rng.below(100);
     if wild && r < 25 {
-        let cost = *rng.pick(&[
-            2046u64,
-            2047,
-            2048,
-            4095,
-            100_000,
-            capacity,
-            capacity.saturating_sub(1).max(1),
-        ]);
+        let cost = *rng.pick(&[2046u64, 2047, 2048, 4095, 100_000, capacity, capacity.saturating_sub(1).max(1)]);
         opts.push(vec!["COST".into(), cost.to_string()]);
     } else if r < 8 {
         opts.push(vec!["COST".into(), "0".into()]);
     } else if r < 40 {
-        opts.push(vec![
-            "COST".into(),
-            rng.range(1, capacity as i64 + 2).to_string(),
-        ]);
+        opts.push(vec!["COST".into(), rng.range(1, capacity as i64 + 2).to_string()]);
     } else if r < 45 {
         opts.push(vec!["cost".into(), "1".into()]);
     }
@@ -160,9 +107,7 @@ fn random_options(rng: &mut Rng, capacity: u64, wild: bool) -> Vec<String> {
         opts.push(vec![if rng.chance(50) { "DRYRUN" } else { "dryrun" }.into()]);
     }
     if rng.chance(25) {
-        opts.push(vec![
-            if rng.chance(50) { "PARTIAL" } else { "Partial" }.into()
-        ]);
+        opts.push(vec![if rng.chance(50) { "PARTIAL" } else { "Partial" }.into()]);
     }
     // Shuffle.
     for i in (1..opts.len()).rev() {
@@ -201,11 +146,7 @@ fn traffic(con: &mut Connection, rng: &mut Rng, calls: usize, prefix: &str, wild
     for i in 0..3 {
         let key = format!("{prefix}:cl:s{i}");
         let tat_ns = (now_us - 1_000_000 * i as i64) * 1_000;
-        let _: () = redis::cmd("SET")
-            .arg(&key)
-            .arg(tat_ns.to_string())
-            .query(con)
-            .unwrap();
+        let _: () = redis::cmd("SET").arg(&key).arg(tat_ns.to_string()).query(con).unwrap();
         t.keys.insert(key);
     }
     for _ in 0..calls {
@@ -225,12 +166,7 @@ fn traffic(con: &mut Connection, rng: &mut Rng, calls: usize, prefix: &str, wild
             } else {
                 rng.range(0, 20_000_000)
             };
-            let _: () = redis::cmd("RL.DEBUG")
-                .arg("CLOCK")
-                .arg("ADVANCE")
-                .arg(delta_us)
-                .query(con)
-                .unwrap();
+            let _: () = redis::cmd("RL.DEBUG").arg("CLOCK").arg("ADVANCE").arg(delta_us).query(con).unwrap();
         }
         let kind = rng.below(100);
         let args: Vec<String>;
@@ -260,25 +196,12 @@ fn traffic(con: &mut Connection, rng: &mut Rng, calls: usize, prefix: &str, wild
                 let count = *rng.pick(&[1u64, 1000, 1_000_000_000_000]);
                 // max_burst + 1 at most twice the count: a refill never takes more than 200 years.
                 let burst = *rng.pick(&[0u64, 2046, 2047, 1_000_000]);
-                (
-                    burst.min(2 * count - 1),
-                    count,
-                    *rng.pick(&[1u64, 3600, 86_400 * 36_525]),
-                )
+                (burst.min(2 * count - 1), count, *rng.pick(&[1u64, 3600, 86_400 * 36_525]))
             } else {
-                (
-                    *rng.pick(&[0u64, 1, 4, 9, 19]),
-                    *rng.pick(&[1u64, 2, 5, 10, 30]),
-                    *rng.pick(&[10u64, 60, 600, 3600]),
-                )
+                (*rng.pick(&[0u64, 1, 4, 9, 19]), *rng.pick(&[1u64, 2, 5, 10, 30]), *rng.pick(&[10u64, 60, 600, 3600]))
             };
-            let mut a = vec![
-                "CL.THROTTLE".to_string(),
-                key.clone(),
-                burst.to_string(),
-                count.to_string(),
-                period.to_string(),
-            ];
+            let mut a =
+                vec!["CL.THROTTLE".to_string(), key.clone(), burst.to_string(), count.to_string(), period.to_string()];
             if rng.chance(60) {
                 a.push(rng.range(0, burst as i64 + 3).to_string());
             }
@@ -305,11 +228,7 @@ fn traffic(con: &mut Connection, rng: &mut Rng, calls: usize, prefix: &str, wild
                 }
                 let spec = &specs[key];
                 cap = cap.min(spec_capacity(spec));
-                a.push(if rng.chance(20) {
-                    algo.to_lowercase()
-                } else {
-                    algo.to_string()
-                });
+                a.push(if rng.chance(20) { algo.to_lowercase() } else { algo.to_string() });
                 a.extend(spec.iter().cloned());
             }
             a.extend(random_options(rng, cap, wild));
@@ -323,27 +242,18 @@ fn traffic(con: &mut Connection, rng: &mut Rng, calls: usize, prefix: &str, wild
             }
             let key = (*rng.pick(&all)).clone();
             let v = run(con, &["RL.RESET".to_string(), key]);
-            assert!(
-                matches!(v, Value::Int(0) | Value::Int(1)),
-                "RL.RESET reply {v:?}"
-            );
+            assert!(matches!(v, Value::Int(0) | Value::Int(1)), "RL.RESET reply {v:?}");
             t.calls += 1;
             continue;
         }
         let v = run(con, &args);
-        let Value::Array(items) = &v else {
-            panic!("{}: unexpected reply {v:?}", args.join(" "))
-        };
+        let Value::Array(items) = &v else { panic!("{}: unexpected reply {v:?}", args.join(" ")) };
         assert_eq!(items.len(), expect_len, "{}: reply {v:?}", args.join(" "));
         let first = match &items[0] {
             Value::Int(i) => *i,
             other => panic!("{}: reply {other:?}", args.join(" ")),
         };
-        let admitted = if args[0] == "CL.THROTTLE" {
-            first == 0
-        } else {
-            first > 0
-        };
+        let admitted = if args[0] == "CL.THROTTLE" { first == 0 } else { first > 0 };
         if admitted {
             t.admitted += 1;
         } else {
@@ -377,10 +287,7 @@ fn rl_info(con: &mut Connection, key: &str) -> Vec<(String, Value)> {
 }
 
 fn without_ttl(info: &[(String, Value)]) -> Vec<(String, Value)> {
-    info.iter()
-        .filter(|(k, _)| k != "ttl_ms")
-        .cloned()
-        .collect()
+    info.iter().filter(|(k, _)| k != "ttl_ms").cloned().collect()
 }
 
 fn ttl_of(info: &[(String, Value)]) -> i64 {
@@ -408,16 +315,8 @@ fn contains_ci(hay: &[u8], needle: &str) -> bool {
     hay.windows(n.len()).any(|w| w.to_ascii_lowercase() == n)
 }
 
-const CHECK_COMMANDS: [&str; 8] = [
-    "RL.GCRA",
-    "RL.TOKENBUCKET",
-    "RL.LEAKY",
-    "RL.SLIDING",
-    "RL.FIXED",
-    "RL.SLIDINGLOG",
-    "CL.THROTTLE",
-    "RL.MULTI",
-];
+const CHECK_COMMANDS: [&str; 8] =
+    ["RL.GCRA", "RL.TOKENBUCKET", "RL.LEAKY", "RL.SLIDING", "RL.FIXED", "RL.SLIDINGLOG", "CL.THROTTLE", "RL.MULTI"];
 
 fn wait_aof_rewrite_done(s: &Server) {
     wait_until(Duration::from_secs(15), "AOF rewrite to finish", || {
@@ -426,11 +325,7 @@ fn wait_aof_rewrite_done(s: &Server) {
             && info_field(&info, "aof_rewrite_scheduled").as_deref() == Some("0")
     });
     let info = s.info("persistence");
-    assert_eq!(
-        info_field(&info, "aof_last_bgrewrite_status").as_deref(),
-        Some("ok"),
-        "{info}"
-    );
+    assert_eq!(info_field(&info, "aof_last_bgrewrite_status").as_deref(), Some("ok"), "{info}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -444,11 +339,7 @@ fn wait_aof_rewrite_done(s: &Server) {
 fn replica_holds_identical_state_after_random_traffic() {
     let start = Instant::now();
     let primary = Server::start();
-    let replica = Server::start_with(Opts {
-        replica_of: Some(primary.port),
-        appendonly: true,
-        ..Default::default()
-    });
+    let replica = Server::start_with(Opts { replica_of: Some(primary.port), appendonly: true, ..Default::default() });
     wait_replica_synced(&primary, &replica);
     // Let the replica's initial AOF rewrite (after the full sync) finish first.
     wait_aof_rewrite_done(&replica);
@@ -457,30 +348,17 @@ fn replica_holds_identical_state_after_random_traffic() {
     clock_set(&mut p, T0_US);
     let mut rng = Rng::new(0x5EED_0001);
     let t = random_traffic(&mut p, &mut rng, 4000, "rep");
-    assert!(
-        t.admitted > 500 && t.limited > 100,
-        "traffic too one-sided: {t:?}"
-    );
+    assert!(t.admitted > 500 && t.limited > 100, "traffic too one-sided: {t:?}");
     let w = wild_traffic(&mut p, &mut rng, 2000, "wild");
-    assert!(
-        w.admitted > 300 && w.limited > 50,
-        "wild traffic too one-sided: {w:?}"
-    );
+    assert!(w.admitted > 300 && w.limited > 50, "wild traffic too one-sided: {w:?}");
     wait_replica_synced(&primary, &replica);
 
     let mut r = replica.conn();
     let sp = snapshot(&mut p);
     let sr = snapshot(&mut r);
     let compared = assert_same(&sp, &sr, now_ms(), "primary vs replica");
-    assert!(
-        compared >= 40,
-        "only {compared} keys compared (primary has {}): {t:?}",
-        sp.len()
-    );
-    let rl_keys = sp
-        .keys()
-        .filter(|k| !String::from_utf8_lossy(k).contains(":cl:s"))
-        .count();
+    assert!(compared >= 40, "only {compared} keys compared (primary has {}): {t:?}", sp.len());
+    let rl_keys = sp.keys().filter(|k| !String::from_utf8_lossy(k).contains(":cl:s")).count();
     assert!(rl_keys >= 40, "too few keys left: {rl_keys}");
 
     // RL.INFO: same fields and values when both clocks read the same instant (ttl_ms is on
@@ -494,62 +372,39 @@ fn replica_holds_identical_state_after_random_traffic() {
         if ip.is_empty() || ir.is_empty() {
             continue; // missing (reset/expired) or a plain string
         }
-        assert_eq!(
-            without_ttl(&ip),
-            without_ttl(&ir),
-            "RL.INFO {key} differs (primary vs replica)"
-        );
+        assert_eq!(without_ttl(&ip), without_ttl(&ir), "RL.INFO {key} differs (primary vs replica)");
         let (tp, tr) = (ttl_of(&ip), ttl_of(&ir));
-        assert!(
-            (tp - tr).abs() <= 250,
-            "RL.INFO {key}: ttl_ms {tp} on the primary vs {tr} on the replica"
-        );
+        assert!((tp - tr).abs() <= 250, "RL.INFO {key}: ttl_ms {tp} on the primary vs {tr} on the replica");
         infos += 1;
     }
     assert!(infos >= 40, "only {infos} RL.INFO compared");
 
     // The stream carried RL.SETSTATE, never the check commands: replica commandstats...
     let stats = replica.info("commandstats");
-    assert!(
-        stats.contains("cmdstat_rl.setstate:calls="),
-        "replica never ran RL.SETSTATE:\n{stats}"
-    );
+    assert!(stats.contains("cmdstat_rl.setstate:calls="), "replica never ran RL.SETSTATE:\n{stats}");
     for c in CHECK_COMMANDS {
         let name = format!("cmdstat_{}:", c.to_ascii_lowercase());
-        assert!(
-            !stats.contains(&name),
-            "replica ran {c} (it must receive RL.SETSTATE only):\n{stats}"
-        );
+        assert!(!stats.contains(&name), "replica ran {c} (it must receive RL.SETSTATE only):\n{stats}");
     }
     let pstats = primary.info("commandstats");
     for c in CHECK_COMMANDS {
         let name = format!("cmdstat_{}:", c.to_ascii_lowercase());
-        assert!(
-            pstats.contains(&name),
-            "primary has no {name} (traffic did not cover {c}):\n{pstats}"
-        );
+        assert!(pstats.contains(&name), "primary has no {name} (traffic did not cover {c}):\n{pstats}");
     }
     // ...and the replica's AOF (incr files) holds RL.SETSTATE and no check command.
     let aof_dir = replica.dir.join("appendonlydir");
     let mut files = Vec::new();
-    wait_until(
-        Duration::from_secs(5),
-        "replica AOF to hold RL.SETSTATE",
-        || {
-            files = read_dir_files(&aof_dir, ".incr.aof");
-            files.iter().any(|(_, b)| contains_ci(b, "RL.SETSTATE"))
-        },
-    );
+    wait_until(Duration::from_secs(5), "replica AOF to hold RL.SETSTATE", || {
+        files = read_dir_files(&aof_dir, ".incr.aof");
+        files.iter().any(|(_, b)| contains_ci(b, "RL.SETSTATE"))
+    });
     for (name, bytes) in &files {
         for c in CHECK_COMMANDS {
             assert!(!contains_ci(bytes, c), "replica AOF {name} contains {c}");
         }
     }
     // The primary never sees RL.SETSTATE from a client here.
-    assert!(
-        !pstats.contains("cmdstat_rl.setstate:"),
-        "primary ran RL.SETSTATE:\n{pstats}"
-    );
+    assert!(!pstats.contains("cmdstat_rl.setstate:"), "primary ran RL.SETSTATE:\n{pstats}");
     eprintln!(
         "replica_holds_identical_state_after_random_traffic: {} calls ({} admitted), wild {} calls ({} admitted), {compared} keys compared, {:?}",
         t.calls,
@@ -570,10 +425,7 @@ fn dryrun_peek_and_limited_calls_propagate_nothing() {
         extra: vec![("repl-ping-replica-period".into(), "3600".into())],
         ..Default::default()
     });
-    let replica = Server::start_with(Opts {
-        replica_of: Some(primary.port),
-        ..Default::default()
-    });
+    let replica = Server::start_with(Opts { replica_of: Some(primary.port), ..Default::default() });
     wait_replica_synced(&primary, &replica);
     let mut p = primary.conn();
     clock_set(&mut p, T0_US);
@@ -588,20 +440,7 @@ fn dryrun_peek_and_limited_calls_propagate_nothing() {
         s(&["RL.FIXED", "nz:fixed", "3", "1h", "COST", "3"]),
         s(&["RL.SLIDINGLOG", "nz:log", "3", "1h", "COST", "3"]),
         s(&["CL.THROTTLE", "nz:cl", "2", "3", "3600", "3"]),
-        s(&[
-            "RL.MULTI",
-            "2",
-            "nz:m1",
-            "nz:m2",
-            "GCRA",
-            "3",
-            "1h",
-            "SLIDINGLOG",
-            "3",
-            "1h",
-            "COST",
-            "3",
-        ]),
+        s(&["RL.MULTI", "2", "nz:m1", "nz:m2", "GCRA", "3", "1h", "SLIDINGLOG", "3", "1h", "COST", "3"]),
     ];
     for a in &setups {
         let v = run(&mut p, a);
@@ -612,11 +451,7 @@ fn dryrun_peek_and_limited_calls_propagate_nothing() {
             },
             _ => panic!("{v:?}"),
         };
-        let admitted = if a[0] == "CL.THROTTLE" {
-            first == 0
-        } else {
-            first > 0
-        };
+        let admitted = if a[0] == "CL.THROTTLE" { first == 0 } else { first > 0 };
         assert!(admitted, "{}: setup call not admitted: {v:?}", a.join(" "));
     }
     wait_replica_synced(&primary, &replica);
@@ -633,88 +468,23 @@ fn dryrun_peek_and_limited_calls_propagate_nothing() {
         s(&["RL.GCRA", "nz:gcra", "3", "1h", "PARTIAL", "COST", "2"]),
         s(&["RL.SLIDINGLOG", "nz:log", "3", "1h", "COST", "9"]),
         s(&["CL.THROTTLE", "nz:cl", "2", "3", "3600", "1"]),
-        s(&[
-            "RL.MULTI",
-            "2",
-            "nz:m1",
-            "nz:m2",
-            "GCRA",
-            "3",
-            "1h",
-            "SLIDINGLOG",
-            "3",
-            "1h",
-        ]),
-        s(&[
-            "RL.MULTI",
-            "2",
-            "nz:m1",
-            "nz:fresh1",
-            "GCRA",
-            "3",
-            "1h",
-            "FIXED",
-            "3",
-            "1h",
-            "PARTIAL",
-        ]),
+        s(&["RL.MULTI", "2", "nz:m1", "nz:m2", "GCRA", "3", "1h", "SLIDINGLOG", "3", "1h"]),
+        s(&["RL.MULTI", "2", "nz:m1", "nz:fresh1", "GCRA", "3", "1h", "FIXED", "3", "1h", "PARTIAL"]),
         // peeks (on existing and on missing keys)
         s(&["RL.GCRA", "nz:gcra", "3", "1h", "COST", "0"]),
         s(&["RL.FIXED", "nz:fresh2", "3", "1h", "COST", "0"]),
         s(&["RL.LEAKY", "nz:fresh3", "3", "1h", "COST", "0"]),
         s(&["RL.SLIDINGLOG", "nz:fresh4", "3", "1h", "COST", "0"]),
         s(&["CL.THROTTLE", "nz:fresh5", "2", "3", "3600", "0"]),
-        s(&[
-            "RL.MULTI",
-            "2",
-            "nz:fresh6",
-            "nz:fresh7",
-            "TOKENBUCKET",
-            "3",
-            "1h",
-            "SLIDING",
-            "3",
-            "1h",
-            "COST",
-            "0",
-        ]),
+        s(&["RL.MULTI", "2", "nz:fresh6", "nz:fresh7", "TOKENBUCKET", "3", "1h", "SLIDING", "3", "1h", "COST", "0"]),
         // dry runs that would be admitted
         s(&["RL.GCRA", "nz:fresh8", "3", "1h", "DRYRUN"]),
-        s(&[
-            "RL.TOKENBUCKET",
-            "nz:fresh9",
-            "3",
-            "1h",
-            "DRYRUN",
-            "COST",
-            "2",
-        ]),
+        s(&["RL.TOKENBUCKET", "nz:fresh9", "3", "1h", "DRYRUN", "COST", "2"]),
         s(&["RL.LEAKY", "nz:fresh10", "3", "1h", "DRYRUN"]),
         s(&["RL.SLIDING", "nz:fresh11", "3", "1h", "DRYRUN"]),
-        s(&[
-            "RL.FIXED",
-            "nz:fresh12",
-            "3",
-            "1h",
-            "DRYRUN",
-            "PARTIAL",
-            "COST",
-            "5",
-        ]),
+        s(&["RL.FIXED", "nz:fresh12", "3", "1h", "DRYRUN", "PARTIAL", "COST", "5"]),
         s(&["RL.SLIDINGLOG", "nz:fresh13", "3", "1h", "DRYRUN"]),
-        s(&[
-            "RL.MULTI",
-            "2",
-            "nz:fresh14",
-            "nz:fresh15",
-            "LEAKY",
-            "3",
-            "1h",
-            "FIXED",
-            "3",
-            "1h",
-            "DRYRUN",
-        ]),
+        s(&["RL.MULTI", "2", "nz:fresh14", "nz:fresh15", "LEAKY", "3", "1h", "FIXED", "3", "1h", "DRYRUN"]),
         // read-only / no-op
         s(&["RL.INFO", "nz:gcra"]),
         s(&["RL.INFO", "nz:missing"]),
@@ -724,22 +494,12 @@ fn dryrun_peek_and_limited_calls_propagate_nothing() {
         let before = repl_offset(&primary);
         let v = run(&mut p, a);
         let after = repl_offset(&primary);
-        assert_eq!(
-            after,
-            before,
-            "`{}` (reply {v:?}) moved master_repl_offset from {before} to {after}",
-            a.join(" ")
-        );
+        assert_eq!(after, before, "`{}` (reply {v:?}) moved master_repl_offset from {before} to {after}", a.join(" "));
     }
     // Peeks/dry runs/limited calls left no key behind and changed nothing.
     let mut p2 = primary.conn();
     let after_snap = snapshot(&mut p2);
-    assert_same(
-        &before_snap,
-        &after_snap,
-        0,
-        "before vs after the quiet calls",
-    );
+    assert_same(&before_snap, &after_snap, 0, "before vs after the quiet calls");
     assert_eq!(before_snap.len(), after_snap.len());
 
     // An admitted call moves it.
@@ -747,10 +507,7 @@ fn dryrun_peek_and_limited_calls_propagate_nothing() {
     let v = ints(&run(&mut p, &s(&["RL.GCRA", "nz:other", "3", "1h"])));
     assert_eq!(v[0], 1);
     let after = repl_offset(&primary);
-    assert!(
-        after > before,
-        "an admitted call did not propagate anything (offset {before} → {after})"
-    );
+    assert!(after > before, "an admitted call did not propagate anything (offset {before} → {after})");
     wait_replica_synced(&primary, &replica);
 }
 
@@ -782,11 +539,7 @@ fn debug_reload_keeps_state() {
     assert!(compared >= 40, "only {compared} keys compared: {t:?}");
     for ((k, b), a) in keys.iter().zip(&ttl_before).zip(&ttl_after) {
         if *a == -2 {
-            assert!(
-                *b <= elapsed_ms + 5,
-                "{} vanished on reload with PTTL {b}",
-                String::from_utf8_lossy(k)
-            );
+            assert!(*b <= elapsed_ms + 5, "{} vanished on reload with PTTL {b}", String::from_utf8_lossy(k));
             continue;
         }
         if *b == -1 {
@@ -806,10 +559,7 @@ fn debug_reload_keeps_state() {
 /// RL.SETSTATE) then more traffic, restart → identical.
 #[test]
 fn aof_restart_and_rewrite_keep_state() {
-    let mut s = Server::start_with(Opts {
-        appendonly: true,
-        ..Default::default()
-    });
+    let mut s = Server::start_with(Opts { appendonly: true, ..Default::default() });
     let mut rng = Rng::new(0x5EED_0003);
     let mut c = s.conn();
     clock_set(&mut c, T0_US);
@@ -835,41 +585,19 @@ fn aof_restart_and_rewrite_keep_state() {
     s.restart();
     let mut c = s.conn();
     let after = snapshot(&mut c);
-    let n = assert_same(
-        &before,
-        &after,
-        now_ms(),
-        "AOF (rewritten with RDB preamble): before vs after restart",
-    );
+    let n = assert_same(&before, &after, now_ms(), "AOF (rewritten with RDB preamble): before vs after restart");
     assert!(n >= 40, "only {n} keys compared");
 
     // Rewrite as commands: the base file is made of the type's aof_rewrite output.
     clock_set(&mut c, clock + 1_000_000);
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("aof-use-rdb-preamble")
-        .arg("no")
-        .query(&mut c)
-        .unwrap();
+    let _: () = redis::cmd("CONFIG").arg("SET").arg("aof-use-rdb-preamble").arg("no").query(&mut c).unwrap();
     let _: Value = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
     wait_aof_rewrite_done(&s);
     let base = read_dir_files(&s.dir.join("appendonlydir"), ".base.aof");
-    assert_eq!(
-        base.len(),
-        1,
-        "expected one base AOF file: {:?}",
-        base.iter().map(|f| &f.0).collect::<Vec<_>>()
-    );
-    assert!(
-        contains_ci(&base[0].1, "RL.SETSTATE"),
-        "rewritten base AOF {} has no RL.SETSTATE",
-        base[0].0
-    );
+    assert_eq!(base.len(), 1, "expected one base AOF file: {:?}", base.iter().map(|f| &f.0).collect::<Vec<_>>());
+    assert!(contains_ci(&base[0].1, "RL.SETSTATE"), "rewritten base AOF {} has no RL.SETSTATE", base[0].0);
     for cmd in CHECK_COMMANDS {
-        assert!(
-            !contains_ci(&base[0].1, cmd),
-            "rewritten base AOF contains {cmd}"
-        );
+        assert!(!contains_ci(&base[0].1, cmd), "rewritten base AOF contains {cmd}");
     }
     random_traffic(&mut c, &mut rng, 600, "aof");
     let before = snapshot(&mut c);
@@ -877,12 +605,7 @@ fn aof_restart_and_rewrite_keep_state() {
     s.restart();
     let mut c = s.conn();
     let after = snapshot(&mut c);
-    let n = assert_same(
-        &before,
-        &after,
-        now_ms(),
-        "AOF (rewritten without preamble): before vs after restart",
-    );
+    let n = assert_same(&before, &after, now_ms(), "AOF (rewritten without preamble): before vs after restart");
     assert!(n >= 40, "only {n} keys compared");
     // No check command ever reached the AOF.
     for (name, bytes) in read_dir_files(&s.dir.join("appendonlydir"), ".aof") {
@@ -907,27 +630,13 @@ fn rdb_restart_dump_restore_copy_digest() {
         .iter()
         .map(|a| {
             let key = format!("rdbfix:{}", a.to_lowercase());
-            let mut args = vec![
-                format!("RL.{a}"),
-                key.clone(),
-                "5".into(),
-                "1h".into(),
-                "COST".into(),
-                "2".into(),
-            ];
+            let mut args = vec![format!("RL.{a}"), key.clone(), "5".into(), "1h".into(), "COST".into(), "2".into()];
             run(&mut c, &args);
             args.truncate(4);
             (key, args)
         })
         .collect();
-    let cl = vec![
-        "CL.THROTTLE".to_string(),
-        "rdbfix:cl".into(),
-        "9".into(),
-        "10".into(),
-        "3600".into(),
-        "3".into(),
-    ];
+    let cl = vec!["CL.THROTTLE".to_string(), "rdbfix:cl".into(), "9".into(), "10".into(), "3600".into(), "3".into()];
     run(&mut c, &cl);
     let clock = clock_get(&mut c);
 
@@ -937,12 +646,7 @@ fn rdb_restart_dump_restore_copy_digest() {
     s.restart();
     let mut c = s.conn();
     let after = snapshot(&mut c);
-    let n = assert_same(
-        &before,
-        &after,
-        now_ms(),
-        "RDB: before SAVE+restart vs after",
-    );
+    let n = assert_same(&before, &after, now_ms(), "RDB: before SAVE+restart vs after");
     assert!(n >= 40, "only {n} keys compared: {t:?}");
 
     clock_set(&mut c, clock);
@@ -952,101 +656,48 @@ fn rdb_restart_dump_restore_copy_digest() {
         // DUMP/RESTORE into a new key: same RL.INFO (the restored key has no TTL).
         let payload: Vec<u8> = redis::cmd("DUMP").arg(key).query(&mut c).unwrap();
         let new = format!("{key}:restored");
-        let _: () = redis::cmd("RESTORE")
-            .arg(&new)
-            .arg(0)
-            .arg(&payload)
-            .query(&mut c)
-            .unwrap();
+        let _: () = redis::cmd("RESTORE").arg(&new).arg(0).arg(&payload).query(&mut c).unwrap();
         let orig = rl_info(&mut c, key);
         let restored = rl_info(&mut c, &new);
         assert!(!orig.is_empty(), "RL.INFO {key} is nil");
-        assert_eq!(
-            without_ttl(&orig),
-            without_ttl(&restored),
-            "RL.INFO of {key} vs its DUMP/RESTORE copy"
-        );
+        assert_eq!(without_ttl(&orig), without_ttl(&restored), "RL.INFO of {key} vs its DUMP/RESTORE copy");
         assert_eq!(ttl_of(&restored), -1, "RESTORE with ttl 0 keeps no TTL");
         let d2: Vec<u8> = redis::cmd("DUMP").arg(&new).query(&mut c).unwrap();
         assert_eq!(d2, payload, "DUMP of the restored key differs");
         // The restored key keeps working.
-        let e: redis::RedisResult<Value> = redis::cmd("RESTORE")
-            .arg(&new)
-            .arg(0)
-            .arg(&payload)
-            .query(&mut c);
+        let e: redis::RedisResult<Value> = redis::cmd("RESTORE").arg(&new).arg(0).arg(&payload).query(&mut c);
         assert_eq!(e.unwrap_err().code(), Some("BUSYKEY"));
         // Again with the original's absolute expiry (DEBUG DIGEST-VALUE mixes in whether a
         // key has a TTL, so the digests below compare keys that both have one).
         let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(&mut c).unwrap();
-        let _: () = redis::cmd("RESTORE")
-            .arg(&new)
-            .arg(at)
-            .arg(&payload)
-            .arg("REPLACE")
-            .arg("ABSTTL")
-            .query(&mut c)
-            .unwrap();
+        let _: () =
+            redis::cmd("RESTORE").arg(&new).arg(at).arg(&payload).arg("REPLACE").arg("ABSTTL").query(&mut c).unwrap();
         let at2: i64 = redis::cmd("PEXPIRETIME").arg(&new).query(&mut c).unwrap();
         assert_eq!(at, at2);
-        assert_eq!(
-            without_ttl(&orig),
-            without_ttl(&rl_info(&mut c, &new)),
-            "RL.INFO of {key} vs RESTORE ABSTTL"
-        );
+        assert_eq!(without_ttl(&orig), without_ttl(&rl_info(&mut c, &new)), "RL.INFO of {key} vs RESTORE ABSTTL");
 
         // COPY: same value and the same absolute expiry.
         let copy = format!("{key}:copy");
-        let copied: i64 = redis::cmd("COPY")
-            .arg(key)
-            .arg(&copy)
-            .query(&mut c)
-            .unwrap();
+        let copied: i64 = redis::cmd("COPY").arg(key).arg(&copy).query(&mut c).unwrap();
         assert_eq!(copied, 1, "COPY {key}");
-        let (d1, d2): (Vec<u8>, Vec<u8>) = redis::pipe()
-            .cmd("DUMP")
-            .arg(key)
-            .cmd("DUMP")
-            .arg(&copy)
-            .query(&mut c)
-            .unwrap();
+        let (d1, d2): (Vec<u8>, Vec<u8>) =
+            redis::pipe().cmd("DUMP").arg(key).cmd("DUMP").arg(&copy).query(&mut c).unwrap();
         assert_eq!(d1, d2, "COPY of {key}: DUMP differs");
-        let (e1, e2): (i64, i64) = redis::pipe()
-            .cmd("PEXPIRETIME")
-            .arg(key)
-            .cmd("PEXPIRETIME")
-            .arg(&copy)
-            .query(&mut c)
-            .unwrap();
+        let (e1, e2): (i64, i64) =
+            redis::pipe().cmd("PEXPIRETIME").arg(key).cmd("PEXPIRETIME").arg(&copy).query(&mut c).unwrap();
         assert_eq!(e1, e2, "COPY of {key}: PEXPIRETIME differs");
         assert!(e1 > 0);
-        assert_eq!(
-            without_ttl(&orig),
-            without_ttl(&rl_info(&mut c, &copy)),
-            "RL.INFO of the COPY of {key}"
-        );
+        assert_eq!(without_ttl(&orig), without_ttl(&rl_info(&mut c, &copy)), "RL.INFO of the COPY of {key}");
 
         // MEMORY USAGE answers a positive size.
-        let mem: i64 = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(key)
-            .query(&mut c)
-            .unwrap();
+        let mem: i64 = redis::cmd("MEMORY").arg("USAGE").arg(key).query(&mut c).unwrap();
         assert!(mem > 0, "MEMORY USAGE {key} = {mem}");
 
         // Digest of a copy equals the original's.
-        let dv: Vec<String> = redis::cmd("DEBUG")
-            .arg("DIGEST-VALUE")
-            .arg(key)
-            .arg(&new)
-            .arg(&copy)
-            .query(&mut c)
-            .unwrap();
+        let dv: Vec<String> =
+            redis::cmd("DEBUG").arg("DIGEST-VALUE").arg(key).arg(&new).arg(&copy).query(&mut c).unwrap();
         assert_eq!(dv.len(), 3);
-        assert!(
-            dv[0] == dv[1] && dv[1] == dv[2],
-            "DEBUG DIGEST-VALUE of {key}, restored, copy: {dv:?}"
-        );
+        assert!(dv[0] == dv[1] && dv[1] == dv[2], "DEBUG DIGEST-VALUE of {key}, restored, copy: {dv:?}");
         assert_ne!(dv[0], "0".repeat(40), "digest of {key} is all zeros");
     }
     // The copies behave like the original on the next call.
@@ -1056,46 +707,20 @@ fn rdb_restart_dump_restore_copy_digest() {
         a2[1] = format!("{key}:copy");
         a1.push("DRYRUN".into());
         a2.push("DRYRUN".into());
-        assert_eq!(
-            ints(&run(&mut c, &a1)),
-            ints(&run(&mut c, &a2)),
-            "{key} vs its COPY"
-        );
+        assert_eq!(ints(&run(&mut c, &a1)), ints(&run(&mut c, &a2)), "{key} vs its COPY");
     }
     // A sliding log with many entries uses more memory than an empty-ish one.
     for i in 0..200 {
         clock_set(&mut c, clock + i);
-        run(
-            &mut c,
-            &[
-                "RL.SLIDINGLOG".into(),
-                "rdbfix:biglog".into(),
-                "1000".into(),
-                "1h".into(),
-            ],
-        );
+        run(&mut c, &["RL.SLIDINGLOG".into(), "rdbfix:biglog".into(), "1000".into(), "1h".into()]);
     }
-    let big: i64 = redis::cmd("MEMORY")
-        .arg("USAGE")
-        .arg("rdbfix:biglog")
-        .query(&mut c)
-        .unwrap();
-    let small: i64 = redis::cmd("MEMORY")
-        .arg("USAGE")
-        .arg("rdbfix:slidinglog")
-        .query(&mut c)
-        .unwrap();
+    let big: i64 = redis::cmd("MEMORY").arg("USAGE").arg("rdbfix:biglog").query(&mut c).unwrap();
+    let small: i64 = redis::cmd("MEMORY").arg("USAGE").arg("rdbfix:slidinglog").query(&mut c).unwrap();
     // (1 µs apart: at least a byte per entry, src/core/sliding_log.rs; the key names differ.)
-    assert!(
-        big > small + 150,
-        "MEMORY USAGE of a 200-entry log {big} vs a 1-entry log {small}"
-    );
+    assert!(big > small + 150, "MEMORY USAGE of a 200-entry log {big} vs a 1-entry log {small}");
 
     // A replica holds the same digests.
-    let replica = Server::start_with(Opts {
-        replica_of: Some(s.port),
-        ..Default::default()
-    });
+    let replica = Server::start_with(Opts { replica_of: Some(s.port), ..Default::default() });
     wait_replica_synced(&s, &replica);
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
     let mut r = replica.conn();
@@ -1120,10 +745,5 @@ fn rdb_restart_dump_restore_copy_digest() {
     assert!(compared >= 40, "only {compared} digests compared");
     let sr = snapshot(&mut r);
     let snap = snapshot(&mut c);
-    assert_same(
-        &snap,
-        &sr,
-        now_ms(),
-        "primary vs replica after full sync from RDB",
-    );
+    assert_same(&snap, &sr, now_ms(), "primary vs replica after full sync from RDB");
 }

@@ -7,9 +7,9 @@ mod common;
 mod values;
 
 use common::Server;
-use values::{full_error, into_ints as ints};
 use redis::{Connection, Value};
 use std::time::Duration;
+use values::{full_error, into_ints as ints};
 
 /// A realistic instant (µs since the epoch); a multiple of 10 s.
 const T0: i64 = 1_700_000_000_000_000;
@@ -186,8 +186,7 @@ fn rl_info(c: &mut Connection, key: &str) -> Option<Vec<(String, Value)>> {
 #[track_caller]
 fn assert_info(c: &mut Connection, key: &str, algorithm: &str, fields: &[(&str, i64)]) {
     // RL.INFO and PTTL back to back in one MULTI/EXEC, so ttl_ms can be compared tightly.
-    let (info, p): (Value, i64) =
-        redis::pipe().atomic().cmd("RL.INFO").arg(key).cmd("PTTL").arg(key).query(c).unwrap();
+    let (info, p): (Value, i64) = redis::pipe().atomic().cmd("RL.INFO").arg(key).cmd("PTTL").arg(key).query(c).unwrap();
     assert_ne!(info, Value::Nil, "RL.INFO {key} is nil");
     let info = pairs(info);
     let names: Vec<&str> = info.iter().map(|(n, _)| n.as_str()).collect();
@@ -234,7 +233,8 @@ fn gcra_and_tokenbucket_documented_example() {
         check(&mut c, &cost6, &[0, 5, 5, -1, 0]);
         assert!(!exists(&mut c, &k), "{cmd}: a limited call on a fresh key must not create it");
         // One MULTI/EXEC: the first state's TTL is 1 s of real time, which must not matter.
-        let mut steps: Vec<(&str, Option<Vec<i64>>)> = (1..=5).map(|i| (line.as_str(), Some(vec![1, 5, 5 - i, -1, 1000 * i]))).collect();
+        let mut steps: Vec<(&str, Option<Vec<i64>>)> =
+            (1..=5).map(|i| (line.as_str(), Some(vec![1, 5, 5 - i, -1, 1000 * i]))).collect();
         steps.push((&line, Some(vec![0, 5, 0, 1000, 5000])));
         steps.push(("RL.DEBUG CLOCK ADVANCE 3000000", None));
         steps.push((&line, Some(vec![1, 5, 2, -1, 3000])));
@@ -552,7 +552,15 @@ fn peek_and_dryrun_write_nothing() {
         check(&mut c, &format!("{line} COST 0"), &with_delay(cmd, vec![0, 5, 5, -1, 0], -1));
         assert!(!exists(&mut c, &k), "{cmd}: COST 0 created the key");
         // DRYRUN on a missing key: the admitted reply, nothing stored.
-        let dry_reset = if rate { 4000 } else if cmd == "RL.FIXED" { 10_000 } else if cmd == "RL.SLIDING" { 20_000 } else { 10_000 };
+        let dry_reset = if rate {
+            4000
+        } else if cmd == "RL.FIXED" {
+            10_000
+        } else if cmd == "RL.SLIDING" {
+            20_000
+        } else {
+            10_000
+        };
         check(&mut c, &format!("{line} COST 2 DRYRUN"), &with_delay(cmd, vec![2, 5, 3, -1, dry_reset], 0));
         assert!(!exists(&mut c, &k), "{cmd}: DRYRUN created the key");
         // Store a state, then peek / dry-run against it.
@@ -563,7 +571,11 @@ fn peek_and_dryrun_write_nothing() {
         let dry = if rate { vec![3, 5, 0, -1, 10_000] } else { vec![3, 5, 0, -1, dry_reset] };
         check(&mut c, &format!("{line} DRYRUN COST 3"), &with_delay(cmd, dry, 4000));
         check(&mut c, &format!("{line} COST 9 DRYRUN"), &with_delay(cmd, vec![0, 5, 3, -1, dry_reset], -1));
-        check(&mut c, &format!("{line} COST 4 DRYRUN PARTIAL"), &with_delay(cmd, vec![3, 5, 0, -1, if rate { 10_000 } else { dry_reset }], 4000));
+        check(
+            &mut c,
+            &format!("{line} COST 4 DRYRUN PARTIAL"),
+            &with_delay(cmd, vec![3, 5, 0, -1, if rate { 10_000 } else { dry_reset }], 4000),
+        );
         assert_eq!(dump(&mut c, &k).as_ref(), Some(&before), "{cmd}: peek/DRYRUN changed the state");
         assert_eq!(pexpiretime(&mut c, &k), expiry_before, "{cmd}: peek/DRYRUN moved the expiry");
         // Still 3 left.
@@ -670,7 +682,8 @@ fn a_billion_per_second() {
     for cmd in ["RL.GCRA", "RL.TOKENBUCKET", "RL.LEAKY"] {
         clock(&mut c, T0);
         let line = format!("{cmd} bn:{cmd} 1000000000 1s");
-        let (c1e9, c1001, c1000) = (format!("{line} COST 1000000000"), format!("{line} COST 1001"), format!("{line} COST 1000"));
+        let (c1e9, c1001, c1000) =
+            (format!("{line} COST 1000000000"), format!("{line} COST 1001"), format!("{line} COST 1000"));
         check_atomic(
             &mut c,
             &[
@@ -821,13 +834,7 @@ fn cl_throttle_takes_over_redis_cell_keys() {
         &mut c,
         "cell",
         "gcra",
-        &[
-            ("limit", 1),
-            ("period_us", SEC),
-            ("burst", 5),
-            ("tat_us", T0 + 4 * SEC),
-            ("available", 1),
-        ],
+        &[("limit", 1), ("period_us", SEC), ("burst", 5), ("tat_us", T0 + 4 * SEC), ("available", 1)],
     );
     assert_pttl(&mut c, "cell", 4000);
     check(&mut c, "CL.THROTTLE cell 4 1 1", &[0, 5, 0, -1, 5]);
@@ -955,7 +962,9 @@ fn rl_multi_resp2_timeline() {
     assert_eq!(v[..2], [Value::Int(0), Value::Int(-1)]);
     // PARTIAL: the least any limit grants.
     clock(&mut c, T0 + 10 * SEC);
-    let Value::Array(v) = run(&mut c, "RL.MULTI 2 mm:a mm:b SLIDINGLOG 2 10s FIXED 3 10s COST 3 PARTIAL") else { panic!() };
+    let Value::Array(v) = run(&mut c, "RL.MULTI 2 mm:a mm:b SLIDINGLOG 2 10s FIXED 3 10s COST 3 PARTIAL") else {
+        panic!()
+    };
     assert_eq!(v[..2], [Value::Int(1), Value::Int(-1)]);
     assert_eq!(ints(v[2].clone()), vec![1, 2, 0, -1, 10_000]);
     assert_eq!(ints(v[3].clone()), vec![1, 3, 2, -1, 10_000]);
@@ -1025,21 +1034,45 @@ fn rl_info_fields() {
     assert_eq!(rl_info(&mut c, "none"), None);
 
     q(&mut c, "RL.GCRA i:g 2 10s");
-    assert_info(&mut c, "i:g", "gcra", &[("limit", 2), ("period_us", 10 * SEC), ("burst", 2), ("tat_us", T0 + 5 * SEC), ("available", 1)]);
+    assert_info(
+        &mut c,
+        "i:g",
+        "gcra",
+        &[("limit", 2), ("period_us", 10 * SEC), ("burst", 2), ("tat_us", T0 + 5 * SEC), ("available", 1)],
+    );
     q(&mut c, "RL.LEAKY i:l 2 10s BURST 3 COST 2");
-    assert_info(&mut c, "i:l", "leaky", &[("limit", 2), ("period_us", 10 * SEC), ("burst", 3), ("tat_us", T0 + 10 * SEC), ("available", 1)]);
+    assert_info(
+        &mut c,
+        "i:l",
+        "leaky",
+        &[("limit", 2), ("period_us", 10 * SEC), ("burst", 3), ("tat_us", T0 + 10 * SEC), ("available", 1)],
+    );
     q(&mut c, "RL.TOKENBUCKET i:t 2 10s");
-    let tb = |avail| [("limit", 2), ("period_us", 10 * SEC), ("burst", 2), ("tokens", 1), ("last_us", T0), ("available", avail)];
+    let tb = |avail| {
+        [("limit", 2), ("period_us", 10 * SEC), ("burst", 2), ("tokens", 1), ("last_us", T0), ("available", avail)]
+    };
     assert_info(&mut c, "i:t", "tokenbucket", &tb(1));
     q(&mut c, "RL.SLIDING i:s 10 10s COST 3");
     assert_info(
         &mut c,
         "i:s",
         "sliding",
-        &[("limit", 10), ("window_us", 10 * SEC), ("window_start_us", T0), ("previous", 0), ("current", 3), ("estimate", 3)],
+        &[
+            ("limit", 10),
+            ("window_us", 10 * SEC),
+            ("window_start_us", T0),
+            ("previous", 0),
+            ("current", 3),
+            ("estimate", 3),
+        ],
     );
     q(&mut c, "RL.FIXED i:f 5 10s COST 2");
-    assert_info(&mut c, "i:f", "fixed", &[("limit", 5), ("window_us", 10 * SEC), ("window_start_us", T0), ("count", 2)]);
+    assert_info(
+        &mut c,
+        "i:f",
+        "fixed",
+        &[("limit", 5), ("window_us", 10 * SEC), ("window_start_us", T0), ("count", 2)],
+    );
     q(&mut c, "RL.SLIDINGLOG i:w 5 10s COST 2");
     advance(&mut c, SEC);
     q(&mut c, "RL.SLIDINGLOG i:w 5 10s");
@@ -1059,14 +1092,26 @@ fn rl_info_fields() {
     // Derived fields follow the clock (T0 + 5 s now).
     advance(&mut c, 4 * SEC);
     assert_info(&mut c, "i:t", "tokenbucket", &tb(2));
-    assert_info(&mut c, "i:g", "gcra", &[("limit", 2), ("period_us", 10 * SEC), ("burst", 2), ("tat_us", T0 + 5 * SEC), ("available", 2)]);
+    assert_info(
+        &mut c,
+        "i:g",
+        "gcra",
+        &[("limit", 2), ("period_us", 10 * SEC), ("burst", 2), ("tat_us", T0 + 5 * SEC), ("available", 2)],
+    );
     // Sliding estimate at T0+15 s: stored window still T0, 3 × 5/10 = 1.5 → 2.
     advance(&mut c, 10 * SEC);
     assert_info(
         &mut c,
         "i:s",
         "sliding",
-        &[("limit", 10), ("window_us", 10 * SEC), ("window_start_us", T0), ("previous", 0), ("current", 3), ("estimate", 2)],
+        &[
+            ("limit", 10),
+            ("window_us", 10 * SEC),
+            ("window_start_us", T0),
+            ("previous", 0),
+            ("current", 3),
+            ("estimate", 2),
+        ],
     );
     // Sliding log at T0+15 s: the COST 2 entry (T0) left the window, the T0+1 s one too.
     assert_info(&mut c, "i:w", "slidinglog", &log(0));
@@ -1133,7 +1178,12 @@ fn info_counters() {
     assert_eq!(info_field(&s, "ratelimit_fixed_admitted_units"), 5);
     assert_eq!(info_field(&s, "ratelimit_fixed_limited"), 1);
 
-    for (cmd, algo) in [("RL.TOKENBUCKET", "tokenbucket"), ("RL.SLIDING", "sliding"), ("RL.SLIDINGLOG", "slidinglog"), ("RL.LEAKY", "leaky")] {
+    for (cmd, algo) in [
+        ("RL.TOKENBUCKET", "tokenbucket"),
+        ("RL.SLIDING", "sliding"),
+        ("RL.SLIDINGLOG", "slidinglog"),
+        ("RL.LEAKY", "leaky"),
+    ] {
         assert_eq!(info_field(&s, &format!("ratelimit_{algo}_checks")), 0);
         q(&mut c, &format!("{cmd} k:{algo} 2 10s COST 2"));
         q(&mut c, &format!("{cmd} k:{algo} 2 10s"));

@@ -175,7 +175,8 @@ fn mutations(body: &[u8], rng: &mut Rng, random_cases: usize) -> Vec<(String, Ve
 /// that the key is either absent (refused) or a ratelimit state RL.INFO can read, whose own
 /// DUMP restores again.
 fn run(sanitize: &str, seed: u64) {
-    let s = Server::start_with(Opts { extra: vec![("sanitize-dump-payload".into(), sanitize.into())], ..Opts::default() });
+    let s =
+        Server::start_with(Opts { extra: vec![("sanitize-dump-payload".into(), sanitize.into())], ..Opts::default() });
     let mut c = Resp::connect(s.port);
     let dumps = states(&mut c);
     let version: [u8; 2] = {

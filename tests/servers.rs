@@ -31,7 +31,8 @@ impl Oracle {
         let command = format!("RL.{}", algo.name().to_ascii_uppercase());
         let bytes: Vec<&[u8]> = words.iter().map(|w| w.as_bytes()).collect();
         let check = args::check(algo, &bytes, &command).expect("valid arguments");
-        let (d, update) = check.spec.check(self.state.as_ref(), now_us * NANOS_PER_MICRO, check.req).expect("same algorithm");
+        let (d, update) =
+            check.spec.check(self.state.as_ref(), now_us * NANOS_PER_MICRO, check.req).expect("same algorithm");
         if let (Some(u), false) = (update, check.dryrun) {
             if let Some(new) = u.apply(self.state.as_mut()).expect("update applies") {
                 self.state = Some(new);
@@ -44,7 +45,9 @@ impl Oracle {
 
 fn ints(v: &Value) -> Vec<i64> {
     match v {
-        Value::Array(a) => a.iter().map(|x| if let Value::Int(i) = x { *i } else { panic!("not an integer: {x:?}") }).collect(),
+        Value::Array(a) => {
+            a.iter().map(|x| if let Value::Int(i) = x { *i } else { panic!("not an integer: {x:?}") }).collect()
+        }
         other => panic!("not an array: {other:?}"),
     }
 }
@@ -168,7 +171,10 @@ fn active_defrag_visits_states_and_changes_nothing() {
     if redis::cmd("CONFIG").arg("SET").arg("activedefrag").arg("no").query::<()>(&mut con).is_err()
         || redis::cmd("CONFIG").arg("SET").arg("activedefrag").arg("yes").query::<()>(&mut con).is_err()
     {
-        println!("servers figures [{}]: active defragmentation unavailable on this build, nothing to check", v.describe());
+        println!(
+            "servers figures [{}]: active defragmentation unavailable on this build, nothing to check",
+            v.describe()
+        );
         return;
     }
     let () = redis::cmd("CONFIG").arg("SET").arg("activedefrag").arg("no").query(&mut con).unwrap();
@@ -178,7 +184,13 @@ fn active_defrag_visits_states_and_changes_nothing() {
     for i in 0..KEYS {
         for step in 0..(i % 40 + 1) {
             pipe.cmd("RL.DEBUG").arg("CLOCK").arg("SET").arg(START_US + step as i64 * 1_000).ignore();
-            pipe.cmd("RL.SLIDINGLOG").arg(format!("log:{i}")).arg(1000).arg("1h").arg("COST").arg(step % 3 + 1).ignore();
+            pipe.cmd("RL.SLIDINGLOG")
+                .arg(format!("log:{i}"))
+                .arg(1000)
+                .arg("1h")
+                .arg("COST")
+                .arg(step % 3 + 1)
+                .ignore();
             pipe.cmd("SET").arg(format!("filler:{i}:{step}")).arg("x".repeat(24)).ignore();
         }
         pipe.cmd("RL.GCRA").arg(format!("gcra:{i}")).arg(10).arg("1h").ignore();
@@ -208,7 +220,12 @@ fn active_defrag_visits_states_and_changes_nothing() {
     // once (whether jemalloc asks it to move anything is the allocator's call).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while info_ratelimit_field(&s, "defrag_visits") < visits_before + 2 * KEYS as u64 {
-        assert!(std::time::Instant::now() < deadline, "the defrag callback was not called within 60 s on {}:\n{}", v.describe(), s.info("stats"));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the defrag callback was not called within 60 s on {}:\n{}",
+            v.describe(),
+            s.info("stats")
+        );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let () = redis::cmd("CONFIG").arg("SET").arg("activedefrag").arg("no").query(&mut con).unwrap();

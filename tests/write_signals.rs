@@ -35,21 +35,61 @@ const CASES: &[Case] = &[
     Case { name: "GCRA DRYRUN", setup: &["RL.GCRA {k} 10 1h"], call: "RL.GCRA {k} 10 1h DRYRUN", writes: false },
     Case { name: "GCRA COST 0", setup: &["RL.GCRA {k} 10 1h"], call: "RL.GCRA {k} 10 1h COST 0", writes: false },
     Case { name: "GCRA limited", setup: &["RL.GCRA {k} 1 1h"], call: "RL.GCRA {k} 1 1h", writes: false },
-    Case { name: "TOKENBUCKET DRYRUN", setup: &["RL.TOKENBUCKET {k} 10 1h"], call: "RL.TOKENBUCKET {k} 10 1h DRYRUN", writes: false },
-    Case { name: "TOKENBUCKET COST 0", setup: &["RL.TOKENBUCKET {k} 10 1h"], call: "RL.TOKENBUCKET {k} 10 1h COST 0", writes: false },
-    Case { name: "TOKENBUCKET limited", setup: &["RL.TOKENBUCKET {k} 1 1h"], call: "RL.TOKENBUCKET {k} 1 1h", writes: false },
+    Case {
+        name: "TOKENBUCKET DRYRUN",
+        setup: &["RL.TOKENBUCKET {k} 10 1h"],
+        call: "RL.TOKENBUCKET {k} 10 1h DRYRUN",
+        writes: false,
+    },
+    Case {
+        name: "TOKENBUCKET COST 0",
+        setup: &["RL.TOKENBUCKET {k} 10 1h"],
+        call: "RL.TOKENBUCKET {k} 10 1h COST 0",
+        writes: false,
+    },
+    Case {
+        name: "TOKENBUCKET limited",
+        setup: &["RL.TOKENBUCKET {k} 1 1h"],
+        call: "RL.TOKENBUCKET {k} 1 1h",
+        writes: false,
+    },
     Case { name: "LEAKY DRYRUN", setup: &["RL.LEAKY {k} 10 1h"], call: "RL.LEAKY {k} 10 1h DRYRUN", writes: false },
     Case { name: "LEAKY COST 0", setup: &["RL.LEAKY {k} 10 1h"], call: "RL.LEAKY {k} 10 1h COST 0", writes: false },
     Case { name: "LEAKY limited", setup: &["RL.LEAKY {k} 1 1h"], call: "RL.LEAKY {k} 1 1h", writes: false },
-    Case { name: "SLIDING DRYRUN", setup: &["RL.SLIDING {k} 10 1h"], call: "RL.SLIDING {k} 10 1h DRYRUN", writes: false },
-    Case { name: "SLIDING COST 0", setup: &["RL.SLIDING {k} 10 1h"], call: "RL.SLIDING {k} 10 1h COST 0", writes: false },
+    Case {
+        name: "SLIDING DRYRUN",
+        setup: &["RL.SLIDING {k} 10 1h"],
+        call: "RL.SLIDING {k} 10 1h DRYRUN",
+        writes: false,
+    },
+    Case {
+        name: "SLIDING COST 0",
+        setup: &["RL.SLIDING {k} 10 1h"],
+        call: "RL.SLIDING {k} 10 1h COST 0",
+        writes: false,
+    },
     Case { name: "SLIDING limited", setup: &["RL.SLIDING {k} 1 1h"], call: "RL.SLIDING {k} 1 1h", writes: false },
     Case { name: "FIXED DRYRUN", setup: &["RL.FIXED {k} 10 1h"], call: "RL.FIXED {k} 10 1h DRYRUN", writes: false },
     Case { name: "FIXED COST 0", setup: &["RL.FIXED {k} 10 1h"], call: "RL.FIXED {k} 10 1h COST 0", writes: false },
     Case { name: "FIXED limited", setup: &["RL.FIXED {k} 1 1h"], call: "RL.FIXED {k} 1 1h", writes: false },
-    Case { name: "SLIDINGLOG DRYRUN", setup: &["RL.SLIDINGLOG {k} 10 1h"], call: "RL.SLIDINGLOG {k} 10 1h DRYRUN", writes: false },
-    Case { name: "SLIDINGLOG COST 0", setup: &["RL.SLIDINGLOG {k} 10 1h"], call: "RL.SLIDINGLOG {k} 10 1h COST 0", writes: false },
-    Case { name: "SLIDINGLOG limited", setup: &["RL.SLIDINGLOG {k} 1 1h"], call: "RL.SLIDINGLOG {k} 1 1h", writes: false },
+    Case {
+        name: "SLIDINGLOG DRYRUN",
+        setup: &["RL.SLIDINGLOG {k} 10 1h"],
+        call: "RL.SLIDINGLOG {k} 10 1h DRYRUN",
+        writes: false,
+    },
+    Case {
+        name: "SLIDINGLOG COST 0",
+        setup: &["RL.SLIDINGLOG {k} 10 1h"],
+        call: "RL.SLIDINGLOG {k} 10 1h COST 0",
+        writes: false,
+    },
+    Case {
+        name: "SLIDINGLOG limited",
+        setup: &["RL.SLIDINGLOG {k} 1 1h"],
+        call: "RL.SLIDINGLOG {k} 1 1h",
+        writes: false,
+    },
     Case { name: "DRYRUN on a missing key", setup: &[], call: "RL.GCRA {k} 10 1h DRYRUN", writes: false },
     Case { name: "RL.RESET of a missing key", setup: &[], call: "RL.RESET {k}", writes: false },
     Case { name: "RL.INFO", setup: &["RL.GCRA {k} 10 1h"], call: "RL.INFO {k}", writes: false },
@@ -59,42 +99,122 @@ const CASES: &[Case] = &[
         call: "RL.MULTI 2 {k} {k2} GCRA 10 1h SLIDINGLOG 5 1h DRYRUN",
         writes: false,
     },
-    Case { name: "RL.MULTI COST 0", setup: &["RL.GCRA {k} 10 1h"], call: "RL.MULTI 2 {k} {k2} GCRA 10 1h FIXED 5 1h COST 0", writes: false },
-    Case { name: "RL.MULTI limited", setup: &["RL.GCRA {k} 1 1h"], call: "RL.MULTI 2 {k} {k2} GCRA 1 1h FIXED 5 1h", writes: false },
-    Case { name: "CL.THROTTLE peek", setup: &["CL.THROTTLE {k} 5 10 3600"], call: "CL.THROTTLE {k} 5 10 3600 0", writes: false },
-    Case { name: "CL.THROTTLE limited", setup: &["CL.THROTTLE {k} 0 1 3600"], call: "CL.THROTTLE {k} 0 1 3600", writes: false },
-    Case { name: "CL.THROTTLE peek on a redis-cell key", setup: &[CELL_SET], call: "CL.THROTTLE {k} 5 10 3600 0", writes: false },
-    Case { name: "CL.THROTTLE limited on a redis-cell key", setup: &[CELL_SET_FULL], call: "CL.THROTTLE {k} 0 1 60", writes: false },
-    Case { name: "RL.GCRA DRYRUN on a redis-cell key", setup: &[CELL_SET], call: "RL.GCRA {k} 10 1h DRYRUN", writes: false },
-    Case { name: "RL.GCRA limited on a redis-cell key", setup: &[CELL_SET_FULL], call: "RL.GCRA {k} 1 1m", writes: false },
+    Case {
+        name: "RL.MULTI COST 0",
+        setup: &["RL.GCRA {k} 10 1h"],
+        call: "RL.MULTI 2 {k} {k2} GCRA 10 1h FIXED 5 1h COST 0",
+        writes: false,
+    },
+    Case {
+        name: "RL.MULTI limited",
+        setup: &["RL.GCRA {k} 1 1h"],
+        call: "RL.MULTI 2 {k} {k2} GCRA 1 1h FIXED 5 1h",
+        writes: false,
+    },
+    Case {
+        name: "CL.THROTTLE peek",
+        setup: &["CL.THROTTLE {k} 5 10 3600"],
+        call: "CL.THROTTLE {k} 5 10 3600 0",
+        writes: false,
+    },
+    Case {
+        name: "CL.THROTTLE limited",
+        setup: &["CL.THROTTLE {k} 0 1 3600"],
+        call: "CL.THROTTLE {k} 0 1 3600",
+        writes: false,
+    },
+    Case {
+        name: "CL.THROTTLE peek on a redis-cell key",
+        setup: &[CELL_SET],
+        call: "CL.THROTTLE {k} 5 10 3600 0",
+        writes: false,
+    },
+    Case {
+        name: "CL.THROTTLE limited on a redis-cell key",
+        setup: &[CELL_SET_FULL],
+        call: "CL.THROTTLE {k} 0 1 60",
+        writes: false,
+    },
+    Case {
+        name: "RL.GCRA DRYRUN on a redis-cell key",
+        setup: &[CELL_SET],
+        call: "RL.GCRA {k} 10 1h DRYRUN",
+        writes: false,
+    },
+    Case {
+        name: "RL.GCRA limited on a redis-cell key",
+        setup: &[CELL_SET_FULL],
+        call: "RL.GCRA {k} 1 1m",
+        writes: false,
+    },
     Case { name: "RL.INFO of a redis-cell key", setup: &[CELL_SET], call: "RL.INFO {k}", writes: false },
     Case { name: "WRONGTYPE on a list", setup: &["RPUSH {k} a"], call: "RL.GCRA {k} 10 1h", writes: false },
     Case { name: "WRONGTYPE on a string", setup: &["SET {k} hello"], call: "CL.THROTTLE {k} 5 10 60", writes: false },
     Case { name: "algorithm mismatch", setup: &["RL.FIXED {k} 10 1h"], call: "RL.GCRA {k} 10 1h", writes: false },
     Case { name: "argument error", setup: &["RL.GCRA {k} 10 1h"], call: "RL.GCRA {k} 0 1h", writes: false },
-    Case { name: "RL.RETURN all refilled meanwhile", setup: &["RL.GCRA {k} 10 1h"], call: "RL.RETURN {k} 1 AGE 3600000", writes: false },
-    Case { name: "RL.RETURN into a passed window", setup: &["RL.FIXED {k} 10 1h"], call: "RL.RETURN {k} 1 AGE 3600000", writes: false },
-    Case { name: "RL.RETURN refused (sliding log)", setup: &["RL.SLIDINGLOG {k} 10 1h"], call: "RL.RETURN {k} 1", writes: false },
+    Case {
+        name: "RL.RETURN all refilled meanwhile",
+        setup: &["RL.GCRA {k} 10 1h"],
+        call: "RL.RETURN {k} 1 AGE 3600000",
+        writes: false,
+    },
+    Case {
+        name: "RL.RETURN into a passed window",
+        setup: &["RL.FIXED {k} 10 1h"],
+        call: "RL.RETURN {k} 1 AGE 3600000",
+        writes: false,
+    },
+    Case {
+        name: "RL.RETURN refused (sliding log)",
+        setup: &["RL.SLIDINGLOG {k} 10 1h"],
+        call: "RL.RETURN {k} 1",
+        writes: false,
+    },
     Case { name: "RL.RETURN of a missing key", setup: &[], call: "RL.RETURN {k} 1", writes: false },
     Case { name: "RL.RETURN on a redis-cell key", setup: &[CELL_SET], call: "RL.RETURN {k} 1", writes: false },
     // ---- calls that write ----
     Case { name: "GCRA admitted", setup: &["RL.GCRA {k} 10 1h"], call: "RL.GCRA {k} 10 1h", writes: true },
-    Case { name: "SLIDINGLOG admitted", setup: &["RL.SLIDINGLOG {k} 10 1h"], call: "RL.SLIDINGLOG {k} 10 1h", writes: true },
-    Case { name: "admitted on a missing key", setup: &[], call: "RL.FIXED {k} 10 1h", writes: true },
-    Case { name: "RL.RESET of a key", setup: &["RL.GCRA {k} 10 1h"], call: "RL.RESET {k}", writes: true },
-    Case { name: "RL.RETURN credited", setup: &["RL.FIXED {k} 10 1h COST 3"], call: "RL.RETURN {k} 1 AGE 0", writes: true },
-    Case { name: "RL.RESET of a redis-cell key", setup: &[CELL_SET], call: "RL.RESET {k}", writes: true },
-    Case { name: "RL.MULTI admitted", setup: &["RL.GCRA {k} 10 1h"], call: "RL.MULTI 2 {k} {k2} GCRA 10 1h FIXED 5 1h", writes: true },
-    Case { name: "CL.THROTTLE admitted", setup: &["CL.THROTTLE {k} 5 10 3600"], call: "CL.THROTTLE {k} 5 10 3600", writes: true },
-    Case { name: "CL.THROTTLE takes over a redis-cell key", setup: &[CELL_SET], call: "CL.THROTTLE {k} 5 10 3600", writes: true },
-    Case { name: "RL.GCRA takes over a redis-cell key", setup: &[CELL_SET], call: "RL.GCRA {k} 10 1h", writes: true },
     Case {
-        name: "RL.SETSTATE",
-        setup: &["RL.GCRA {k} 10 1h"],
-        call: "RL.SETSTATE {k} {state}",
+        name: "SLIDINGLOG admitted",
+        setup: &["RL.SLIDINGLOG {k} 10 1h"],
+        call: "RL.SLIDINGLOG {k} 10 1h",
         writes: true,
     },
-    Case { name: "limited with new parameters (converted state kept)", setup: &["RL.GCRA {k} 2 1h", "RL.GCRA {k} 2 1h"], call: "RL.GCRA {k} 1 1h", writes: true },
+    Case { name: "admitted on a missing key", setup: &[], call: "RL.FIXED {k} 10 1h", writes: true },
+    Case { name: "RL.RESET of a key", setup: &["RL.GCRA {k} 10 1h"], call: "RL.RESET {k}", writes: true },
+    Case {
+        name: "RL.RETURN credited",
+        setup: &["RL.FIXED {k} 10 1h COST 3"],
+        call: "RL.RETURN {k} 1 AGE 0",
+        writes: true,
+    },
+    Case { name: "RL.RESET of a redis-cell key", setup: &[CELL_SET], call: "RL.RESET {k}", writes: true },
+    Case {
+        name: "RL.MULTI admitted",
+        setup: &["RL.GCRA {k} 10 1h"],
+        call: "RL.MULTI 2 {k} {k2} GCRA 10 1h FIXED 5 1h",
+        writes: true,
+    },
+    Case {
+        name: "CL.THROTTLE admitted",
+        setup: &["CL.THROTTLE {k} 5 10 3600"],
+        call: "CL.THROTTLE {k} 5 10 3600",
+        writes: true,
+    },
+    Case {
+        name: "CL.THROTTLE takes over a redis-cell key",
+        setup: &[CELL_SET],
+        call: "CL.THROTTLE {k} 5 10 3600",
+        writes: true,
+    },
+    Case { name: "RL.GCRA takes over a redis-cell key", setup: &[CELL_SET], call: "RL.GCRA {k} 10 1h", writes: true },
+    Case { name: "RL.SETSTATE", setup: &["RL.GCRA {k} 10 1h"], call: "RL.SETSTATE {k} {state}", writes: true },
+    Case {
+        name: "limited with new parameters (converted state kept)",
+        setup: &["RL.GCRA {k} 2 1h", "RL.GCRA {k} 2 1h"],
+        call: "RL.GCRA {k} 1 1h",
+        writes: true,
+    },
 ];
 
 fn words(cmd: &str, k: &str, k2: &str, state_of_k2: &[u8]) -> Vec<Vec<u8>> {
@@ -185,7 +305,13 @@ fn only_writes_signal_watch_and_tracking() {
             failures.push(format!("{}: the key changed: {before:?} → {after:?}", case.name));
         }
     }
-    assert!(failures.is_empty(), "{} of {} paths signal wrongly:\n{}", failures.len(), CASES.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} paths signal wrongly:\n{}",
+        failures.len(),
+        CASES.len(),
+        failures.join("\n")
+    );
 }
 
 /// A valid RL.SETSTATE payload: a whole GCRA state, encoded by the module's own codec.
@@ -252,7 +378,8 @@ fn non_writes_fire_no_keyspace_events_but_rl_limited() {
         }
         let names: Vec<String> = events.iter().map(event_name).collect();
         let want: Vec<String> = if limited { vec![format!("{k}:rl.limited")] } else { vec![] };
-        let want_multi: Vec<String> = if limited { vec![format!("{k}:rl.limited"), format!("{k2}:rl.limited")] } else { vec![] };
+        let want_multi: Vec<String> =
+            if limited { vec![format!("{k}:rl.limited"), format!("{k2}:rl.limited")] } else { vec![] };
         assert!(names == want || names == want_multi, "{}: events {names:?} (reply {r:?})", case.name);
     }
     assert!(expected_limited > 0);

@@ -29,8 +29,12 @@ impl Default for BreakerConfig {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    Closed { failures: u32 },
-    Open { until: u64 },
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: u64,
+    },
     /// One probe is in flight; everyone else is rejected until it answers.
     HalfOpen,
 }

@@ -97,7 +97,11 @@ algorithm_calls! {
 
 /// `RL.MULTI numkeys key… ALGO limit period [BURST b]… [COST n] [DRYRUN] [PARTIAL]`: every
 /// limit in one atomic all-or-nothing call (keys must share a hash slot in a cluster).
-pub async fn multi<C: ConnectionLike>(conn: &mut C, limits: &[(&str, Limit)], opts: Options) -> RedisResult<MultiDecision> {
+pub async fn multi<C: ConnectionLike>(
+    conn: &mut C,
+    limits: &[(&str, Limit)],
+    opts: Options,
+) -> RedisResult<MultiDecision> {
     let mut c = redis::cmd("RL.MULTI");
     c.arg(limits.len());
     for (key, _) in limits {
@@ -116,9 +120,23 @@ pub async fn info<C: ConnectionLike>(conn: &mut C, key: &str) -> RedisResult<Opt
     let v: Value = redis::cmd("RL.INFO").arg(key).query_async(conn).await?;
     Ok(match v {
         Value::Nil => None,
-        Value::Map(pairs) => Some(pairs.into_iter().map(|(k, v)| Ok((redis::from_redis_value(&k)?, v))).collect::<RedisResult<_>>()?),
-        Value::Array(items) => Some(items.chunks(2).filter(|p| p.len() == 2).map(|p| Ok((redis::from_redis_value(&p[0])?, p[1].clone()))).collect::<RedisResult<_>>()?),
-        other => return Err(redis::RedisError::from((redis::ErrorKind::TypeError, "unexpected RL.INFO reply", format!("{other:?}")))),
+        Value::Map(pairs) => {
+            Some(pairs.into_iter().map(|(k, v)| Ok((redis::from_redis_value(&k)?, v))).collect::<RedisResult<_>>()?)
+        }
+        Value::Array(items) => Some(
+            items
+                .chunks(2)
+                .filter(|p| p.len() == 2)
+                .map(|p| Ok((redis::from_redis_value(&p[0])?, p[1].clone())))
+                .collect::<RedisResult<_>>()?,
+        ),
+        other => {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::TypeError,
+                "unexpected RL.INFO reply",
+                format!("{other:?}"),
+            )))
+        }
     })
 }
 
@@ -141,13 +159,25 @@ pub async fn give_back<C: ConnectionLike>(conn: &mut C, key: &str, n: u64, age: 
     }
     match c.query_async::<i64>(conn).await {
         Ok(n) => Ok(n.max(0) as u64),
-        Err(e) if e.detail().is_some_and(|d| d.starts_with("no limiter at this key")) || e.to_string().contains("no limiter at this key") => Ok(0),
+        Err(e)
+            if e.detail().is_some_and(|d| d.starts_with("no limiter at this key"))
+                || e.to_string().contains("no limiter at this key") =>
+        {
+            Ok(0)
+        }
         Err(e) => Err(e),
     }
 }
 
 /// `CL.THROTTLE key max_burst count_per_period period_secs [quantity]` (redis-cell compatible).
-pub async fn throttle<C: ConnectionLike>(conn: &mut C, key: &str, max_burst: u64, count_per_period: u64, period_secs: u64, quantity: Option<u64>) -> RedisResult<ThrottleDecision> {
+pub async fn throttle<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    max_burst: u64,
+    count_per_period: u64,
+    period_secs: u64,
+    quantity: Option<u64>,
+) -> RedisResult<ThrottleDecision> {
     let mut c = redis::cmd("CL.THROTTLE");
     c.arg(key).arg(max_burst).arg(count_per_period).arg(period_secs);
     if let Some(q) = quantity {
@@ -164,10 +194,13 @@ mod tests {
     fn builds_commands() {
         let l = Limit::gcra(10, Duration::from_secs(1)).with_burst(20);
         let c = limit_cmd("k", &l, Options::claim(5));
-        let args: Vec<String> = c.args_iter().map(|a| match a {
-            redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-            redis::Arg::Cursor => "<cursor>".into(),
-        }).collect();
+        let args: Vec<String> = c
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                redis::Arg::Cursor => "<cursor>".into(),
+            })
+            .collect();
         assert_eq!(args, ["RL.GCRA", "k", "10", "1000ms", "BURST", "20", "COST", "5", "PARTIAL"]);
     }
 }

@@ -48,7 +48,14 @@ fn parse_error(msg: String) -> RedisError {
 impl Decision {
     /// Builds a decision from the raw reply fields (`retry_after_ms`, `reset_after_ms`,
     /// `delay_ms` as the server sends them, -1 meaning none).
-    pub fn from_fields(allowed: i64, limit: i64, remaining: i64, retry_after_ms: i64, reset_after_ms: i64, delay_ms: Option<i64>) -> Decision {
+    pub fn from_fields(
+        allowed: i64,
+        limit: i64,
+        remaining: i64,
+        retry_after_ms: i64,
+        reset_after_ms: i64,
+        delay_ms: Option<i64>,
+    ) -> Decision {
         Decision {
             allowed: allowed.max(0) as u64,
             limit: limit.max(0) as u64,
@@ -72,13 +79,23 @@ impl Decision {
     /// The `RateLimit-*` headers, plus `Retry-After` when limited and it can pass later
     /// (seconds, rounded up). For a peek (`COST 0`), do not answer 429 on `allowed = 0`.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
-        headers(Some(self.limit), Some(self.remaining), Some(self.reset_after), if self.admitted() { None } else { self.retry_after })
+        headers(
+            Some(self.limit),
+            Some(self.remaining),
+            Some(self.reset_after),
+            if self.admitted() { None } else { self.retry_after },
+        )
     }
 }
 
 /// The HTTP header mapping of docs/http-headers.md from whatever is known: each `RateLimit-*`
 /// field only when known, `Retry-After` only when given (pass it on a 429 only).
-pub fn headers(limit: Option<u64>, remaining: Option<u64>, reset_after: Option<Duration>, retry_after: Option<Duration>) -> Vec<(&'static str, String)> {
+pub fn headers(
+    limit: Option<u64>,
+    remaining: Option<u64>,
+    reset_after: Option<Duration>,
+    retry_after: Option<Duration>,
+) -> Vec<(&'static str, String)> {
     let mut h = Vec::with_capacity(4);
     if let Some(l) = limit {
         h.push(("RateLimit-Limit", l.to_string()));
@@ -152,7 +169,8 @@ impl MultiDecision {
     /// the fewest `remaining` (ties: largest `reset_after`); refused, the refusing limit with
     /// the largest `retry_after` (refused for good: the fewest `remaining`).
     pub fn binding(&self) -> Option<&Decision> {
-        let fewest = || self.limits.iter().min_by(|a, b| a.remaining.cmp(&b.remaining).then(b.reset_after.cmp(&a.reset_after)));
+        let fewest =
+            || self.limits.iter().min_by(|a, b| a.remaining.cmp(&b.remaining).then(b.reset_after.cmp(&a.reset_after)));
         if self.admitted() || self.retry_after.is_none() {
             fewest()
         } else {
@@ -163,14 +181,23 @@ impl MultiDecision {
     /// The headers of [`MultiDecision::binding`], `Retry-After` from the overall value.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         let b = self.binding();
-        headers(b.map(|d| d.limit), b.map(|d| d.remaining), b.map(|d| d.reset_after), if self.admitted() { None } else { self.retry_after })
+        headers(
+            b.map(|d| d.limit),
+            b.map(|d| d.remaining),
+            b.map(|d| d.reset_after),
+            if self.admitted() { None } else { self.retry_after },
+        )
     }
 }
 
 impl FromRedisValue for MultiDecision {
     fn from_redis_value(v: &Value) -> RedisResult<MultiDecision> {
         let (allowed, retry, limits) = match v {
-            Value::Array(items) if items.len() >= 3 => (int(&items[0])?, int(&items[1])?, items[2..].iter().map(Decision::from_redis_value).collect::<RedisResult<Vec<_>>>()?),
+            Value::Array(items) if items.len() >= 3 => (
+                int(&items[0])?,
+                int(&items[1])?,
+                items[2..].iter().map(Decision::from_redis_value).collect::<RedisResult<Vec<_>>>()?,
+            ),
             Value::Map(pairs) => {
                 let (mut a, mut r, mut l) = (None, None, None);
                 for (k, v) in pairs {
@@ -249,7 +276,14 @@ mod tests {
     #[test]
     fn resp2_and_resp3_agree() {
         let a: Decision = redis::from_redis_value(&ints(&[0, 5, 0, 1001, 5000])).unwrap();
-        let m: Decision = redis::from_redis_value(&map(&[("reset_after_ms", 5000), ("allowed", 0), ("limit", 5), ("remaining", 0), ("retry_after_ms", 1001)])).unwrap();
+        let m: Decision = redis::from_redis_value(&map(&[
+            ("reset_after_ms", 5000),
+            ("allowed", 0),
+            ("limit", 5),
+            ("remaining", 0),
+            ("retry_after_ms", 1001),
+        ]))
+        .unwrap();
         assert_eq!(a, m);
         assert_eq!(a.retry_after, Some(Duration::from_millis(1001)));
         assert!(!a.admitted() && !a.never());
@@ -275,7 +309,11 @@ mod tests {
         assert!(never.never());
         assert!(never.headers().iter().all(|(k, _)| *k != "Retry-After"));
         // docs/http-headers.md's example table.
-        let rows = [([1, 3, 2, -1, 2000], "2", None), ([1, 3, 1, -1, 3988], "4", None), ([0, 3, 0, 1968, 5968], "6", Some("2"))];
+        let rows = [
+            ([1, 3, 2, -1, 2000], "2", None),
+            ([1, 3, 1, -1, 3988], "4", None),
+            ([0, 3, 0, 1968, 5968], "6", Some("2")),
+        ];
         for (r, reset, retry) in rows {
             let d: Decision = redis::from_redis_value(&ints(&r)).unwrap();
             let h = d.headers();
@@ -289,17 +327,36 @@ mod tests {
     #[test]
     fn multi_binding_limit() {
         // docs/http-headers.md, RL.MULTI table, 3rd and 4th calls.
-        let v = Value::Array(vec![Value::Int(0), Value::Int(5000), ints(&[0, 2, 0, 5000, 10000]), ints(&[0, 3, 1, -1, 120000])]);
+        let v = Value::Array(vec![
+            Value::Int(0),
+            Value::Int(5000),
+            ints(&[0, 2, 0, 5000, 10000]),
+            ints(&[0, 3, 1, -1, 120000]),
+        ]);
         let m: MultiDecision = redis::from_redis_value(&v).unwrap();
         assert_eq!(m.binding().unwrap().limit, 2);
         assert!(m.headers().contains(&("Retry-After", "5".into())));
-        let v = Value::Array(vec![Value::Int(1), Value::Int(-1), ints(&[1, 2, 0, -1, 10000]), ints(&[1, 3, 0, -1, 115000])]);
+        let v = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(-1),
+            ints(&[1, 2, 0, -1, 10000]),
+            ints(&[1, 3, 0, -1, 115000]),
+        ]);
         let m: MultiDecision = redis::from_redis_value(&v).unwrap();
         assert_eq!(m.binding().unwrap().limit, 3);
         let r3 = Value::Map(vec![
             (Value::SimpleString("allowed".into()), Value::Int(1)),
             (Value::SimpleString("retry_after_ms".into()), Value::Int(-1)),
-            (Value::SimpleString("limits".into()), Value::Array(vec![map(&[("allowed", 1), ("limit", 2), ("remaining", 1), ("retry_after_ms", -1), ("reset_after_ms", 5000)])])),
+            (
+                Value::SimpleString("limits".into()),
+                Value::Array(vec![map(&[
+                    ("allowed", 1),
+                    ("limit", 2),
+                    ("remaining", 1),
+                    ("retry_after_ms", -1),
+                    ("reset_after_ms", 5000),
+                ])]),
+            ),
         ]);
         let m3: MultiDecision = redis::from_redis_value(&r3).unwrap();
         assert_eq!(m3.limits.len(), 1);

@@ -267,7 +267,15 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         }
     }
 
-    fn known(&self, now: u64, key: &K, allowed: bool, source: Source, retry_after_ns: Option<u64>, delay_ns: Option<u64>) -> Outcome {
+    fn known(
+        &self,
+        now: u64,
+        key: &K,
+        allowed: bool,
+        source: Source,
+        retry_after_ns: Option<u64>,
+        delay_ns: Option<u64>,
+    ) -> Outcome {
         let st = self.keys.get(key).map(|e| &e.state);
         Outcome {
             allowed,
@@ -304,16 +312,18 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 add(&m.fail_open_admits, 1);
                 out(true, Source::FailOpen, None)
             }
-            FailurePolicy::LocalFallback { limit, period_ns, burst } => match entry.fallback.check(now, cost, limit, period_ns, burst) {
-                Ok(()) => {
-                    add(&m.fallback_admits, 1);
-                    out(true, Source::Fallback, None)
+            FailurePolicy::LocalFallback { limit, period_ns, burst } => {
+                match entry.fallback.check(now, cost, limit, period_ns, burst) {
+                    Ok(()) => {
+                        add(&m.fallback_admits, 1);
+                        out(true, Source::Fallback, None)
+                    }
+                    Err(retry) => {
+                        add(&m.fallback_denials, 1);
+                        out(false, Source::Fallback, retry)
+                    }
                 }
-                Err(retry) => {
-                    add(&m.fallback_denials, 1);
-                    out(false, Source::Fallback, retry)
-                }
-            },
+            }
         }
     }
 

@@ -114,7 +114,11 @@ impl LeaseConfig {
         let period = self.limit.period.as_nanos().min(u64::MAX as u128) as u64;
         let k = if lease_demand.is_finite() { lease_demand.clamp(1.0, 3.0) } else { 1.0 };
         // ¾: the instances together ask a third more than the refill, so that it is taken.
-        let share = if self.instances > 1 { (self.interval_ns() as f64 * self.instances as f64 * k * 0.75).min(u64::MAX as f64 / 2.0) as u64 } else { 0 };
+        let share = if self.instances > 1 {
+            (self.interval_ns() as f64 * self.instances as f64 * k * 0.75).min(u64::MAX as f64 / 2.0) as u64
+        } else {
+            0
+        };
         self.horizon_ns.max(share).min(period)
     }
 
@@ -330,7 +334,8 @@ impl KeyState {
 
     fn new_claim(&mut self, now: u64, size: ClaimSize, cost: u64, background: bool, m: &Metrics) -> ClaimRequest {
         self.next_claim += 1;
-        let claim = ClaimRequest { id: self.next_claim, units: size.units, partial: size.partial, sent_at: now, background };
+        let claim =
+            ClaimRequest { id: self.next_claim, units: size.units, partial: size.partial, sent_at: now, background };
         self.in_flight = Some(InFlight { claim, cost });
         self.call_credit = self.call_credit.saturating_sub(1);
         self.totals.calls += 1;
@@ -463,7 +468,8 @@ impl KeyState {
         if let Some(d) = self.hold.filter(|d| now < d.until && need >= d.need) {
             add(&m.over_limit_cache_hits, 1);
             // Claim ahead of the hold's end, so that units are back when it ends.
-            let refill = if now.saturating_add(self.lead(cfg)) >= d.until { self.background(now, cfg, m) } else { None };
+            let refill =
+                if now.saturating_add(self.lead(cfg)) >= d.until { self.background(now, cfg, m) } else { None };
             return Verdict::Limited { retry_after_ns: Some(d.until - now), by: LimitedBy::Cache, refill };
         }
         let size = self.size(now, need, cfg);
@@ -472,7 +478,14 @@ impl KeyState {
 
     /// The reply to claim `claim` arrived at `now`. Returns the verdict for the request that made
     /// it (`None` for a background claim, or a reply to a claim given up as lost).
-    pub fn on_claim_reply(&mut self, now: u64, claim: &ClaimRequest, d: &Decision, cfg: &LeaseConfig, m: &Metrics) -> Option<Verdict> {
+    pub fn on_claim_reply(
+        &mut self,
+        now: u64,
+        claim: &ClaimRequest,
+        d: &Decision,
+        cfg: &LeaseConfig,
+        m: &Metrics,
+    ) -> Option<Verdict> {
         let initiator = match self.in_flight {
             Some(f) if f.claim.id == claim.id => {
                 self.in_flight = None;
@@ -499,7 +512,11 @@ impl KeyState {
         self.totals.claimed += granted;
         add(&m.units_claimed, granted);
         if granted > 0 {
-            let lease = Lease { units: granted, expires_at: claim.sent_at.saturating_add(cfg.lease_span(d)), claim_sent_at: claim.sent_at };
+            let lease = Lease {
+                units: granted,
+                expires_at: claim.sent_at.saturating_add(cfg.lease_span(d)),
+                claim_sent_at: claim.sent_at,
+            };
             let at = self.leases.partition_point(|l| l.expires_at <= lease.expires_at);
             self.leases.insert(at, lease);
         }
@@ -544,7 +561,9 @@ impl KeyState {
         } else if granted == 0 {
             add(&m.redis_denials, 1);
             // The hold's end: the server-named instant, or later while paced.
-            let retry_after_ns = d.retry_after.map(|r| self.hold.filter(|h| h.until > now).map_or(r.as_nanos().min(u64::MAX as u128) as u64, |h| h.until - now));
+            let retry_after_ns = d.retry_after.map(|r| {
+                self.hold.filter(|h| h.until > now).map_or(r.as_nanos().min(u64::MAX as u128) as u64, |h| h.until - now)
+            });
             let by = if retry_after_ns.is_none() { LimitedBy::Never } else { LimitedBy::Redis };
             Some(Verdict::Limited { retry_after_ns, by, refill: None })
         } else {
@@ -681,9 +700,15 @@ mod tests {
         let Verdict::Claim(cl) = k.on_request(0, 1, &c, &m) else { panic!() };
         let v = k.on_claim_reply(0, &cl, &reply(0, 10, 0, 250, 1000), &c, &m);
         assert_eq!(v, Some(Verdict::Limited { retry_after_ns: Some(250_000_000), by: LimitedBy::Redis, refill: None }));
-        assert_eq!(k.on_request(S / 10, 1, &c, &m), Verdict::Limited { retry_after_ns: Some(150_000_000), by: LimitedBy::Cache, refill: None });
+        assert_eq!(
+            k.on_request(S / 10, 1, &c, &m),
+            Verdict::Limited { retry_after_ns: Some(150_000_000), by: LimitedBy::Cache, refill: None }
+        );
         assert!(matches!(k.on_request(S / 4, 1, &c, &m), Verdict::Claim(_)));
-        assert_eq!(k.on_request(S / 4, 11, &c, &m), Verdict::Limited { retry_after_ns: None, by: LimitedBy::Never, refill: None });
+        assert_eq!(
+            k.on_request(S / 4, 11, &c, &m),
+            Verdict::Limited { retry_after_ns: None, by: LimitedBy::Never, refill: None }
+        );
     }
 
     #[test]
@@ -709,7 +734,10 @@ mod tests {
         let _ = k.on_claim_reply(t, &cl, &reply(10, 10_000, 0, -1, 100), &c, &m);
         k.take(k.held());
         // Held for about the horizon (jittered ±50%), refused locally meanwhile.
-        let Verdict::Limited { retry_after_ns: Some(r), by: LimitedBy::Cache, .. } = k.on_request(t + 1, 1, &c, &m) else { panic!() };
+        let Verdict::Limited { retry_after_ns: Some(r), by: LimitedBy::Cache, .. } = k.on_request(t + 1, 1, &c, &m)
+        else {
+            panic!()
+        };
         assert!((c.horizon_ns / 2..c.horizon_ns * 3 / 2).contains(&(r + 1)), "{r}");
     }
 
@@ -741,7 +769,11 @@ mod tests {
         assert!(r.is_empty());
         assert_eq!((k.held(), k.totals().expired), (0, 49));
         // A slow bucket (1 per s): the rest goes back (the server deducts the refill).
-        let slow = LeaseConfig { return_margin_ns: 0, lease_ns: 10 * S, ..LeaseConfig::new(Limit::token_bucket(1, Duration::from_secs(1)).with_burst(100)) };
+        let slow = LeaseConfig {
+            return_margin_ns: 0,
+            lease_ns: 10 * S,
+            ..LeaseConfig::new(Limit::token_bucket(1, Duration::from_secs(1)).with_burst(100))
+        };
         let mut k = KeyState::new();
         let Verdict::Claim(cl) = k.on_request(0, 1, &slow, &m) else { panic!() };
         let big = ClaimRequest { units: 50, partial: true, ..cl };

@@ -31,6 +31,6 @@ pub use lease::LeaseConfig;
 pub use limiter::{Limiter, LimiterConfig};
 pub use metrics::MetricsSnapshot;
 pub use policy::FailurePolicy;
-pub use spec::{Algorithm, Limit};
 /// The `redis` crate this client is built on (use it to open connections).
 pub use redis;
+pub use spec::{Algorithm, Limit};

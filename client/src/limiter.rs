@@ -179,14 +179,24 @@ fn is_outage(e: &RedisError) -> bool {
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
-        || matches!(e.kind(), ErrorKind::IoError | ErrorKind::BusyLoadingError | ErrorKind::TryAgain | ErrorKind::ClusterDown | ErrorKind::MasterDown | ErrorKind::ClusterConnectionNotFound)
+        || matches!(
+            e.kind(),
+            ErrorKind::IoError
+                | ErrorKind::BusyLoadingError
+                | ErrorKind::TryAgain
+                | ErrorKind::ClusterDown
+                | ErrorKind::MasterDown
+                | ErrorKind::ClusterConnectionNotFound
+        )
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
     /// A limiter over `conn`. Starts its housekeeping task on the current tokio runtime.
     pub fn new(conn: C, config: LimiterConfig) -> Limiter<C> {
         let shared = Shared::new(config.engine_config());
-        let shards = (0..config.shards.max(1)).map(|_| Shard { engine: Mutex::new(Engine::with_shared(shared.clone())), notify: Notify::new() }).collect();
+        let shards = (0..config.shards.max(1))
+            .map(|_| Shard { engine: Mutex::new(Engine::with_shared(shared.clone())), notify: Notify::new() })
+            .collect();
         let inner = Arc::new(Inner { conn, config, shared, shards, hasher: Default::default(), epoch: Instant::now() });
         let weak = Arc::downgrade(&inner);
         let period = config.tick.max(Duration::from_millis(1));
@@ -267,7 +277,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
 
     /// Sends a claim and reports it; answers the next step of the request that sent it.
     async fn claim(self: Arc<Self>, key: String, c: ClaimRequest, cost: u64) -> Option<Step> {
-        let cmd = commands::limit_cmd(&key, &self.config.limit, Options { cost: Some(c.units), partial: c.partial, dry_run: false });
+        let cmd = commands::limit_cmd(
+            &key,
+            &self.config.limit,
+            Options { cost: Some(c.units), partial: c.partial, dry_run: false },
+        );
         let mut conn = self.conn.clone();
         let res = tokio::time::timeout(self.config.timeout, cmd.query_async::<Decision>(&mut conn)).await;
         let now = self.now();
@@ -312,7 +326,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     async fn give_back(self: Arc<Self>, key: String, r: ReturnRequest) {
         let age = Duration::from_nanos(self.now().saturating_sub(r.claim_sent_at)) + self.config.timeout;
         let mut conn = self.conn.clone();
-        let res = tokio::time::timeout(self.config.timeout, commands::give_back(&mut conn, &key, r.units, Some(age))).await;
+        let res =
+            tokio::time::timeout(self.config.timeout, commands::give_back(&mut conn, &key, r.units, Some(age))).await;
         let e = self.lock(&key);
         match res {
             Ok(Ok(n)) => e.on_return_reply(n),

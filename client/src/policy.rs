@@ -20,7 +20,11 @@ pub enum FailurePolicy {
 impl FailurePolicy {
     /// `limit` per `period` locally, bursts of `limit`.
     pub fn local(limit: u64, period: std::time::Duration) -> FailurePolicy {
-        FailurePolicy::LocalFallback { limit: limit.max(1), period_ns: period.as_nanos().min(u64::MAX as u128) as u64, burst: limit.max(1) }
+        FailurePolicy::LocalFallback {
+            limit: limit.max(1),
+            period_ns: period.as_nanos().min(u64::MAX as u128) as u64,
+            burst: limit.max(1),
+        }
     }
 }
 

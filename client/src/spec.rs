@@ -131,7 +131,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (digits, unit) = s.split_at(split);
-    let n: u64 = digits.parse().ok().filter(|n| *n > 0).ok_or_else(|| format!("invalid duration '{s}': expected a positive integer with an optional unit us, ms, s, m, h or d"))?;
+    let n: u64 = digits.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+        format!("invalid duration '{s}': expected a positive integer with an optional unit us, ms, s, m, h or d")
+    })?;
     let unit_us: u64 = match unit.to_ascii_lowercase().as_str() {
         "us" => 1,
         "ms" => 1_000,

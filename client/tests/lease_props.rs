@@ -22,14 +22,24 @@ use redis_ratelimit_client::{Decision, Engine, EngineConfig, FailurePolicy, Leas
 #[derive(Clone, Debug)]
 enum Op {
     /// A request on key `k` for `cost` units.
-    Request { k: u8, cost: u64 },
+    Request {
+        k: u8,
+        cost: u64,
+    },
     /// The oldest outstanding claim gets a reply: grant `frac`/8 of it (exact: all or nothing).
-    Reply { frac: u8, remaining: u64, retry_ms: i64, reset_ms: i64 },
+    Reply {
+        frac: u8,
+        remaining: u64,
+        retry_ms: i64,
+        reset_ms: i64,
+    },
     /// The oldest outstanding claim fails.
     Error,
     /// The oldest outstanding claim is abandoned (its task dropped).
     Abandon,
-    Advance { ns: u64 },
+    Advance {
+        ns: u64,
+    },
     Tick,
 }
 
@@ -141,7 +151,8 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, ops: Vec<Op>) {
     lease.batching = batching;
     lease.instances = 2;
     lease.stale_claim_ns = u64::MAX / 4;
-    let config = EngineConfig { lease, breaker: BreakerConfig { failures: 2, cool_down_ns: 50_000_000 }, policy, shadow: false };
+    let config =
+        EngineConfig { lease, breaker: BreakerConfig { failures: 2, cool_down_ns: 50_000_000 }, policy, shadow: false };
     let mut r = Run {
         engine: Engine::new(config),
         now: 1_000_000_000,
@@ -162,9 +173,22 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, ops: Vec<Op>) {
                     continue;
                 }
                 let p = r.pending.remove(0);
-                let granted = if p.claim.partial { p.claim.units * frac as u64 / 8 } else if frac >= 4 { p.claim.units } else { 0 };
+                let granted = if p.claim.partial {
+                    p.claim.units * frac as u64 / 8
+                } else if frac >= 4 {
+                    p.claim.units
+                } else {
+                    0
+                };
                 let retry = if granted > 0 { -1 } else { retry_ms };
-                let d = Decision::from_fields(granted as i64, limit.capacity() as i64, remaining.min(limit.capacity()) as i64, retry, reset_ms, None);
+                let d = Decision::from_fields(
+                    granted as i64,
+                    limit.capacity() as i64,
+                    remaining.min(limit.capacity()) as i64,
+                    retry,
+                    reset_ms,
+                    None,
+                );
                 if let Some(s) = r.engine.on_reply(r.now, &p.key, &p.claim, p.cost, &d) {
                     r.handle(p.key, p.cost, s, true);
                 }
@@ -209,7 +233,10 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, ops: Vec<Op>) {
         assert_eq!(m.units_served, r.admitted_units);
         assert!(m.units_served <= m.units_claimed);
     }
-    assert_eq!(m.units_claimed, m.units_served + m.units_returned + m.units_expired + r.engine.keys().map(|(_, s)| s.held()).sum::<u64>());
+    assert_eq!(
+        m.units_claimed,
+        m.units_served + m.units_returned + m.units_expired + r.engine.keys().map(|(_, s)| s.held()).sum::<u64>()
+    );
 }
 
 proptest! {
@@ -237,7 +264,8 @@ proptest! {
 #[test]
 fn cold_key_costs_what_per_request_checking_costs() {
     let lease = LeaseConfig::new(Limit::token_bucket(100, Duration::from_secs(60)));
-    let config = EngineConfig { lease, breaker: BreakerConfig::default(), policy: FailurePolicy::FailClosed, shadow: false };
+    let config =
+        EngineConfig { lease, breaker: BreakerConfig::default(), policy: FailurePolicy::FailClosed, shadow: false };
     let mut e: Engine<&str> = Engine::new(config);
     let mut now = 0;
     for i in 0..100 {
@@ -245,7 +273,9 @@ fn cold_key_costs_what_per_request_checking_costs() {
         let Step::Send(c) = e.check(now, &"k", 1) else { panic!("request {i} not a claim") };
         assert!(!c.partial && c.units == 1);
         let d = Decision::from_fields(1, 100, 50, -1, 600, None);
-        assert!(matches!(e.on_reply(now + 200_000, &"k", &c, 1, &d), Some(Step::Done { outcome, refill: None }) if outcome.allowed));
+        assert!(
+            matches!(e.on_reply(now + 200_000, &"k", &c, 1, &d), Some(Step::Done { outcome, refill: None }) if outcome.allowed)
+        );
         assert!(e.tick(now + 300_000).is_empty());
     }
     let m = e.metrics();

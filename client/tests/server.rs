@@ -46,7 +46,19 @@ async fn has_return(conn: &mut ConnectionManager) -> bool {
 /// `served + returned + expired ≤ claimed` from the counters (held units make up the rest).
 fn accounting(m: &MetricsSnapshot) {
     assert!(m.units_served + m.units_returned + m.units_expired <= m.units_claimed, "{m:?}");
-    assert_eq!(m.requests, m.local_admits + m.redis_admits + m.redis_denials + m.over_limit_cache_hits + m.never_denials + m.fallback_admits + m.fallback_denials + m.fail_open_admits + m.fail_closed_denials, "{m:?}");
+    assert_eq!(
+        m.requests,
+        m.local_admits
+            + m.redis_admits
+            + m.redis_denials
+            + m.over_limit_cache_hits
+            + m.never_denials
+            + m.fallback_admits
+            + m.fallback_denials
+            + m.fail_open_admits
+            + m.fail_closed_denials,
+        "{m:?}"
+    );
 }
 
 async fn until(what: &str, deadline: Duration, mut f: impl AsyncFnMut() -> bool) {
@@ -79,7 +91,9 @@ async fn typed_calls<C: redis::aio::ConnectionLike>(conn: &mut C, i: usize) {
     assert_eq!(d.remaining, 4);
     let tag = format!("{{t{i}}}");
     let (a, b) = (format!("{tag}:a"), format!("{tag}:b"));
-    let m = commands::multi(conn, &[(&a, Limit::gcra(2, p)), (&b, Limit::sliding(3, HOUR))], Options::default()).await.unwrap();
+    let m = commands::multi(conn, &[(&a, Limit::gcra(2, p)), (&b, Limit::sliding(3, HOUR))], Options::default())
+        .await
+        .unwrap();
     assert!(m.admitted() && m.limits.len() == 2);
     assert_eq!(m.binding().unwrap().limit, 2);
     let info = commands::info(conn, &k("g")).await.unwrap().unwrap();
@@ -151,7 +165,10 @@ async fn unused_units_go_back_on_shutdown_and_when_idle() {
         let info = commands::info(conn, key).await.unwrap().unwrap();
         redis::from_redis_value(&info.iter().find(|(f, _)| f == "available").unwrap().1).unwrap()
     };
-    let limiter = Limiter::new(conn.clone(), LimiterConfig::new(limit).lease(Duration::from_secs(30)).timeout(Duration::from_secs(5)));
+    let limiter = Limiter::new(
+        conn.clone(),
+        LimiterConfig::new(limit).lease(Duration::from_secs(30)).timeout(Duration::from_secs(5)),
+    );
     for _ in 0..200 {
         assert!(limiter.check("k", 1).await.allowed);
     }
@@ -240,7 +257,10 @@ async fn outage_then_recovery(policy: FailurePolicy, frozen: bool) -> (Vec<Sourc
     } else {
         s.start_again();
     }
-    until("recovery", Duration::from_secs(60), async || matches!(limiter.check("k", 1).await.source, Source::Redis | Source::Local)).await;
+    until("recovery", Duration::from_secs(60), async || {
+        matches!(limiter.check("k", 1).await.source, Source::Redis | Source::Local)
+    })
+    .await;
     accounting(&limiter.metrics());
     (sources, allowed, during)
 }
@@ -283,7 +303,8 @@ async fn local_fallback_enforces_its_own_limit() {
 async fn shadow_mode_lets_everything_through_and_counts() {
     let s = Server::start();
     let conn = manager(&s).await;
-    let limiter = Limiter::new(conn, LimiterConfig::new(Limit::gcra(3, HOUR)).shadow(true).timeout(Duration::from_secs(5)));
+    let limiter =
+        Limiter::new(conn, LimiterConfig::new(Limit::gcra(3, HOUR)).shadow(true).timeout(Duration::from_secs(5)));
     let mut would_block = 0;
     for _ in 0..10 {
         let o = limiter.check("shadow", 1).await;
@@ -299,7 +320,8 @@ async fn shadow_mode_lets_everything_through_and_counts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limiter_over_resp3() {
     let s = Server::start();
-    let limiter = Limiter::new(resp3(&s).await, LimiterConfig::new(Limit::sliding(50, HOUR)).timeout(Duration::from_secs(5)));
+    let limiter =
+        Limiter::new(resp3(&s).await, LimiterConfig::new(Limit::sliding(50, HOUR)).timeout(Duration::from_secs(5)));
     let mut admitted = 0;
     for _ in 0..80 {
         admitted += limiter.check("r3", 1).await.allowed as u64;
@@ -312,7 +334,8 @@ async fn limiter_over_resp3() {
 async fn concurrent_callers_share_one_claim_per_key() {
     let s = Server::start();
     let conn = manager(&s).await;
-    let limiter = Limiter::new(conn, LimiterConfig::new(Limit::token_bucket(100, HOUR)).timeout(Duration::from_secs(5)));
+    let limiter =
+        Limiter::new(conn, LimiterConfig::new(Limit::token_bucket(100, HOUR)).timeout(Duration::from_secs(5)));
     let tasks: Vec<_> = (0..8)
         .map(|_| {
             let l = limiter.clone();
@@ -341,7 +364,13 @@ async fn cluster_typed_calls_and_limiter() {
     let urls: Vec<String> = cluster.nodes.iter().map(|n| n.url()).collect();
     let client = redis::cluster::ClusterClient::new(urls).unwrap();
     let mut conn = client.get_async_connection().await.unwrap();
-    let m = commands::multi(&mut conn, &[("{u1}:ip", Limit::gcra(2, HOUR)), ("{u1}:user", Limit::fixed(3, HOUR))], Options::default()).await.unwrap();
+    let m = commands::multi(
+        &mut conn,
+        &[("{u1}:ip", Limit::gcra(2, HOUR)), ("{u1}:user", Limit::fixed(3, HOUR))],
+        Options::default(),
+    )
+    .await
+    .unwrap();
     assert!(m.admitted());
     let limiter = Limiter::new(conn, LimiterConfig::new(Limit::token_bucket(10, HOUR)).timeout(Duration::from_secs(5)));
     for key in ["a", "b", "c", "d", "e", "f"] {

@@ -177,7 +177,8 @@ pub fn args_target(data: &[u8]) {
             Some(b'-') => (true, &a[1..]),
             _ => (false, &a[..]),
         };
-        let want = ref_digits(body).filter(|&v| v <= i64::MAX as u128).map(|v| if neg { -(v as i128) } else { v as i128 });
+        let want =
+            ref_digits(body).filter(|&v| v <= i64::MAX as u128).map(|v| if neg { -(v as i128) } else { v as i128 });
         match args::integer(a, "us") {
             Ok(v) => assert_eq!(Some(v as i128), want),
             Err(e) => {
@@ -214,8 +215,13 @@ pub fn args_target(data: &[u8]) {
         Ok(g) => {
             assert!(argv.len() == 1 || argv.len() == 3, "RL.RETURN accepted {} arguments", argv.len());
             assert_eq!(Some(g.n as u128), ref_digits(argv[0]).filter(|&n| n >= 1 && n <= MAX_COUNT as u128));
-            let age_ms = argv.get(2).map(|a| ref_digits(a).filter(|&v| v <= MAX_COUNT as u128).expect("AGE accepted but not digits"));
-            assert_eq!(g.age.map(|ns| ns as u128), age_ms.map(|ms| (ms * NANOS_PER_MILLI as u128).min(i64::MAX as u128)));
+            let age_ms = argv
+                .get(2)
+                .map(|a| ref_digits(a).filter(|&v| v <= MAX_COUNT as u128).expect("AGE accepted but not digits"));
+            assert_eq!(
+                g.age.map(|ns| ns as u128),
+                age_ms.map(|ms| (ms * NANOS_PER_MILLI as u128).min(i64::MAX as u128))
+            );
         }
         Err(e) => assert_err_message(&e),
     }
@@ -284,7 +290,8 @@ pub fn codec_target(data: &[u8]) {
     // Every limiter, at a few instants, on whatever the key holds.
     if let Some(s) = &key {
         let mut b = Bytes(rest);
-        for now in [0, 1_700_000_000 * NANOS_PER_SEC, sliding_log::MAX_TS * NANOS_PER_MICRO, b.u64() as i64 & i64::MAX] {
+        for now in [0, 1_700_000_000 * NANOS_PER_SEC, sliding_log::MAX_TS * NANOS_PER_MICRO, b.u64() as i64 & i64::MAX]
+        {
             let spec = same_params(s);
             let req = Request { cost: b.below(4), partial: b.bool() };
             check_once(&spec, Some(s), now, req);
@@ -524,11 +531,17 @@ pub fn algorithms_target(data: &[u8]) {
                     let at = now.saturating_add(r);
                     if at <= MAX_NOW {
                         let (later, _) = check_once(&spec, held, at, req);
-                        assert!(later.allowed > 0, "{spec:?}: told to retry after {r} ns at {now}, still limited then ({later:?})");
+                        assert!(
+                            later.allowed > 0,
+                            "{spec:?}: told to retry after {r} ns at {now}, still limited then ({later:?})"
+                        );
                         let step = if algo == Algorithm::SlidingLog { NANOS_PER_MICRO } else { 1 };
                         if r > step && !matches!(spec, Spec::Sliding(_)) {
                             let (earlier, _) = check_once(&spec, held, at - step, req);
-                            assert_eq!(earlier.allowed, 0, "{spec:?}: retry_after {r} ns at {now} is late: admitted {step} ns earlier");
+                            assert_eq!(
+                                earlier.allowed, 0,
+                                "{spec:?}: retry_after {r} ns at {now} is late: admitted {step} ns earlier"
+                            );
                         }
                     }
                 }

@@ -135,7 +135,11 @@ impl State {
         let state = match algo {
             Algorithm::Gcra | Algorithm::Leaky => {
                 let s = gcra::State { rate: r.rate()?, tat: r.scaled()? };
-                if algo == Algorithm::Gcra { State::Gcra(s) } else { State::Leaky(leaky::State(s)) }
+                if algo == Algorithm::Gcra {
+                    State::Gcra(s)
+                } else {
+                    State::Leaky(leaky::State(s))
+                }
             }
             Algorithm::TokenBucket => {
                 let rate = r.rate()?;
@@ -145,12 +149,9 @@ impl State {
                 }
                 State::TokenBucket(token_bucket::State { rate, tokens, last: r.i64()? })
             }
-            Algorithm::Sliding => State::Sliding(sliding::State {
-                win: r.window()?,
-                index: r.i64()?,
-                prev: r.units()?,
-                curr: r.units()?,
-            }),
+            Algorithm::Sliding => {
+                State::Sliding(sliding::State { win: r.window()?, index: r.i64()?, prev: r.units()?, curr: r.units()? })
+            }
             Algorithm::Fixed => State::Fixed(fixed::State { win: r.window()?, index: r.i64()?, count: r.units()? }),
             Algorithm::SlidingLog => State::SlidingLog(Box::new(decode_log(&mut r)?)),
         };

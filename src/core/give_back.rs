@@ -110,7 +110,12 @@ pub fn credit_gcra(s: &gcra::State, n: u64, age: Nanos, now: Nanos) -> (u64, Opt
 }
 
 /// Token bucket: refilled to now, then credited, never above BURST.
-pub fn credit_token_bucket(s: &token_bucket::State, n: u64, age: Nanos, now: Nanos) -> (u64, Option<token_bucket::State>) {
+pub fn credit_token_bucket(
+    s: &token_bucket::State,
+    n: u64,
+    age: Nanos,
+    now: Nanos,
+) -> (u64, Option<token_bucket::State>) {
     match credit_balance(&s.rate, s.tokens_scaled(now), n, age) {
         Some((credited, tokens)) => (credited, Some(token_bucket::State { rate: s.rate, tokens, last: now })),
         None => (0, None),

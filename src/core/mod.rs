@@ -275,11 +275,8 @@ pub(crate) fn bucket_decision(rate: &Rate, tokens: i128, req: Request) -> (Decis
     let granted = req.grant(available);
     let left = tokens - granted as i128 * p;
     let need = req.needed() as i128 * p;
-    let retry_after = if granted > 0 || req.cost == 0 || need > cap {
-        None
-    } else {
-        Some(to_nanos(div_ceil_i128(need - tokens, l)))
-    };
+    let retry_after =
+        if granted > 0 || req.cost == 0 || need > cap { None } else { Some(to_nanos(div_ceil_i128(need - tokens, l))) };
     let decision = Decision {
         allowed: granted,
         limit: rate.burst,

@@ -11,11 +11,11 @@
 //! * `RL_KEEP_DIRS`    – if set, server dirs are not removed on drop
 #![allow(dead_code)]
 
+use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::thread::sleep;
@@ -39,8 +39,9 @@ pub fn module_path() -> PathBuf {
         _ => {
             // The module's own tests, or a workspace member's (client/): the workspace target.
             let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-            let candidates = [manifest.join("target"), manifest.join("..").join("target"), manifest.join("../..").join("target")]
-                .map(|t| t.join("release").join("libredis_ratelimit.so"));
+            let candidates =
+                [manifest.join("target"), manifest.join("..").join("target"), manifest.join("../..").join("target")]
+                    .map(|t| t.join("release").join("libredis_ratelimit.so"));
             candidates.iter().find(|p| p.is_file()).unwrap_or(&candidates[0]).clone()
         }
     };
@@ -80,20 +81,13 @@ pub struct Opts {
 
 impl Default for Opts {
     fn default() -> Self {
-        Opts {
-            debug_clock: true,
-            appendonly: false,
-            replica_of: None,
-            extra: Vec::new(),
-        }
+        Opts { debug_clock: true, appendonly: false, replica_of: None, extra: Vec::new() }
     }
 }
 
 impl Opts {
     fn cluster_enabled(&self) -> bool {
-        self.extra
-            .iter()
-            .any(|(k, v)| k.eq_ignore_ascii_case("cluster-enabled") && v.eq_ignore_ascii_case("yes"))
+        self.extra.iter().any(|(k, v)| k.eq_ignore_ascii_case("cluster-enabled") && v.eq_ignore_ascii_case("yes"))
     }
 }
 
@@ -111,13 +105,9 @@ static DIR_COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 fn fresh_dir() -> PathBuf {
     let n = DIR_COUNTER.fetch_add(1, Ordering::SeqCst);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let dir = std::env::temp_dir().join(format!("rl-test-{}-{}-{}", std::process::id(), n, nanos));
-    std::fs::create_dir_all(&dir)
-        .unwrap_or_else(|e| panic!("cannot create temp dir {}: {e}", dir.display()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create temp dir {}: {e}", dir.display()));
     dir
 }
 
@@ -164,11 +154,7 @@ fn ping_port(port: u16, timeout: Duration) -> Result<String, String> {
 
 /// The value of `field` in an INFO text.
 pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
-    info.lines().find_map(|l| {
-        l.strip_prefix(field)
-            .and_then(|rest| rest.strip_prefix(':'))
-            .map(|v| v.trim())
-    })
+    info.lines().find_map(|l| l.strip_prefix(field).and_then(|rest| rest.strip_prefix(':')).map(|v| v.trim()))
 }
 
 fn send_signal(pid: u32, sig: &str) {
@@ -195,14 +181,7 @@ impl Server {
     pub fn start_with(opts: Opts) -> Server {
         let module = module_path();
         let dir = fresh_dir();
-        let mut server = Server {
-            port: 0,
-            dir,
-            bus_port: None,
-            opts,
-            module,
-            child: None,
-        };
+        let mut server = Server { port: 0, dir, bus_port: None, opts, module, child: None };
         let mut last = String::new();
         for _ in 0..START_ATTEMPTS {
             server.port = free_port();
@@ -300,9 +279,7 @@ impl Server {
             .append(true)
             .open(&err_path)
             .map_err(|e| SpawnError::Fatal(format!("cannot open {}: {e}", err_path.display())))?;
-        let err_file2 = err_file
-            .try_clone()
-            .map_err(|e| SpawnError::Fatal(format!("cannot dup stderr file: {e}")))?;
+        let err_file2 = err_file.try_clone().map_err(|e| SpawnError::Fatal(format!("cannot dup stderr file: {e}")))?;
         let args = self.command_line();
         let child = Command::new(redis_server_bin())
             .args(&args)
@@ -311,7 +288,12 @@ impl Server {
             .stdout(Stdio::from(err_file))
             .stderr(Stdio::from(err_file2))
             .spawn()
-            .map_err(|e| SpawnError::Fatal(format!("cannot spawn {}: {e} (is redis-server installed? run `make deps`)", redis_server_bin())))?;
+            .map_err(|e| {
+                SpawnError::Fatal(format!(
+                    "cannot spawn {}: {e} (is redis-server installed? run `make deps`)",
+                    redis_server_bin()
+                ))
+            })?;
         self.child = Some(child);
 
         let deadline = Instant::now() + START_TIMEOUT;
@@ -435,9 +417,7 @@ impl Server {
 
     fn try_info(&self, section: &str) -> Result<String, String> {
         let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
-        let mut con = client
-            .get_connection_with_timeout(Duration::from_secs(2))
-            .map_err(|e| e.to_string())?;
+        let mut con = client.get_connection_with_timeout(Duration::from_secs(2)).map_err(|e| e.to_string())?;
         con.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
         let mut cmd = redis::cmd("INFO");
         for sec in section.split_whitespace() {
@@ -579,11 +559,9 @@ impl Cluster {
         let total = primaries * (1 + replicas_per_primary);
         let mut opts = opts;
         assert!(opts.replica_of.is_none(), "replica_of makes no sense for cluster nodes");
-        for (k, v) in [
-            ("cluster-enabled", "yes"),
-            ("cluster-config-file", "nodes.conf"),
-            ("cluster-node-timeout", "2000"),
-        ] {
+        for (k, v) in
+            [("cluster-enabled", "yes"), ("cluster-config-file", "nodes.conf"), ("cluster-node-timeout", "2000")]
+        {
             opts.extra.push((k.to_string(), v.to_string()));
         }
 
@@ -613,18 +591,9 @@ impl Cluster {
         for n in &cluster.nodes {
             cmd.arg(format!("127.0.0.1:{}", n.port));
         }
-        cmd.arg("--cluster-replicas")
-            .arg(replicas_per_primary.to_string())
-            .arg("--cluster-yes")
-            .stdin(Stdio::null());
-        let out = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", redis_cli_bin()));
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        cmd.arg("--cluster-replicas").arg(replicas_per_primary.to_string()).arg("--cluster-yes").stdin(Stdio::null());
+        let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {}: {e}", redis_cli_bin()));
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         if !out.status.success() || !text.contains("[OK] All 16384 slots covered") {
             panic!("redis-cli --cluster create failed ({}):\n{text}", out.status);
         }
@@ -668,9 +637,8 @@ impl Cluster {
             let mport: u16 = info_field(&info, "master_port")
                 .and_then(|p| p.parse().ok())
                 .unwrap_or_else(|| panic!("replica {} has no master_port:\n{info}", r.port));
-            let primary = self
-                .node_by_port(mport)
-                .unwrap_or_else(|| panic!("replica {} follows unknown port {mport}", r.port));
+            let primary =
+                self.node_by_port(mport).unwrap_or_else(|| panic!("replica {} follows unknown port {mport}", r.port));
             wait_replica_synced(primary, r);
         }
     }
@@ -689,11 +657,7 @@ impl Cluster {
 
     /// The node currently serving `key`'s slot as primary (asks the first live node).
     pub fn primary_for_key(&self, key: &[u8]) -> &Server {
-        let any = self
-            .nodes
-            .iter()
-            .find(|n| n.alive())
-            .expect("no live cluster node");
+        let any = self.nodes.iter().find(|n| n.alive()).expect("no live cluster node");
         let mut con = any.conn();
         let slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query(&mut con).unwrap();
         let slots: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut con).unwrap();
@@ -730,10 +694,7 @@ fn cluster_info(n: &Server) -> String {
         Err(e) => return e.to_string(),
     };
     let _ = con.set_read_timeout(Some(Duration::from_secs(5)));
-    redis::cmd("CLUSTER")
-        .arg("INFO")
-        .query::<String>(&mut con)
-        .unwrap_or_else(|e| e.to_string())
+    redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut con).unwrap_or_else(|e| e.to_string())
 }
 
 impl Drop for Cluster {

@@ -65,14 +65,12 @@ impl Reply {
     /// A RL.INFO field/value flat array as (name, value) pairs.
     pub fn pairs(&self) -> Option<Vec<(String, Reply)>> {
         match self {
-            Reply::Array(Some(a)) if a.len() % 2 == 0 => a
-                .chunks(2)
-                .map(|kv| Some((String::from_utf8(kv[0].bulk()?.to_vec()).ok()?, kv[1].clone())))
-                .collect(),
-            Reply::Map(m) => m
-                .iter()
-                .map(|(k, v)| Some((String::from_utf8(k.bulk()?.to_vec()).ok()?, v.clone())))
-                .collect(),
+            Reply::Array(Some(a)) if a.len() % 2 == 0 => {
+                a.chunks(2).map(|kv| Some((String::from_utf8(kv[0].bulk()?.to_vec()).ok()?, kv[1].clone()))).collect()
+            }
+            Reply::Map(m) => {
+                m.iter().map(|(k, v)| Some((String::from_utf8(k.bulk()?.to_vec()).ok()?, v.clone()))).collect()
+            }
             _ => None,
         }
     }

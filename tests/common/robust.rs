@@ -221,5 +221,11 @@ pub fn cell_seconds(ns: Option<Nanos>) -> i64 {
 /// The CL.THROTTLE reply for a decision of a quantity-`q` request.
 pub fn throttle_ints_of(d: &Decision, q: u64) -> Vec<i64> {
     let limited = q > 0 && d.allowed == 0;
-    vec![limited as i64, d.limit as i64, d.remaining as i64, cell_seconds(d.retry_after), cell_seconds(Some(d.reset_after))]
+    vec![
+        limited as i64,
+        d.limit as i64,
+        d.remaining as i64,
+        cell_seconds(d.retry_after),
+        cell_seconds(Some(d.reset_after)),
+    ]
 }

@@ -9,14 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The six algorithm keywords (RL.MULTI spelling; the single-key commands are `RL.<name>`).
-pub const ALGOS: [&str; 6] = [
-    "GCRA",
-    "TOKENBUCKET",
-    "LEAKY",
-    "SLIDING",
-    "FIXED",
-    "SLIDINGLOG",
-];
+pub const ALGOS: [&str; 6] = ["GCRA", "TOKENBUCKET", "LEAKY", "SLIDING", "FIXED", "SLIDINGLOG"];
 
 /// xorshift64*: a seeded PRNG, no extra crates.
 pub struct Rng(pub u64);
@@ -48,10 +41,7 @@ impl Rng {
 }
 
 pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
 pub fn err_text(e: &redis::RedisError) -> String {
@@ -67,29 +57,15 @@ pub fn cmd_of(args: &[String]) -> redis::Cmd {
 }
 
 pub fn clock_set(con: &mut Connection, us: i64) {
-    let _: () = redis::cmd("RL.DEBUG")
-        .arg("CLOCK")
-        .arg("SET")
-        .arg(us)
-        .query(con)
-        .unwrap();
+    let _: () = redis::cmd("RL.DEBUG").arg("CLOCK").arg("SET").arg(us).query(con).unwrap();
 }
 
 pub fn clock_advance(con: &mut Connection, us: i64) {
-    let _: () = redis::cmd("RL.DEBUG")
-        .arg("CLOCK")
-        .arg("ADVANCE")
-        .arg(us)
-        .query(con)
-        .unwrap();
+    let _: () = redis::cmd("RL.DEBUG").arg("CLOCK").arg("ADVANCE").arg(us).query(con).unwrap();
 }
 
 pub fn clock_get(con: &mut Connection) -> i64 {
-    redis::cmd("RL.DEBUG")
-        .arg("CLOCK")
-        .arg("GET")
-        .query(con)
-        .unwrap()
+    redis::cmd("RL.DEBUG").arg("CLOCK").arg("GET").query(con).unwrap()
 }
 
 pub type Snap = BTreeMap<Vec<u8>, (Vec<u8>, i64)>;
@@ -133,10 +109,7 @@ pub fn assert_same(a: &Snap, b: &Snap, now: i64, what: &str) -> usize {
             (Some((da, ea)), Some((db, eb))) => {
                 compared += 1;
                 if da != db {
-                    problems.push(format!(
-                        "{name}: DUMP differs\n  {:02x?}\n  {:02x?}",
-                        da, db
-                    ));
+                    problems.push(format!("{name}: DUMP differs\n  {:02x?}\n  {:02x?}", da, db));
                 }
                 if ea != eb {
                     problems.push(format!("{name}: PEXPIRETIME differs: {ea} vs {eb}"));
@@ -153,11 +126,6 @@ pub fn assert_same(a: &Snap, b: &Snap, now: i64, what: &str) -> usize {
             (None, None) => unreachable!(),
         }
     }
-    assert!(
-        problems.is_empty(),
-        "{what}: {} problem(s):\n{}",
-        problems.len(),
-        problems.join("\n")
-    );
+    assert!(problems.is_empty(), "{what}: {} problem(s):\n{}", problems.len(), problems.join("\n"));
     compared
 }

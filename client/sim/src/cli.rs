@@ -46,7 +46,8 @@ pub fn main(args: Vec<String>) -> i32 {
 /// run is independent and seeded: the results do not depend on the threads), in a fixed order.
 pub fn run_all(scale: Scale, only: Option<&str>) -> Vec<Summary> {
     let leases = crate::lease::factory();
-    let scenarios: Vec<_> = scenarios::all(scale).into_iter().filter(|sc| only.is_none_or(|o| sc.name.contains(o))).collect();
+    let scenarios: Vec<_> =
+        scenarios::all(scale).into_iter().filter(|sc| only.is_none_or(|o| sc.name.contains(o))).collect();
     let jobs: Vec<(usize, scenarios::Mode)> =
         scenarios.iter().enumerate().flat_map(|(i, sc)| sc.modes.iter().map(move |m| (i, *m))).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -62,7 +63,13 @@ pub fn run_all(scale: Scale, only: Option<&str>) -> Vec<Summary> {
                         let started = std::time::Instant::now();
                         match scenarios::run(&scenarios[i], mode, leases.as_deref()) {
                             Some(s) => {
-                                eprintln!("{} / {}: {} requests in {:.1} s", s.scenario, s.mode, s.requests, started.elapsed().as_secs_f64());
+                                eprintln!(
+                                    "{} / {}: {} requests in {:.1} s",
+                                    s.scenario,
+                                    s.mode,
+                                    s.requests,
+                                    started.elapsed().as_secs_f64()
+                                );
                                 done.push((j, s));
                             }
                             None => eprintln!("{} / {}: mode not available", scenarios[i].name, mode.name()),

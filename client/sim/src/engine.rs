@@ -210,7 +210,12 @@ impl<'a> Engine<'a> {
         let keys = setup.specs.len();
         let mut clock_rng = Rng::fork(setup.seed, 3);
         let instances = (0..setup.instances.len())
-            .map(|_| Instance { model: None, generation: 0, offset: clock_rng.below(1_000_000_000_000) as Nanos, tick_at: None })
+            .map(|_| Instance {
+                model: None,
+                generation: 0,
+                offset: clock_rng.below(1_000_000_000_000) as Nanos,
+                tick_at: None,
+            })
             .collect();
         let mut e = Engine {
             setup,
@@ -367,7 +372,11 @@ impl<'a> Engine<'a> {
 
     /// Runs one model entry point on instance `i` (in its own clock), then carries out what
     /// it asked for.
-    fn drive(&mut self, i: usize, f: impl FnOnce(&mut dyn ClientModel, Nanos, &mut dyn FnMut() -> CallId, &mut Vec<Effect>)) {
+    fn drive(
+        &mut self,
+        i: usize,
+        f: impl FnOnce(&mut dyn ClientModel, Nanos, &mut dyn FnMut() -> CallId, &mut Vec<Effect>),
+    ) {
         let now = self.now + self.instances[i].offset;
         let mut out = Vec::new();
         let next = &mut self.next_call;
@@ -480,4 +489,3 @@ impl<'a> Engine<'a> {
         }
     }
 }
-

@@ -86,7 +86,15 @@ impl LeaseModel {
         }
     }
 
-    fn step(&mut self, now: Nanos, key: usize, caller: CallerId, step: Step, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+    fn step(
+        &mut self,
+        now: Nanos,
+        key: usize,
+        caller: CallerId,
+        step: Step,
+        calls: &mut dyn FnMut() -> CallId,
+        out: &mut Vec<Effect>,
+    ) {
         match step {
             Step::Done { outcome, refill } => {
                 let verdict = match (outcome.allowed, outcome.source) {
@@ -107,13 +115,26 @@ impl LeaseModel {
         let _ = now;
     }
 
-    fn claim(&mut self, key: usize, claim: ClaimRequest, caller: Option<CallerId>, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+    fn claim(
+        &mut self,
+        key: usize,
+        claim: ClaimRequest,
+        caller: Option<CallerId>,
+        calls: &mut dyn FnMut() -> CallId,
+        out: &mut Vec<Effect>,
+    ) {
         let call = calls();
         self.flights.insert(call, Flight::Claim { key, claim, caller });
         out.push(Effect::Send { call, command: Command::Check { key, cost: claim.units, partial: claim.partial } });
     }
 
-    fn returns(&mut self, now: Nanos, list: Vec<(usize, redis_ratelimit_client::lease::ReturnRequest)>, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+    fn returns(
+        &mut self,
+        now: Nanos,
+        list: Vec<(usize, redis_ratelimit_client::lease::ReturnRequest)>,
+        calls: &mut dyn FnMut() -> CallId,
+        out: &mut Vec<Effect>,
+    ) {
         for (key, r) in list {
             let call = calls();
             self.flights.insert(call, Flight::Return);
@@ -133,7 +154,14 @@ fn as_reply(d: &redis_ratelimit::core::Decision) -> Decision {
 }
 
 impl ClientModel for LeaseModel {
-    fn request(&mut self, now: Nanos, key: usize, caller: CallerId, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+    fn request(
+        &mut self,
+        now: Nanos,
+        key: usize,
+        caller: CallerId,
+        calls: &mut dyn FnMut() -> CallId,
+        out: &mut Vec<Effect>,
+    ) {
         if !self.started {
             self.started = true;
             self.next_tick = now + self.tick_every;
@@ -142,7 +170,14 @@ impl ClientModel for LeaseModel {
         self.step(now, key, caller, step, calls, out);
     }
 
-    fn outcome(&mut self, now: Nanos, call: CallId, outcome: Outcome, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+    fn outcome(
+        &mut self,
+        now: Nanos,
+        call: CallId,
+        outcome: Outcome,
+        calls: &mut dyn FnMut() -> CallId,
+        out: &mut Vec<Effect>,
+    ) {
         let t = now as u64;
         match self.flights.remove(&call) {
             None => {}

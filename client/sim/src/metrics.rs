@@ -133,7 +133,9 @@ pub fn summarize(scenario: &str, mode: &str, specs: &[Spec], lag: Lag, rec: &mut
         rec.phases.iter().find(|(n, _, _)| *n == "limited").map(|(_, _, c)| ratio(c.calls, c.requests));
     for (key, ts) in rec.enforced_at.iter().enumerate() {
         let p = period(&specs[key]);
-        for (w, got, b) in [(p, &mut s.max_in_window, &mut s.bound), (p / 10, &mut s.max_in_window_tenth, &mut s.bound_tenth)] {
+        for (w, got, b) in
+            [(p, &mut s.max_in_window, &mut s.bound), (p / 10, &mut s.max_in_window_tenth, &mut s.bound_tenth)]
+        {
             let m = max_in_window(ts, w);
             let bd = bound(&specs[key], w, lag);
             // The key closest to (or furthest over) its bound is the one reported.

@@ -75,9 +75,23 @@ pub struct ModelCounters {
 /// One instance's client, driven in (the instance's own) virtual time.
 pub trait ClientModel {
     /// A request for one unit of `key` arrives.
-    fn request(&mut self, now: Nanos, key: usize, caller: CallerId, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>);
+    fn request(
+        &mut self,
+        now: Nanos,
+        key: usize,
+        caller: CallerId,
+        calls: &mut dyn FnMut() -> CallId,
+        out: &mut Vec<Effect>,
+    );
     /// The outcome of call `call`.
-    fn outcome(&mut self, now: Nanos, call: CallId, outcome: Outcome, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>);
+    fn outcome(
+        &mut self,
+        now: Nanos,
+        call: CallId,
+        outcome: Outcome,
+        calls: &mut dyn FnMut() -> CallId,
+        out: &mut Vec<Effect>,
+    );
     /// Time passes (lease expiry, background claims, returns of idle units).
     fn tick(&mut self, now: Nanos, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>);
     /// When `tick` next has something to do.
@@ -130,13 +144,27 @@ impl PerRequest {
 }
 
 impl ClientModel for PerRequest {
-    fn request(&mut self, _now: Nanos, key: usize, caller: CallerId, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+    fn request(
+        &mut self,
+        _now: Nanos,
+        key: usize,
+        caller: CallerId,
+        calls: &mut dyn FnMut() -> CallId,
+        out: &mut Vec<Effect>,
+    ) {
         let call = calls();
         self.pending.insert(call, (caller, key));
         out.push(Effect::Send { call, command: Command::Check { key, cost: 1, partial: false } });
     }
 
-    fn outcome(&mut self, now: Nanos, call: CallId, outcome: Outcome, _calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+    fn outcome(
+        &mut self,
+        now: Nanos,
+        call: CallId,
+        outcome: Outcome,
+        _calls: &mut dyn FnMut() -> CallId,
+        out: &mut Vec<Effect>,
+    ) {
         let Some((caller, key)) = self.pending.remove(&call) else { return };
         let verdict = match outcome {
             Outcome::Answer(Answer::Decision(d)) if d.allowed > 0 => {

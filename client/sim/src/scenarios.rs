@@ -179,7 +179,11 @@ pub fn s4(scale: Scale) -> Scenario {
             sources: vec![steady(0, 8_000.0)],
             instances: instances(40, |i| (i + 1) as f64),
             duration: up + before,
-            outages: Outages(vec![(down, Availability::Refusing), (hang, Availability::Hanging), (up, Availability::Up)]),
+            outages: Outages(vec![
+                (down, Availability::Refusing),
+                (hang, Availability::Hanging),
+                (up, Availability::Up),
+            ]),
             phases: vec![
                 (0, "before"),
                 (down, "going down"),
@@ -296,14 +300,21 @@ pub fn invariants(sc: &Scenario, mode: Mode, lag: Lag, rec: &Record, s: &Summary
     let down = |name: &str| sc.down_phases.contains(&name);
     for (name, _, c) in &rec.phases {
         match policy {
-            FailurePolicy::Closed if c.open + c.fallback > 0 => v.push(format!("fail closed admitted without Redis in {name}: {c:?}")),
-            FailurePolicy::Open if !down(name) && c.fallback > 0 => v.push(format!("fail open used the fallback in {name}")),
+            FailurePolicy::Closed if c.open + c.fallback > 0 => {
+                v.push(format!("fail closed admitted without Redis in {name}: {c:?}"))
+            }
+            FailurePolicy::Open if !down(name) && c.fallback > 0 => {
+                v.push(format!("fail open used the fallback in {name}"))
+            }
             FailurePolicy::Fallback(_) if c.open > 0 => v.push(format!("local fallback admitted open in {name}")),
             _ => {}
         }
         if down(name) {
             if c.enforced > 0 {
-                v.push(format!("{name}: {} admitted against units while Redis was down and every lease had expired", c.enforced));
+                v.push(format!(
+                    "{name}: {} admitted against units while Redis was down and every lease had expired",
+                    c.enforced
+                ));
             }
             if policy == FailurePolicy::Open && c.limited > 0 {
                 v.push(format!("fail open limited {} requests in {name}", c.limited));

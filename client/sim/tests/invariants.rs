@@ -25,13 +25,22 @@ fn runs_are_deterministic() {
 /// The checks are not vacuous: a client that admits without claiming is caught.
 #[test]
 fn a_client_that_admits_without_claiming_is_caught() {
-    use redis_ratelimit_sim::model::{CallId, CallerId, ClientModel, Effect, FailurePolicy, ModelCounters, Outcome, Verdict};
+    use redis_ratelimit_sim::model::{
+        CallId, CallerId, ClientModel, Effect, FailurePolicy, ModelCounters, Outcome, Verdict,
+    };
     use redis_ratelimit_sim::scenarios::{run, s2, LeaseFactory, Mode};
     use redis_ratelimit_sim::Nanos;
 
     struct AdmitsEverything;
     impl ClientModel for AdmitsEverything {
-        fn request(&mut self, _: Nanos, _: usize, caller: CallerId, _: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+        fn request(
+            &mut self,
+            _: Nanos,
+            _: usize,
+            caller: CallerId,
+            _: &mut dyn FnMut() -> CallId,
+            out: &mut Vec<Effect>,
+        ) {
             out.push(Effect::Verdict { caller, verdict: Verdict::Enforced });
         }
         fn outcome(&mut self, _: Nanos, _: CallId, _: Outcome, _: &mut dyn FnMut() -> CallId, _: &mut Vec<Effect>) {}

@@ -42,7 +42,12 @@ fn certain_max_in_window(spans: &[(u64, u64)], w: u64) -> u64 {
     best
 }
 
-async fn instance(url: String, key: &'static str, t0: Instant, run: Duration) -> (Vec<(u64, u64)>, redis_ratelimit_client::MetricsSnapshot) {
+async fn instance(
+    url: String,
+    key: &'static str,
+    t0: Instant,
+    run: Duration,
+) -> (Vec<(u64, u64)>, redis_ratelimit_client::MetricsSnapshot) {
     let conn = ConnectionManager::new(redis::Client::open(url).unwrap()).await.unwrap();
     let limit = Limit { burst: Some(BURST), ..Limit::gcra(LIMIT, Duration::from_secs(1)) };
     let config = LimiterConfig::new(limit).lease(LEASE).instances(INSTANCES as u64).timeout(Duration::from_secs(2));

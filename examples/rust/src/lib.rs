@@ -47,11 +47,7 @@ impl Policy {
 }
 
 /// `RL.TOKENBUCKET key limit period BURST burst`, on any async connection.
-pub async fn check<C: ConnectionLike>(
-    conn: &mut C,
-    key: &str,
-    policy: &Policy,
-) -> RedisResult<Decision> {
+pub async fn check<C: ConnectionLike>(conn: &mut C, key: &str, policy: &Policy) -> RedisResult<Decision> {
     commands::check(conn, key, &policy.as_limit(), Options::default()).await
 }
 
@@ -65,11 +61,7 @@ pub struct Response {
 
 impl Response {
     fn json(status: u16, body: String, headers: Vec<(&'static str, String)>) -> Self {
-        Response {
-            status,
-            headers,
-            body,
-        }
+        Response { status, headers, body }
     }
 
     pub fn to_http(&self) -> String {
@@ -83,10 +75,7 @@ impl Response {
         };
         let mut out = format!("HTTP/1.1 {} {}\r\n", self.status, reason);
         out.push_str("Content-Type: application/json\r\n");
-        out.push_str(&format!(
-            "Content-Length: {}\r\nConnection: close\r\n",
-            self.body.len()
-        ));
+        out.push_str(&format!("Content-Length: {}\r\nConnection: close\r\n", self.body.len()));
         for (k, v) in &self.headers {
             out.push_str(&format!("{k}: {v}\r\n"));
         }
@@ -99,17 +88,9 @@ impl Response {
 /// The service's logic without the transport: rate-limit by API key (key
 /// `apikey:<key>`), then answer 200, or 429 with the headers; 401 without a
 /// key; 503 when Redis fails (fail closed).
-pub async fn respond<C: ConnectionLike>(
-    conn: &mut C,
-    api_key: Option<&str>,
-    policy: &Policy,
-) -> Response {
+pub async fn respond<C: ConnectionLike>(conn: &mut C, api_key: Option<&str>, policy: &Policy) -> Response {
     let Some(api_key) = api_key.filter(|k| !k.is_empty()) else {
-        return Response::json(
-            401,
-            r#"{"error":"missing X-API-Key header"}"#.into(),
-            vec![],
-        );
+        return Response::json(401, r#"{"error":"missing X-API-Key header"}"#.into(), vec![]);
     };
     match check(conn, &format!("apikey:{api_key}"), policy).await {
         Ok(d) if d.admitted() => Response::json(200, r#"{"ok":true}"#.into(), d.headers()),
@@ -123,11 +104,7 @@ pub async fn respond<C: ConnectionLike>(
         ),
         Err(e) => {
             eprintln!("rate limiter unavailable: {e}");
-            Response::json(
-                503,
-                r#"{"error":"rate limiter unavailable"}"#.into(),
-                vec![],
-            )
+            Response::json(503, r#"{"error":"rate limiter unavailable"}"#.into(), vec![])
         }
     }
 }
@@ -168,11 +145,7 @@ async fn read_api_key(stream: &mut TcpStream) -> std::io::Result<Option<String>>
     }
 }
 
-async fn handle(
-    mut stream: TcpStream,
-    mut conn: MultiplexedConnection,
-    policy: &Policy,
-) -> std::io::Result<()> {
+async fn handle(mut stream: TcpStream, mut conn: MultiplexedConnection, policy: &Policy) -> std::io::Result<()> {
     let response = match tokio::time::timeout(HEAD_TIMEOUT, read_api_key(&mut stream)).await {
         Ok(Ok(api_key)) => respond(&mut conn, api_key.as_deref(), policy).await,
         _ => Response::json(400, r#"{"error":"bad request"}"#.into(), vec![]),
@@ -183,11 +156,7 @@ async fn handle(
 
 /// Serves HTTP on `listener` until it fails: one task per connection, all
 /// sharing the multiplexed Redis connection. Request bodies are ignored.
-pub async fn serve(
-    listener: TcpListener,
-    conn: MultiplexedConnection,
-    policy: Policy,
-) -> std::io::Result<()> {
+pub async fn serve(listener: TcpListener, conn: MultiplexedConnection, policy: Policy) -> std::io::Result<()> {
     let policy = Arc::new(policy);
     loop {
         let (stream, _) = listener.accept().await?;

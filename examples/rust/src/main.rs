@@ -14,18 +14,11 @@ fn var(name: &str, default: &str) -> String {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let policy = Policy::new(
-        var("RL_LIMIT", "10").parse()?,
-        &var("RL_PERIOD", "1s"),
-        var("RL_BURST", "20").parse()?,
-    );
+    let policy = Policy::new(var("RL_LIMIT", "10").parse()?, &var("RL_PERIOD", "1s"), var("RL_BURST", "20").parse()?);
     let client = redis::Client::open(var("REDIS_URL", "redis://127.0.0.1:6379/"))?;
     let conn = client.get_multiplexed_async_connection().await?;
     let listener = tokio::net::TcpListener::bind(var("LISTEN", "127.0.0.1:8080")).await?;
-    println!(
-        "listening on http://{} ({policy:?})",
-        listener.local_addr()?
-    );
+    println!("listening on http://{} ({policy:?})", listener.local_addr()?);
     serve(listener, conn, policy).await?;
     Ok(())
 }

@@ -26,15 +26,8 @@ fn repo_root() -> PathBuf {
 }
 
 fn module_path() -> PathBuf {
-    let p = PathBuf::from(
-        std::env::var("RL_MODULE")
-            .unwrap_or_else(|_| "target/release/libredis_ratelimit.so".into()),
-    );
-    let p = if p.is_absolute() {
-        p
-    } else {
-        repo_root().join(p)
-    };
+    let p = PathBuf::from(std::env::var("RL_MODULE").unwrap_or_else(|_| "target/release/libredis_ratelimit.so".into()));
+    let p = if p.is_absolute() { p } else { repo_root().join(p) };
     assert!(
         p.is_file(),
         "module not found at {}: run `cargo build --release` in the repo root (or set RL_MODULE)",
@@ -44,11 +37,7 @@ fn module_path() -> PathBuf {
 }
 
 fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    StdListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn ping(port: u16) -> bool {
@@ -67,23 +56,11 @@ impl RedisServer {
         let mut last_log = String::new();
         for attempt in 0..5 {
             let port = free_port();
-            let dir = std::env::temp_dir().join(format!(
-                "rl-example-rs-{}-{port}-{attempt}",
-                std::process::id()
-            ));
+            let dir = std::env::temp_dir().join(format!("rl-example-rs-{}-{port}-{attempt}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
             let log = dir.join("redis.log");
             let child = Command::new(&bin)
-                .args([
-                    "--port",
-                    &port.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ])
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
                 .arg("--dir")
                 .arg(&dir)
                 .arg("--logfile")
@@ -145,31 +122,16 @@ async fn admitted_then_limited() {
     for (i, d) in ds[..3].iter().enumerate() {
         let n = i as u64 + 1;
         assert!(d.admitted(), "{d:?}");
-        assert_eq!(
-            (d.allowed, d.limit, d.remaining, d.retry_after),
-            (1, 3, 3 - n, None)
-        );
+        assert_eq!((d.allowed, d.limit, d.remaining, d.retry_after), (1, 3, 3 - n, None));
         // n refill intervals of 2000 ms, minus the few ms that passed
-        assert!(
-            (n as u128 * 2000 - 500..=n as u128 * 2000).contains(&d.reset_after.as_millis()),
-            "{d:?}"
-        );
+        assert!((n as u128 * 2000 - 500..=n as u128 * 2000).contains(&d.reset_after.as_millis()), "{d:?}");
         assert_eq!(d.retry_after, None);
     }
     let limited = ds[3];
     assert!(!limited.admitted());
-    assert_eq!(
-        (limited.allowed, limited.limit, limited.remaining),
-        (0, 3, 0)
-    );
-    assert!(
-        (1500..=2000).contains(&limited.retry_after.unwrap().as_millis()),
-        "{limited:?}"
-    );
-    assert!(
-        (5500..=6000).contains(&limited.reset_after.as_millis()),
-        "{limited:?}"
-    );
+    assert_eq!((limited.allowed, limited.limit, limited.remaining), (0, 3, 0));
+    assert!((1500..=2000).contains(&limited.retry_after.unwrap().as_millis()), "{limited:?}");
+    assert!((5500..=6000).contains(&limited.reset_after.as_millis()), "{limited:?}");
     let h: BTreeMap<_, _> = limited.headers().into_iter().collect();
     assert_eq!(h["Retry-After"], "2");
     assert_eq!(h["RateLimit-Remaining"], "0");
@@ -197,8 +159,7 @@ async fn concurrent_tasks_admit_exactly_the_burst() {
     for t in tasks {
         decisions.push(t.await.unwrap());
     }
-    let (admitted, limited): (Vec<&Decision>, Vec<&Decision>) =
-        decisions.iter().partition(|d| d.admitted());
+    let (admitted, limited): (Vec<&Decision>, Vec<&Decision>) = decisions.iter().partition(|d| d.admitted());
     assert_eq!(admitted.len(), 20, "exactly BURST calls pass");
     assert_eq!(limited.len(), 30);
     // Each admitted call saw a distinct remaining count: the checks were atomic.
@@ -217,49 +178,28 @@ async fn resp3_map_reply_gives_the_same_decisions() {
     let mut resp2 = server.conn("").await;
     let mut resp3 = server.conn("?protocol=resp3").await;
     // Under RESP3 the reply is a map: check it really is one.
-    let raw: redis::Value = redis::cmd("RL.TOKENBUCKET")
-        .arg("probe")
-        .arg(1)
-        .arg("1m")
-        .query_async(&mut resp3)
-        .await
-        .unwrap();
+    let raw: redis::Value =
+        redis::cmd("RL.TOKENBUCKET").arg("probe").arg(1).arg("1m").query_async(&mut resp3).await.unwrap();
     assert!(matches!(raw, redis::Value::Map(_)), "{raw:?}");
     let policy = slow_policy();
     for _ in 0..4 {
         let a = check(&mut resp2, "apikey:r2", &policy).await.unwrap();
         let b = check(&mut resp3, "apikey:r3", &policy).await.unwrap();
-        assert_eq!(
-            (a.allowed, a.limit, a.remaining),
-            (b.allowed, b.limit, b.remaining)
-        );
+        assert_eq!((a.allowed, a.limit, a.remaining), (b.allowed, b.limit, b.remaining));
     }
 }
 
 /// Sends one HTTP/1.1 GET and returns (status, headers lower-cased).
 async fn get(port: u16, api_key: Option<&str>) -> (u16, BTreeMap<String, String>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let key = api_key
-        .map(|k| format!("X-API-Key: {k}\r\n"))
-        .unwrap_or_default();
-    s.write_all(format!("GET /hello HTTP/1.1\r\nHost: localhost\r\n{key}\r\n").as_bytes())
-        .await
-        .unwrap();
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let key = api_key.map(|k| format!("X-API-Key: {k}\r\n")).unwrap_or_default();
+    s.write_all(format!("GET /hello HTTP/1.1\r\nHost: localhost\r\n{key}\r\n").as_bytes()).await.unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     let (head, _body) = out.split_once("\r\n\r\n").expect("response head");
     let mut lines = head.lines();
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
     let headers = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
@@ -284,10 +224,7 @@ async fn http_service_answers_429_with_headers() {
             break;
         }
     }
-    assert_eq!(
-        seen.iter().map(|r| r.0).collect::<Vec<_>>(),
-        [200, 200, 200, 429]
-    );
+    assert_eq!(seen.iter().map(|r| r.0).collect::<Vec<_>>(), [200, 200, 200, 429]);
     for (i, (_, h)) in seen[..3].iter().enumerate() {
         assert_eq!(h["ratelimit-limit"], "3");
         assert_eq!(h["ratelimit-remaining"], (2 - i).to_string());
@@ -296,11 +233,7 @@ async fn http_service_answers_429_with_headers() {
     }
     let (_, h) = &seen[3];
     assert_eq!(
-        (
-            h["retry-after"].as_str(),
-            h["ratelimit-remaining"].as_str(),
-            h["ratelimit-reset"].as_str()
-        ),
+        (h["retry-after"].as_str(), h["ratelimit-remaining"].as_str(), h["ratelimit-reset"].as_str()),
         ("2", "0", "6")
     );
 
