@@ -7,7 +7,7 @@ MODULE := target/release/libredis_ratelimit.so
 CLUSTER_BASE ?= 7001
 TEST_THREADS ?= 4
 
-.PHONY: all deps build run test test-compat test-long examples burst bench profile fuzz fuzz-long cluster cluster-stop clean simulate
+.PHONY: all deps build run lint test test-compat test-long examples burst bench profile fuzz fuzz-long cluster cluster-stop clean simulate
 
 all: build
 
@@ -19,6 +19,15 @@ build: deps
 
 run: build
 	exec redis-server redis.conf
+
+# Style, as CI enforces it: rustfmt (rustfmt.toml) and clippy with warnings as errors, on the
+# workspace and on the two crates outside it (fuzz/, examples/rust/).
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all --check
+	$(CARGO) fmt --manifest-path examples/rust/Cargo.toml --all --check
+	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+	$(CARGO) clippy --manifest-path examples/rust/Cargo.toml --all-targets -- -D warnings
 
 # Every test binary and every example runs even when one fails (each failure is listed); the
 # target fails at the end if any did.

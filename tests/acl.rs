@@ -67,9 +67,12 @@ fn gcra_payload() -> Vec<u8> {
     State::Gcra(state.expect("an admitted check yields a state")).encode()
 }
 
+/// A command's name, its arguments and the keys it declares.
+type CommandCase = (&'static str, Vec<Vec<u8>>, Vec<String>);
+
 /// Every key-taking module command on `key` (RL.MULTI also on `key:2`), each with valid
 /// arguments. Returns (name, args, declared keys).
-fn all_commands(key: &str, payload: &[u8]) -> Vec<(&'static str, Vec<Vec<u8>>, Vec<String>)> {
+fn all_commands(key: &str, payload: &[u8]) -> Vec<CommandCase> {
     let k2 = format!("{key}:2");
     let pxat = (now_us() / 1000 + 60_000).to_string();
     let s = |v: &[&str]| v.iter().map(|x| x.as_bytes().to_vec()).collect::<Vec<_>>();

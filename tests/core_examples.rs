@@ -520,11 +520,11 @@ fn retry_after_is_exact_for_every_algorithm() {
                 2 => (rng.next() as i64) % (unit(&p) + 1),
                 _ => (rng.next() as i64) % 1000,
             };
-            if algo == Algorithm::SlidingLog && rng.next() % 2 == 0 {
+            if algo == Algorithm::SlidingLog && rng.next().is_multiple_of(2) {
                 now += (US - now % US) % US; // µs-aligned half of the time
             }
             let cost = 1 + rng.next() % (cap + 1);
-            let r = Request { cost, partial: rng.next() % 4 == 0 };
+            let r = Request { cost, partial: rng.next().is_multiple_of(4) };
             let (d, _) = check(algo, st.as_ref(), &p, now, r);
             if let Some(wait) = d.retry_after {
                 limited_seen += 1;
@@ -549,7 +549,7 @@ fn reset_after_returns_to_a_fresh_key() {
         let mut now = T0 + 987_654_321;
         for i in 0..200 {
             now += (rng.next() as i64) % (unit(&p) / 2 + 1);
-            let r = Request { cost: rng.next() % (cap + 2), partial: rng.next() % 3 == 0 };
+            let r = Request { cost: rng.next() % (cap + 2), partial: rng.next().is_multiple_of(3) };
             let d = step(algo, &mut st, &p, now, r);
             if i % 5 != 0 {
                 continue;
@@ -616,7 +616,7 @@ fn token_bucket_and_gcra_agree_across_a_rate_change_and_a_clock_step_back() {
     for i in 0..2000 {
         let r = &rates[(rng.next() % 3) as usize];
         now += (rng.next() as i64 % (2 * SEC)) - if i % 7 == 0 { 2 * SEC } else { 0 };
-        let q = Request { cost: rng.next() % 11, partial: rng.next() % 2 == 0 };
+        let q = Request { cost: rng.next() % 11, partial: rng.next().is_multiple_of(2) };
         let (dg, ng) = gcra::check(g.as_ref(), r, now, q);
         let (dt, nt) = token_bucket::check(t.as_ref(), r, now, q);
         assert_eq!(dg, dt, "call {i}");

@@ -86,7 +86,7 @@ impl Op {
 
     /// How far the clock steps back, if it does.
     fn retreat(&self, unit: i128) -> Option<Nanos> {
-        if self.back % 6 != 0 {
+        if !self.back.is_multiple_of(6) {
             return None;
         }
         let u = self.u as i128;
@@ -668,7 +668,7 @@ fn exercise_decoded(s: &State) -> Result<(), TestCaseError> {
                 let cap = p.capacity();
                 prop_assert!(d.remaining <= cap && d.remaining + d.allowed <= cap, "{:?}", d);
                 prop_assert!(d.reset_after >= 0);
-                prop_assert!(d.retry_after.map_or(true, |w| w > 0));
+                prop_assert!(d.retry_after.is_none_or(|w| w > 0));
                 if let Some(n) = n {
                     prop_assert_eq!(State::decode(&n.encode()), Ok(n));
                 }

@@ -481,6 +481,9 @@ fn payload(rng: &mut Rng) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------------
 // What each command must answer, predicted with the module's own parsers.
 
+/// RL.MULTI as parsed: (numkeys, per key (leaky, capacity), request, dry run).
+type MultiExpect = (usize, Vec<(bool, u64)>, Request, bool);
+
 #[derive(Debug)]
 enum Expect {
     Limiter {
@@ -488,7 +491,7 @@ enum Expect {
         parsed: Result<args::Check, String>,
     },
     Throttle(Result<(u64 /*burst*/, u64 /*quantity*/), String>),
-    Multi(Result<(usize, Vec<(bool, u64)>, Request, bool), String>),
+    Multi(Result<MultiExpect, String>),
     Info(Option<String>),
     Reset(Option<String>),
     SetState(Result<(), String>),
@@ -688,7 +691,9 @@ fn verify(exp: &Expect, r: &Reply) -> Result<bool, String> {
             {
                 return Err(format!("RL.MULTI allowed {allowed} for COST {}", req.cost));
             }
-            if !(retry == -1 || retry >= 1) || (allowed > 0 && retry != -1) {
+            // Admitted: no retry; refused: a retry of at least 1 ms or -1 (never admissible).
+            let retry_ok = if allowed > 0 { retry == -1 } else { retry == -1 || retry >= 1 };
+            if !retry_ok {
                 return Err(format!("RL.MULTI retry {retry} with allowed {allowed}"));
             }
             for (l, (leaky, cap)) in limits.iter().zip(specs) {

@@ -496,7 +496,7 @@ fn replica_identical_after_random_multi_traffic() {
     wait_replica_synced(&primary, &replica);
     let mut p = primary.conn();
     clock_set(&mut p, T0_US);
-    let mut rng = Rng::new(0xA11_0F_17);
+    let mut rng = Rng::new(0x0A11_0F17);
     // Key j always holds algorithm ALGOS[j % 6]; parameters change now and then.
     let mut specs: HashMap<usize, String> = HashMap::new();
     let random_spec = |rng: &mut Rng, algo: &str| -> String {
@@ -672,7 +672,7 @@ fn cluster_slots_moved_and_crossslot() {
 fn partial_never_exceeds_single_calls() {
     let s = Server::start();
     let mut c = s.conn();
-    let mut rng = Rng::new(0x9A27_1A1);
+    let mut rng = Rng::new(0x09A2_71A1);
     let mut failures = Vec::new();
     for algo in ALGOS {
         clock_set(&mut c, T0_US + rng.range(0, 9_999_999));

@@ -170,7 +170,7 @@ pub fn args_target(data: &[u8]) {
             Ok(v) => assert_eq!(Some(v as u128), n.filter(|&n| n <= MAX_COUNT as u128)),
             Err(e) => {
                 assert_err_message(&e);
-                assert!(!n.is_some_and(|n| n <= MAX_COUNT as u128));
+                assert!(n.is_none_or(|n| n > MAX_COUNT as u128));
             }
         }
         let (neg, body) = match a.first() {
