@@ -32,9 +32,11 @@ pub fn current() -> Option<Setting> {
 
 /// Checks at load, then after every `CONFIG SET` (the config-change server event, Redis 7.0
 /// and newer). Returns whether configuration changes are reported. (A module subscribes to an
-/// event once: the same callback also tells `propagation`, which caches the AOF setting.)
+/// event once: the same callback also tells `propagation`, which caches the AOF setting, and
+/// `defrag_guard`.)
 pub fn watch(ctx: *mut RedisModuleCtx) -> bool {
     check(ctx, "at load");
+    crate::defrag_guard::check(ctx, "at load");
     let event = RedisModuleEvent { id: raw::REDISMODULE_EVENT_CONFIG, dataver: 1 };
     let subscribed = unsafe { raw::RedisModule_SubscribeToServerEvent.map(|f| f(ctx, event, Some(on_config))) };
     if subscribed != Some(raw::REDISMODULE_OK as c_int) {
@@ -50,7 +52,10 @@ pub fn watch(ctx: *mut RedisModuleCtx) -> bool {
 
 unsafe extern "C" fn on_config(ctx: *mut RedisModuleCtx, _eid: RedisModuleEvent, _sub: u64, _data: *mut c_void) {
     crate::propagation::forget();
-    let _ = std::panic::catch_unwind(|| check(ctx, "after CONFIG SET"));
+    let _ = std::panic::catch_unwind(|| {
+        check(ctx, "after CONFIG SET");
+        crate::defrag_guard::check(ctx, "after CONFIG SET");
+    });
 }
 
 /// Reads the setting from `INFO memory` and logs when it puts limiter keys at risk (or stops

@@ -12,6 +12,7 @@ pub mod clock;
 pub mod command_info;
 pub mod commands;
 pub mod core;
+pub mod defrag_guard;
 pub mod eviction;
 pub mod metrics;
 pub mod propagation;
@@ -88,8 +89,11 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
                 clock::enable_debug();
                 ctx.log_warning("ratelimit: DEBUG_CLOCK is on: RL.DEBUG can set the module's clock (tests only)");
             }
+            "NO_DEFRAG_GUARD" => defrag_guard::disable(),
             other => {
-                ctx.log_warning(&format!("ratelimit: unknown module argument '{other}' (expected DEBUG_CLOCK)"));
+                ctx.log_warning(&format!(
+                    "ratelimit: unknown module argument '{other}' (expected DEBUG_CLOCK or NO_DEFRAG_GUARD)"
+                ));
                 return Status::Err;
             }
         }

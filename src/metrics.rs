@@ -72,6 +72,10 @@ pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: i32) {
             raw::RedisModule_InfoAddFieldCString.unwrap()(ctx, name.as_ptr() as *mut _, v.as_ptr() as *mut _);
         };
         text(c"propagate_effects", crate::propagation::describe());
+        if let Some(g) = crate::defrag_guard::current() {
+            text(c"defrag_guard", g.guard.name());
+            text(c"defrag_crash_risk", if g.crash_risk { "yes" } else { "no" });
+        }
         if let Some(setting) = crate::eviction::current() {
             text(c"eviction_risk", if setting.at_risk() { "yes" } else { "no" });
             text(c"maxmemory_policy", &setting.policy);

@@ -77,11 +77,13 @@ pub struct Opts {
     /// (later directives override earlier ones, e.g. `("appendfsync","always")`).
     /// A value containing spaces is split into several arguments.
     pub extra: Vec<(String, String)>,
+    /// Further module arguments, after `DEBUG_CLOCK` (e.g. `NO_DEFRAG_GUARD`).
+    pub module_args: Vec<String>,
 }
 
 impl Default for Opts {
     fn default() -> Self {
-        Opts { debug_clock: true, appendonly: false, replica_of: None, extra: Vec::new() }
+        Opts { debug_clock: true, appendonly: false, replica_of: None, extra: Vec::new(), module_args: Vec::new() }
     }
 }
 
@@ -235,11 +237,12 @@ impl Server {
         push("save", &[""]);
         push("appendonly", &[if self.opts.appendonly { "yes" } else { "no" }]);
         push("appendfsync", &["everysec"]);
+        let mut load = vec![module.as_str()];
         if self.opts.debug_clock {
-            push("loadmodule", &[&module, "DEBUG_CLOCK"]);
-        } else {
-            push("loadmodule", &[&module]);
+            load.push("DEBUG_CLOCK");
         }
+        load.extend(self.opts.module_args.iter().map(String::as_str));
+        push("loadmodule", &load);
         push("logfile", &[&log]);
         push("daemonize", &["no"]);
         push("protected-mode", &["no"]);
