@@ -14,6 +14,13 @@
 //!   request, the same call a per-request check makes. A first request on a cold key is always
 //!   exact.
 
+use crate::time::Nanos;
+
+/// `e^{−dt/τ}`: the weight of an observation `dt` old.
+fn decay(dt: Nanos, tau: Nanos) -> f64 {
+    (-dt.as_f64() / tau.as_f64().max(1.0)).exp()
+}
+
 /// Decayed demand of one key.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Demand {
@@ -22,34 +29,31 @@ pub struct Demand {
     /// The same without the newest observation: what the traffic said before the request being
     /// decided (a sparse key's single arrival must not look like a rate of 1/τ).
     before: f64,
-    at: u64,
+    at: Nanos,
 }
 
 impl Demand {
-    /// Records `units` requested at `now` (τ = `tau_ns`).
-    pub fn observe(&mut self, now: u64, units: u64, tau_ns: u64) {
-        let tau = tau_ns.max(1) as f64;
-        self.before = self.rate_at(now, tau_ns);
-        self.rate = self.before + units as f64 / tau;
+    /// Records `units` requested at `now` (time constant `tau`).
+    pub fn observe(&mut self, now: Nanos, units: u64, tau: Nanos) {
+        self.before = self.rate_at(now, tau);
+        self.rate = self.before + units as f64 / tau.as_f64().max(1.0);
         self.at = self.at.max(now);
     }
 
     /// The decayed rate at `now`, in units per ns.
-    pub fn rate_at(&self, now: u64, tau_ns: u64) -> f64 {
-        let dt = now.saturating_sub(self.at) as f64;
-        self.rate * (-dt / tau_ns.max(1) as f64).exp()
+    pub fn rate_at(&self, now: Nanos, tau: Nanos) -> f64 {
+        self.rate * decay(now - self.at, tau)
     }
 
     /// The decayed rate at `now` without the newest observation.
-    pub fn rate_before(&self, now: u64, tau_ns: u64) -> f64 {
-        let dt = now.saturating_sub(self.at) as f64;
-        self.before * (-dt / tau_ns.max(1) as f64).exp()
+    pub fn rate_before(&self, now: Nanos, tau: Nanos) -> f64 {
+        self.before * decay(now - self.at, tau)
     }
 
-    /// Expected units over the next `span_ns`, rounded up, from the traffic before the newest
+    /// Expected units over the next `span`, rounded up, from the traffic before the newest
     /// request.
-    pub fn expected(&self, now: u64, tau_ns: u64, span_ns: u64) -> u64 {
-        let e = self.rate_before(now, tau_ns) * span_ns as f64;
+    pub fn expected(&self, now: Nanos, tau: Nanos, span: Nanos) -> u64 {
+        let e = self.rate_before(now, tau) * span.as_f64();
         if e.is_finite() && e > 0.0 {
             e.ceil().min(u64::MAX as f64 / 2.0) as u64
         } else {
@@ -100,22 +104,23 @@ pub fn claim_size(i: BatchInput) -> ClaimSize {
 mod tests {
     use super::*;
 
-    const S: u64 = 1_000_000_000;
+    const S: Nanos = Nanos::from_secs(1);
+    const MS: Nanos = Nanos::from_millis(1);
 
     #[test]
     fn demand_tracks_a_steady_rate_and_decays() {
         let mut d = Demand::default();
         for i in 0..10_000u64 {
-            d.observe(i * S / 1000, 1, S); // 1000 per second for 10 s
+            d.observe(MS * i, 1, S); // 1000 per second for 10 s
         }
-        let per_s = d.rate_at(10 * S, S) * S as f64;
+        let per_s = d.rate_at(S * 10, S) * S.as_f64();
         assert!((900.0..1100.0).contains(&per_s), "{per_s}");
-        assert!(d.rate_at(30 * S, S) * (S as f64) < 1.0);
-        assert_eq!(d.expected(10 * S, S, S / 10), 100);
+        assert!(d.rate_at(S * 30, S) * S.as_f64() < 1.0);
+        assert_eq!(d.expected(S * 10, S, S / 10), 100);
         // A single arrival says nothing about the rate.
         let mut cold = Demand::default();
-        cold.observe(5 * S, 1, S);
-        assert_eq!(cold.expected(5 * S, S, 10 * S), 0);
+        cold.observe(S * 5, 1, S);
+        assert_eq!(cold.expected(S * 5, S, S * 10), 0);
     }
 
     #[test]

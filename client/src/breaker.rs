@@ -11,19 +11,21 @@
 
 use std::sync::Mutex;
 
+use crate::time::Nanos;
+
 /// When to open and how long to stay open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BreakerConfig {
     /// Consecutive failures that open the breaker (at least 1).
     pub failures: u32,
-    /// How long it stays open before a half-open probe, in ns.
-    pub cool_down_ns: u64,
+    /// How long it stays open before a half-open probe.
+    pub cool_down: Nanos,
 }
 
 impl Default for BreakerConfig {
     /// 5 failures, 1 s cool-down.
     fn default() -> Self {
-        BreakerConfig { failures: 5, cool_down_ns: 1_000_000_000 }
+        BreakerConfig { failures: 5, cool_down: Nanos::from_secs(1) }
     }
 }
 
@@ -33,7 +35,7 @@ enum State {
         failures: u32,
     },
     Open {
-        until: u64,
+        until: Nanos,
     },
     /// One probe is in flight; everyone else is rejected until it answers.
     HalfOpen,
@@ -46,8 +48,8 @@ pub enum Permit {
     Call,
     /// Call Redis: this call is the half-open probe (report its result like any other).
     Probe,
-    /// Do not call Redis; `retry_in_ns` until a probe may be tried (0 while a probe is out).
-    Reject { retry_in_ns: u64 },
+    /// Do not call Redis; `retry_in` until a probe may be tried (0 while a probe is out).
+    Reject { retry_in: Nanos },
 }
 
 impl Permit {
@@ -78,7 +80,7 @@ impl Breaker {
 
     /// May a call go to Redis now? An open breaker past its cool-down turns half-open and
     /// hands out exactly one [`Permit::Probe`].
-    pub fn permit(&self, now: u64) -> Permit {
+    pub fn permit(&self, now: Nanos) -> Permit {
         let mut s = self.lock();
         match *s {
             State::Closed { .. } => Permit::Call,
@@ -86,8 +88,8 @@ impl Breaker {
                 *s = State::HalfOpen;
                 Permit::Probe
             }
-            State::Open { until } => Permit::Reject { retry_in_ns: until - now },
-            State::HalfOpen => Permit::Reject { retry_in_ns: 0 },
+            State::Open { until } => Permit::Reject { retry_in: until - now },
+            State::HalfOpen => Permit::Reject { retry_in: Nanos::ZERO },
         }
     }
 
@@ -97,9 +99,9 @@ impl Breaker {
     }
 
     /// A call failed or timed out. Returns true when this failure opened the breaker.
-    pub fn on_failure(&self, now: u64) -> bool {
+    pub fn on_failure(&self, now: Nanos) -> bool {
         let mut s = self.lock();
-        let open = State::Open { until: now.saturating_add(self.config.cool_down_ns) };
+        let open = State::Open { until: now + self.config.cool_down };
         match *s {
             State::Closed { failures } if failures + 1 < self.config.failures.max(1) => {
                 *s = State::Closed { failures: failures + 1 };
@@ -116,7 +118,7 @@ impl Breaker {
 
     /// A permitted call was abandoned without a result (its task was dropped): a lost probe
     /// must not leave the breaker half-open for ever.
-    pub fn on_abandon(&self, now: u64) {
+    pub fn on_abandon(&self, now: Nanos) {
         let mut s = self.lock();
         if *s == State::HalfOpen {
             *s = State::Open { until: now };
@@ -125,8 +127,25 @@ impl Breaker {
 
     /// Whether calls are currently refused (open or half-open).
     pub fn is_open(&self) -> bool {
-        !matches!(*self.lock(), State::Closed { .. })
+        self.state() != BreakerState::Closed
     }
+
+    /// The state, for the `breaker_state` gauge.
+    pub fn state(&self) -> BreakerState {
+        match *self.lock() {
+            State::Closed { .. } => BreakerState::Closed,
+            State::Open { .. } => BreakerState::Open,
+            State::HalfOpen => BreakerState::HalfOpen,
+        }
+    }
+}
+
+/// The breaker's state as exported (`breaker_state`: 0, 1, 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BreakerState {
+    Closed = 0,
+    Open = 1,
+    HalfOpen = 2,
 }
 
 #[cfg(test)]
@@ -135,31 +154,31 @@ mod tests {
 
     #[test]
     fn opens_after_n_failures_probes_after_cool_down_and_closes_on_success() {
-        let b = Breaker::new(BreakerConfig { failures: 3, cool_down_ns: 100 });
-        assert_eq!(b.permit(0), Permit::Call);
-        assert!(!b.on_failure(1));
-        assert!(!b.on_failure(2));
+        let b = Breaker::new(BreakerConfig { failures: 3, cool_down: Nanos::new(100) });
+        assert_eq!(b.permit(Nanos::new(0)), Permit::Call);
+        assert!(!b.on_failure(Nanos::new(1)));
+        assert!(!b.on_failure(Nanos::new(2)));
         b.on_success(); // resets the count
-        assert!(!b.on_failure(3));
-        assert!(!b.on_failure(4));
-        assert!(b.on_failure(5));
-        assert_eq!(b.permit(50), Permit::Reject { retry_in_ns: 55 });
-        assert_eq!(b.permit(105), Permit::Probe);
-        assert_eq!(b.permit(106), Permit::Reject { retry_in_ns: 0 });
-        assert!(b.on_failure(110)); // the probe failed: open again
-        assert_eq!(b.permit(150), Permit::Reject { retry_in_ns: 60 });
-        assert_eq!(b.permit(210), Permit::Probe);
+        assert!(!b.on_failure(Nanos::new(3)));
+        assert!(!b.on_failure(Nanos::new(4)));
+        assert!(b.on_failure(Nanos::new(5)));
+        assert_eq!(b.permit(Nanos::new(50)), Permit::Reject { retry_in: Nanos::new(55) });
+        assert_eq!(b.permit(Nanos::new(105)), Permit::Probe);
+        assert_eq!(b.permit(Nanos::new(106)), Permit::Reject { retry_in: Nanos::new(0) });
+        assert!(b.on_failure(Nanos::new(110))); // the probe failed: open again
+        assert_eq!(b.permit(Nanos::new(150)), Permit::Reject { retry_in: Nanos::new(60) });
+        assert_eq!(b.permit(Nanos::new(210)), Permit::Probe);
         b.on_success();
-        assert_eq!(b.permit(211), Permit::Call);
+        assert_eq!(b.permit(Nanos::new(211)), Permit::Call);
         assert!(!b.is_open());
     }
 
     #[test]
     fn abandoned_probe_reopens_at_once() {
-        let b = Breaker::new(BreakerConfig { failures: 1, cool_down_ns: 10 });
-        assert!(b.on_failure(0));
-        assert_eq!(b.permit(10), Permit::Probe);
-        b.on_abandon(12);
-        assert_eq!(b.permit(12), Permit::Probe);
+        let b = Breaker::new(BreakerConfig { failures: 1, cool_down: Nanos::new(10) });
+        assert!(b.on_failure(Nanos::new(0)));
+        assert_eq!(b.permit(Nanos::new(10)), Permit::Probe);
+        b.on_abandon(Nanos::new(12));
+        assert_eq!(b.permit(Nanos::new(12)), Permit::Probe);
     }
 }

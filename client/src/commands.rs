@@ -151,13 +151,22 @@ pub async fn reset<C: ConnectionLike>(conn: &mut C, key: &str) -> RedisResult<bo
 /// window limiters, rounded up to the ms). A missing key credits nothing (a limiter that
 /// expired is already full) and answers `Ok(0)`; the sliding log refuses (an error).
 pub async fn give_back<C: ConnectionLike>(conn: &mut C, key: &str, n: u64, age: Option<Duration>) -> RedisResult<u64> {
+    return_reply(give_back_cmd(key, n, age).query_async::<i64>(conn).await)
+}
+
+/// The command of [`give_back`]: `RL.RETURN key n [AGE ms]`, AGE rounded up to the ms.
+pub fn give_back_cmd(key: &str, n: u64, age: Option<Duration>) -> Cmd {
     let mut c = redis::cmd("RL.RETURN");
     c.arg(key).arg(n);
     if let Some(a) = age {
-        let ms = a.as_nanos().div_ceil(1_000_000);
-        c.arg("AGE").arg(ms.min(i64::MAX as u128) as u64);
+        c.arg("AGE").arg(crate::time::Nanos::from(a).as_millis_ceil());
     }
-    match c.query_async::<i64>(conn).await {
+    c
+}
+
+/// RL.RETURN's answer: the units credited; a missing key credits nothing (`Ok(0)`).
+pub fn return_reply(r: RedisResult<i64>) -> RedisResult<u64> {
+    match r {
         Ok(n) => Ok(n.max(0) as u64),
         Err(e)
             if e.detail().is_some_and(|d| d.starts_with("no limiter at this key"))

@@ -1,40 +1,89 @@
 //! The whole client decision, sans IO: per-key reservations ([`crate::lease`]), the circuit
 //! breaker ([`crate::breaker`]), the failure policy ([`crate::policy`]), shadow mode and the
-//! metrics, over a map of keys. `now` is virtual time in ns, passed in; nothing here reads a
-//! clock, sleeps or does IO. The tokio driver ([`crate::Limiter`]) and the simulator drive it
-//! the same way:
+//! metrics, over the keys of one shard. `now` is a [`Nanos`] passed in; nothing here reads a
+//! clock, sleeps or does IO. The tokio driver ([`crate::Limiter`]), the simulator and any other
+//! driver use it the same way (the contract of quinn-proto's `poll_transmit` / `poll_timeout`):
 //!
 //! ```text
-//! match engine.check(now, &key, cost) {
+//! match engine.check(now, key, cost) {
 //!     Step::Done { outcome, refill } => { answer outcome; if let Some(c) = refill { send c in the background } }
-//!     Step::Send(c) => { send c; then on_reply(now, &key, &c, &decision) or on_error(now, &key, &c) }
-//!     Step::Wait { claim } => { wait for that claim's reply or error; then resume(now, &key, cost, claim) }
+//!     Step::Send(claim) => { send claim.command(); then on_reply(now, &claim, &decision) or on_error(now, &claim, e) }
+//!     Step::Wait(waiter) => { wait for that key's claim to finish (or waiter.until()); then resume(now, key, waiter) }
 //! }
-//! tick(now) periodically → RL.RETURN requests; drain(now) at shutdown → RL.RETURN requests.
+//! on_reply / on_error / resume answer a Step again (a request can need a second step).
+//! poll_timeout() → when handle_timeout(now) next has work; after it (and after any call),
+//! poll_transmit() → the RL.RETURN requests to send, each reported with on_return.
 //! ```
 //!
-//! `on_reply` / `on_error` / `resume` answer a [`Step`] again (a request can need a second step).
-//! A claim "sent" is `<algorithm command> key limit period [BURST b] COST units [PARTIAL]`.
+//! Every [`Claim`] and [`Return`] is a finished request: it builds its own command, and a
+//! return carries its `AGE` (margin included), computed in one place. A claim that is never
+//! reported is given up by the engine itself once stale (counted in `claims_given_up`).
 
-use std::collections::HashMap;
-use std::hash::Hash;
+use std::borrow::Borrow;
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hashbrown::HashTable;
+
 use crate::breaker::{Breaker, BreakerConfig, Permit};
+use crate::commands::{self, Options};
 use crate::decision::Decision;
-use crate::lease::{ClaimRequest, KeyState, LeaseConfig, LimitedBy, ReturnRequest, Verdict};
-use crate::metrics::{add, Metrics, MetricsSnapshot};
+use crate::lease::{ClaimSpec, KeyState, LeaseConfig, LimitedBy, ReturnSpec, Taken, Verdict};
+use crate::metrics::{add, sub, Metrics, MetricsSnapshot};
 use crate::policy::{FailurePolicy, LocalBucket};
+use crate::spec::Limit;
+use crate::time::Nanos;
+use crate::wheel::Wheel;
+
+/// The hasher of every shard of a limiter (foldhash, seeded per process): one hash per check
+/// picks the shard and finds the key.
+pub type KeyHasher = hashbrown::DefaultHashBuilder;
 
 /// Everything that decides.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EngineConfig {
     pub lease: LeaseConfig,
     pub breaker: BreakerConfig,
+    /// Resolved ([`FailurePolicy::resolve`]): never `LocalShare` here.
     pub policy: FailurePolicy,
     /// Shadow mode: decide and count as if enforced, but always let the caller through.
     pub shadow: bool,
+    /// The driver's per-call timeout: a request waits at most 1.5× this for a claim of its key
+    /// that another request sent.
+    pub call_timeout: Nanos,
+    /// A key with nothing held, nothing in flight and no live denial is forgotten after this
+    /// long without a request (default 2 L).
+    pub forget_after: Nanos,
+    /// At most this many keys remembered per engine (shard); 0: no cap. Beyond it, a new key
+    /// evicts an old one (approximate LRU: the least recently used of a small sample), whose
+    /// units are given back.
+    pub max_keys: usize,
+    /// The timer wheel's resolution: housekeeping runs at most this late.
+    pub granularity: Nanos,
+}
+
+impl EngineConfig {
+    /// The defaults for `limit` (those of `LimiterConfig::new`).
+    pub fn new(limit: Limit) -> EngineConfig {
+        EngineConfig::from_lease(LeaseConfig::new(limit))
+    }
+
+    /// Defaults around a lease configuration: breaker 5 failures / 1 s, fail closed, 100 ms
+    /// call timeout, forget after 2 L, no key cap, wheel resolution L/32 within [1, 50] ms.
+    pub fn from_lease(lease: LeaseConfig) -> EngineConfig {
+        EngineConfig {
+            lease,
+            breaker: BreakerConfig::default(),
+            policy: FailurePolicy::FailClosed,
+            shadow: false,
+            call_timeout: Nanos::from_millis(100),
+            forget_after: (lease.lease * 2).max(lease.idle_return),
+            max_keys: 0,
+            granularity: (lease.lease / 32).clamp(Nanos::from_millis(1), Nanos::from_millis(50)),
+        }
+    }
 }
 
 /// Where a decision came from.
@@ -63,67 +112,285 @@ pub struct Outcome {
     pub enforced: bool,
     pub source: Source,
     /// When refused: when to retry (never early); `None` when it never passes or is unknown.
-    pub retry_after_ns: Option<u64>,
+    pub retry_after: Option<Nanos>,
     /// RL.LEAKY: how long an admitted request waits (Redis admits only).
-    pub delay_ns: Option<u64>,
+    pub delay: Option<Nanos>,
     /// For headers, as best known: the capacity, units still admissible overall (server's last
-    /// `remaining` plus units held here), time until fresh.
+    /// `remaining` plus units held here; 0 when refused by the over-limit cache or pacing hold),
+    /// time until fresh.
     pub limit: Option<u64>,
     pub remaining: Option<u64>,
-    pub reset_after_ns: Option<u64>,
+    pub reset_after: Option<Nanos>,
+    /// What the admission took, for [`Engine::refund`].
+    pub(crate) taken: Option<Taken>,
 }
 
 impl Outcome {
+    fn plain(allowed: bool, source: Source, retry_after: Option<Nanos>) -> Outcome {
+        Outcome {
+            allowed,
+            enforced: allowed,
+            source,
+            retry_after,
+            delay: None,
+            limit: None,
+            remaining: None,
+            reset_after: None,
+            taken: None,
+        }
+    }
+
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after_ns.map(Duration::from_nanos)
+        self.retry_after.map(Duration::from)
     }
     pub fn delay(&self) -> Option<Duration> {
-        self.delay_ns.map(Duration::from_nanos)
+        self.delay.map(Duration::from)
+    }
+    pub fn reset_after(&self) -> Option<Duration> {
+        self.reset_after.map(Duration::from)
+    }
+    /// Decided by the failure policy because Redis could not answer (a Layer answers 503 on a
+    /// refusal of this kind rather than 429).
+    pub fn unavailable(&self) -> bool {
+        matches!(self.source, Source::Fallback | Source::FailOpen | Source::FailClosed)
     }
     /// `RateLimit-*` (what is known) and, when refused, `Retry-After` (docs/http-headers.md).
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         let retry = if self.allowed { None } else { self.retry_after() };
-        crate::decision::headers(self.limit, self.remaining, self.reset_after_ns.map(Duration::from_nanos), retry)
+        crate::decision::headers(self.limit, self.remaining, self.reset_after(), retry)
     }
 }
 
-/// What the caller of [`Engine`] does next for a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Step {
-    /// Decided. Send `refill` (a background claim) if present; report it with `on_reply` /
-    /// `on_error` like any claim.
-    Done { outcome: Outcome, refill: Option<ClaimRequest> },
-    /// Send this claim; the request waits for it.
-    Send(ClaimRequest),
-    /// Wait for the reply (or error) of this claim of the same key, then `resume`.
-    Wait { claim: u64 },
+/// A claim to send: `<algorithm command> key limit period [BURST b] COST units [PARTIAL]` (or,
+/// for a peek, `COST units DRYRUN`). Report its reply with [`Engine::on_reply`] or its failure
+/// with [`Engine::on_error`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "a claim must be sent and its reply or error reported to the engine"]
+pub struct Claim<K> {
+    key: K,
+    spec: ClaimSpec,
+    limit: Limit,
+    dry_run: bool,
 }
 
-/// State shared by all shards of one limiter: config, breaker, metrics.
+impl<K> Claim<K> {
+    pub fn key(&self) -> &K {
+        &self.key
+    }
+    pub fn units(&self) -> u64 {
+        self.spec.units
+    }
+    pub fn partial(&self) -> bool {
+        self.spec.partial
+    }
+    pub fn dry_run(&self) -> bool {
+        self.dry_run
+    }
+    /// The units the request that made it needs (0 for a background claim). Read only: the
+    /// engine takes it from the claim, never from the caller.
+    pub fn cost(&self) -> u64 {
+        self.spec.cost
+    }
+    /// Sent ahead of need (a background refill: nobody waits for it).
+    pub fn background(&self) -> bool {
+        self.spec.background
+    }
+    /// The engine's instant the claim was made (its leases are timed from it).
+    pub fn sent_at(&self) -> Nanos {
+        self.spec.sent_at
+    }
+    /// Identifies the claim among this key's.
+    pub fn id(&self) -> u64 {
+        self.spec.id
+    }
+    pub fn limit(&self) -> &Limit {
+        &self.limit
+    }
+}
+
+impl<K> Claim<K> {
+    fn deadline_after(&self, timeout: Nanos) -> Nanos {
+        self.spec.sent_at + timeout
+    }
+}
+
+impl<K: AsRef<str>> Claim<K> {
+    /// The command to send.
+    pub fn command(&self) -> redis::Cmd {
+        let opts = if self.dry_run {
+            Options::cost(self.spec.units).dry_run()
+        } else {
+            Options { cost: Some(self.spec.units), partial: self.spec.partial, dry_run: false }
+        };
+        commands::limit_cmd(self.key.as_ref(), &self.limit, opts)
+    }
+}
+
+/// Units to give back: `RL.RETURN key units AGE ms`. Report the answer with
+/// [`Engine::on_return`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "a return must be sent (or its units are only lost: the safe direction)"]
+pub struct Return<K> {
+    key: K,
+    spec: ReturnSpec,
+    /// Its AGE counts the margin from here: past this instant it may understate the true age.
+    deadline: Nanos,
+}
+
+impl<K> Return<K> {
+    pub fn key(&self) -> &K {
+        &self.key
+    }
+    pub fn units(&self) -> u64 {
+        self.spec.units
+    }
+    /// The `AGE`: the time since the claim was sent plus the return margin (the call timeout),
+    /// so never below the true age when the return arrives within its timeout.
+    pub fn age(&self) -> Nanos {
+        self.spec.age
+    }
+    /// Send it so that it arrives by this instant, or not at all: its `AGE` covers the time
+    /// until then (the margin). A driver's call timeout runs to here.
+    pub fn deadline(&self) -> Nanos {
+        self.deadline
+    }
+}
+
+impl<K: AsRef<str>> Return<K> {
+    /// `RL.RETURN key units AGE ms` (AGE rounded up to the ms).
+    pub fn command(&self) -> redis::Cmd {
+        commands::give_back_cmd(self.key.as_ref(), self.spec.units, Some(self.spec.age.into()))
+    }
+}
+
+/// A request waiting for a claim of its key (sent by another request).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a waiter must be resumed"]
+pub struct Waiter {
+    claim: u64,
+    cost: u64,
+    until: Nanos,
+}
+
+impl Waiter {
+    /// A waiter on `claim` already past its wait: resuming it decides the request as if the
+    /// claim had failed (unless it is still pending and a new wait is due).
+    pub fn gave_up<K>(claim: &Claim<K>) -> Waiter {
+        Waiter { claim: claim.spec.id, cost: claim.spec.cost, until: Nanos::ZERO }
+    }
+
+    /// Resume no later than this, even if the claim has not finished: the failure policy
+    /// decides then.
+    pub fn until(&self) -> Nanos {
+        self.until
+    }
+    pub fn claim(&self) -> u64 {
+        self.claim
+    }
+}
+
+/// How a call failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallError {
+    /// Redis did not answer: IO error, timeout, connection refused (counts for the breaker).
+    Unavailable,
+    /// Redis answered with an error (a wrong type, the module missing, an ACL refusal): an
+    /// answer, so the breaker stays closed, but the request falls to the failure policy.
+    Refused,
+    /// The call was abandoned without a result (its task was dropped).
+    Abandoned,
+}
+
+/// What the caller of [`Engine`] does next for a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "a step must be carried out: a dropped Send leaves its key waiting until the claim is given up"]
+pub enum Step<K> {
+    /// Decided. Send `refill` (a background claim) if present; report it like any claim.
+    Done { outcome: Outcome, refill: Option<Claim<K>> },
+    /// Send this claim; the request waits for it.
+    Send(Claim<K>),
+    /// Wait for the claim of this key in flight (or until `waiter.until()`), then
+    /// [`Engine::resume`].
+    Wait(Waiter),
+}
+
+/// State shared by all shards of one limiter: config, breaker, metrics, hasher.
 #[derive(Debug)]
 pub struct Shared {
     pub config: EngineConfig,
     pub breaker: Breaker,
     pub metrics: Metrics,
+    pub hasher: KeyHasher,
 }
 
 impl Shared {
     pub fn new(config: EngineConfig) -> Arc<Shared> {
-        Arc::new(Shared { config, breaker: Breaker::new(config.breaker), metrics: Metrics::default() })
+        Arc::new(Shared {
+            config,
+            breaker: Breaker::new(config.breaker),
+            metrics: Metrics::default(),
+            hasher: KeyHasher::default(),
+        })
+    }
+
+    /// The hash every shard uses for `key`.
+    pub fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// A return's answer (see [`Engine::on_return`]): needs no shard.
+    pub fn on_return(&self, now: Nanos, result: Result<u64, CallError>) {
+        let m = &self.metrics;
+        match result {
+            Ok(credited) => {
+                self.breaker.on_success();
+                add(&m.units_credited, credited);
+            }
+            Err(CallError::Refused) => self.breaker.on_success(),
+            Err(CallError::Unavailable) => {
+                add(&m.redis_errors, 1);
+                if self.breaker.on_failure(now) {
+                    add(&m.breaker_opens, 1);
+                }
+            }
+            Err(CallError::Abandoned) => {}
+        }
+    }
+
+    /// The metrics, with the breaker's state.
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        let mut s = self.metrics.snapshot();
+        s.breaker_state = self.breaker.state() as u64;
+        s
     }
 }
 
-#[derive(Clone, Debug, Default)]
-struct Entry {
+#[derive(Debug)]
+struct Slot<K> {
+    key: K,
+    /// Tells this occupant of the slot index from earlier ones (wheel entries carry it).
+    gen: u32,
+    /// When the live wheel entry of this key fires (`ZERO`: none).
+    armed: Nanos,
     state: KeyState,
     fallback: LocalBucket,
 }
 
 /// Keys and their reservations; one per shard in the driver, one per instance in the simulator.
+/// Keys live in a dense slab indexed by a hash table of slab positions (one hash per lookup,
+/// borrowed keys: no allocation for a key already held); their deadlines in a timer wheel.
 #[derive(Debug)]
 pub struct Engine<K> {
     shared: Arc<Shared>,
-    keys: HashMap<K, Entry>,
+    slots: Vec<Slot<K>>,
+    index: HashTable<u32>,
+    wheel: Wheel,
+    next_gen: u32,
+    transmit: VecDeque<Return<K>>,
+    due: Vec<(u32, u32)>,
+    returns: Vec<ReturnSpec>,
+    /// For the eviction sample (xorshift).
+    rng: u64,
 }
 
 impl<K: Hash + Eq + Clone> Engine<K> {
@@ -132,197 +399,497 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     }
 
     pub fn with_shared(shared: Arc<Shared>) -> Engine<K> {
-        Engine { shared, keys: HashMap::new() }
+        let wheel = Wheel::new(shared.config.granularity, 256);
+        Engine {
+            shared,
+            slots: Vec::new(),
+            index: HashTable::new(),
+            wheel,
+            next_gen: 0,
+            transmit: VecDeque::new(),
+            due: Vec::new(),
+            returns: Vec::new(),
+            rng: 0x9e37_79b9_7f4a_7c15,
+        }
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
 
+    pub fn config(&self) -> &EngineConfig {
+        &self.shared.config
+    }
+
     pub fn metrics(&self) -> MetricsSnapshot {
-        self.shared.metrics.snapshot()
+        self.shared.snapshot()
+    }
+
+    /// The hash of `key` (pick a shard with it, then call [`Engine::check_hashed`]).
+    pub fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.shared.hash(key)
+    }
+
+    /// Keys remembered.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
     }
 
     /// A key's state (tests and the simulator).
-    pub fn key(&self, key: &K) -> Option<&KeyState> {
-        self.keys.get(key).map(|e| &e.state)
+    pub fn key<Q>(&self, key: &Q) -> Option<&KeyState>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.find(self.hash(key), key).map(|i| &self.slots[i].state)
     }
 
     pub fn keys(&self) -> impl Iterator<Item = (&K, &KeyState)> {
-        self.keys.iter().map(|(k, e)| (k, &e.state))
+        self.slots.iter().map(|s| (&s.key, &s.state))
+    }
+
+    fn find<Q>(&self, hash: u64, key: &Q) -> Option<usize>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        let slots = &self.slots;
+        self.index.find(hash, |&i| slots[i as usize].key.borrow() == key).map(|&i| i as usize)
+    }
+
+    fn new_gen(&mut self) -> u32 {
+        self.next_gen = self.next_gen.wrapping_add(1);
+        self.next_gen
+    }
+
+    fn find_or_insert<Q>(&mut self, now: Nanos, hash: u64, key: &Q) -> usize
+    where
+        K: Borrow<Q>,
+        Q: Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if let Some(i) = self.find(hash, key) {
+            return i;
+        }
+        let cap = self.shared.config.max_keys;
+        if cap > 0 && self.slots.len() >= cap {
+            self.evict(now);
+        }
+        let i = self.slots.len();
+        let gen = self.new_gen();
+        self.slots.push(Slot {
+            key: key.to_owned(),
+            gen,
+            armed: Nanos::ZERO,
+            state: KeyState::new(),
+            fallback: LocalBucket::default(),
+        });
+        let (slots, hasher) = (&self.slots, &self.shared.hasher);
+        self.index.insert_unique(hash, i as u32, |&j| hasher.hash_one(&slots[j as usize].key));
+        add(&self.shared.metrics.keys, 1);
+        i
+    }
+
+    /// Makes sure the wheel wakes key `i` by its next deadline.
+    fn arm(&mut self, now: Nanos, i: usize) {
+        let (cfg, slot) = (&self.shared.config, &mut self.slots[i]);
+        let at = slot.state.next_deadline(now, &cfg.lease, cfg.forget_after);
+        if slot.armed.is_zero() || at < slot.armed {
+            slot.armed = self.wheel.insert(now, at, (i as u32, slot.gen)).max(Nanos::new(1));
+        }
+    }
+
+    /// Forgets key `i` (the last key takes its slab position).
+    fn remove(&mut self, now: Nanos, i: usize) {
+        let hasher = &self.shared.hasher;
+        let hash = hasher.hash_one(&self.slots[i].key);
+        if let Ok(e) = self.index.find_entry(hash, |&j| j as usize == i) {
+            e.remove();
+        }
+        let last = self.slots.len() - 1;
+        if i != last {
+            let h = hasher.hash_one(&self.slots[last].key);
+            if let Some(j) = self.index.find_mut(h, |&j| j as usize == last) {
+                *j = i as u32;
+            }
+        }
+        self.slots.swap_remove(i);
+        sub(&self.shared.metrics.keys, 1);
+        add(&self.shared.metrics.keys_forgotten, 1);
+        if i != last {
+            // The moved key's wheel entries name its old position: arm it again here.
+            let gen = self.new_gen();
+            let slot = &mut self.slots[i];
+            slot.gen = gen;
+            if !slot.armed.is_zero() {
+                let at = slot.armed;
+                slot.armed = self.wheel.insert(now, at, (i as u32, gen)).max(Nanos::new(1));
+            }
+        }
+        let len = self.slots.len();
+        if self.slots.capacity() > 64 && len < self.slots.capacity() / 4 {
+            // Forgotten keys give their memory back.
+            self.slots.shrink_to(len * 2);
+            let (slots, hasher) = (&self.slots, &self.shared.hasher);
+            self.index.shrink_to(len * 2, |&j| hasher.hash_one(&slots[j as usize].key));
+        }
+    }
+
+    /// The `max_keys` cap: forgets the least recently used of a few sampled keys with no claim
+    /// in flight, giving its units back.
+    fn evict(&mut self, now: Nanos) {
+        let n = self.slots.len();
+        let mut victim: Option<usize> = None;
+        for _ in 0..5 {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            let i = (self.rng % n as u64) as usize;
+            let s = &self.slots[i].state;
+            if s.in_flight().is_none() && victim.is_none_or(|v| s.last_request() < self.slots[v].state.last_request()) {
+                victim = Some(i);
+            }
+        }
+        let Some(i) = victim else { return };
+        let (cfg, m) = (&self.shared.config, &self.shared.metrics);
+        self.slots[i].state.drain(now, &cfg.lease, m, &mut self.returns);
+        let key = &self.slots[i].key;
+        let deadline = now + cfg.lease.return_margin;
+        self.transmit.extend(self.returns.drain(..).map(|spec| Return { key: key.clone(), spec, deadline }));
+        add(&m.keys_evicted, 1);
+        self.remove(now, i);
     }
 
     /// A new request for `cost` units of `key`.
-    pub fn check(&mut self, now: u64, key: &K, cost: u64) -> Step {
+    pub fn check<Q>(&mut self, now: Nanos, key: &Q, cost: u64) -> Step<K>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.check_hashed(now, self.hash(key), key, cost)
+    }
+
+    /// [`Engine::check`] with the key's hash already computed ([`Engine::hash`]).
+    pub fn check_hashed<Q>(&mut self, now: Nanos, hash: u64, key: &Q, cost: u64) -> Step<K>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ToOwned<Owned = K> + ?Sized,
+    {
         add(&self.shared.metrics.requests, 1);
+        let i = self.find_or_insert(now, hash, key);
         let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
-        let entry = self.keys.entry(key.clone()).or_default();
-        let v = entry.state.on_request(now, cost, lease, m);
-        self.step(now, key, cost, v)
+        let v = self.slots[i].state.on_request(now, cost, lease, m);
+        self.step(now, i, cost, v)
     }
 
-    /// The request waited for claim `claim` (woken by its reply or error, or gave up waiting).
-    pub fn resume(&mut self, now: u64, key: &K, cost: u64, claim: u64) -> Step {
+    /// Decides a request for `cost` units of `key` without taking anything: from what is held
+    /// or cached here, else by a `DRYRUN` claim ([`Step::Send`]); the failure policy (without
+    /// consuming its local bucket) while Redis is unavailable. Not counted as a request.
+    pub fn peek<Q>(&mut self, now: Nanos, key: &Q, cost: u64) -> Step<K>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let i = self.find_or_insert(now, self.hash(key), key);
         let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
-        let entry = self.keys.entry(key.clone()).or_default();
-        let v = entry.state.resume(now, cost, Some(claim), lease, m);
-        self.step(now, key, cost, v)
+        let step = match self.slots[i].state.peek(now, cost, lease, m) {
+            Some(Verdict::Admit { .. }) => {
+                Step::Done { outcome: self.known(now, i, true, Source::Local, None, None), refill: None }
+            }
+            Some(Verdict::Limited { retry_after, by, .. }) => {
+                let source = if by == LimitedBy::Cache { Source::Cache } else { Source::Local };
+                Step::Done { outcome: self.known(now, i, false, source, retry_after, None), refill: None }
+            }
+            _ if cost == 0 => Step::Done { outcome: self.known(now, i, true, Source::Local, None, None), refill: None },
+            _ => match self.shared.breaker.permit(now) {
+                Permit::Reject { retry_in } => {
+                    Step::Done { outcome: self.fallback(now, i, cost, retry_in, false), refill: None }
+                }
+                _ => {
+                    let spec = ClaimSpec { id: 0, units: cost, partial: false, sent_at: now, background: false, cost };
+                    Step::Send(Claim { key: self.slots[i].key.clone(), spec, limit: lease.limit, dry_run: true })
+                }
+            },
+        };
+        self.arm(now, i);
+        step
     }
 
-    /// The reply to a claim of `key`. `Some(step)` for the request that sent it (`cost` is its
-    /// cost), `None` for a background claim.
-    pub fn on_reply(&mut self, now: u64, key: &K, claim: &ClaimRequest, cost: u64, d: &Decision) -> Option<Step> {
+    /// What `key` would get from what is known here alone, taking and counting nothing:
+    /// `Some` when held units cover `cost` or the over-limit cache (or the capacity) refuses
+    /// it, `None` when only Redis knows. A multi-limit check asks this first, so that a limit
+    /// refusing from its cache costs the others nothing.
+    pub fn peek_local<Q>(&mut self, now: Nanos, key: &Q, cost: u64) -> Option<Outcome>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let i = self.find(self.hash(key), key)?;
+        let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
+        match self.slots[i].state.peek(now, cost, lease, m)? {
+            Verdict::Admit { .. } => Some(self.known(now, i, true, Source::Local, None, None)),
+            Verdict::Limited { retry_after, by, .. } => {
+                let source = if by == LimitedBy::Cache { Source::Cache } else { Source::Local };
+                Some(self.shadow_quiet(self.known(now, i, false, source, retry_after, None)))
+            }
+            _ => None,
+        }
+    }
+
+    /// The request waited (woken by the claim's reply or error, or at `waiter.until()`).
+    pub fn resume<Q>(&mut self, now: Nanos, key: &Q, waiter: Waiter) -> Step<K>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let i = self.find_or_insert(now, self.hash(key), key);
+        if self.slots[i].state.claim_pending(waiter.claim) {
+            if now < waiter.until {
+                return Step::Wait(waiter);
+            }
+            // Redis could not decide this request in time: the failure policy does.
+            let o = self.fallback(now, i, waiter.cost, self.shared.config.breaker.cool_down, true);
+            self.arm(now, i);
+            return Step::Done { outcome: self.shadow(o), refill: None };
+        }
+        let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
+        let v = self.slots[i].state.resume(now, waiter.cost, Some(waiter.claim), lease, m);
+        self.step(now, i, waiter.cost, v)
+    }
+
+    /// The reply to `claim`. `Some(step)` for the request that sent it, `None` for a background
+    /// claim.
+    pub fn on_reply(&mut self, now: Nanos, claim: &Claim<K>, d: &Decision) -> Option<Step<K>> {
         self.shared.breaker.on_success();
+        if claim.dry_run {
+            return Some(Step::Done { outcome: self.peeked(now, claim, d), refill: None });
+        }
+        let i = self.find_or_insert(now, self.hash(&claim.key), &claim.key);
         let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
-        let entry = self.keys.entry(key.clone()).or_default();
-        let v = entry.state.on_claim_reply(now, claim, d, lease, m)?;
+        let state = &mut self.slots[i].state;
+        let Some((v, cost)) = state.on_claim_reply(now, &claim.spec, d, lease, m) else {
+            if claim.spec.background {
+                self.arm(now, i);
+                return None;
+            }
+            // The request's own claim, given up before its reply came: decided as if it had
+            // failed (held units may still cover it).
+            let v = state.resume(now, claim.spec.cost, Some(claim.spec.id), lease, m);
+            return Some(self.step(now, i, claim.spec.cost, v));
+        };
         let v = match v {
-            Verdict::Retry => entry.state.resume(now, cost, None, lease, m),
+            Verdict::Retry => state.resume(now, cost, None, lease, m),
             v => v,
         };
-        Some(self.step(now, key, cost, v))
+        Some(self.step(now, i, cost, v))
     }
 
-    /// A claim of `key` failed or timed out. `Some(step)` for the request that sent it.
-    pub fn on_error(&mut self, now: u64, key: &K, claim: &ClaimRequest, cost: u64) -> Option<Step> {
-        add(&self.shared.metrics.redis_errors, 1);
-        if self.shared.breaker.on_failure(now) {
-            add(&self.shared.metrics.breaker_opens, 1);
-        }
-        let state = &mut self.keys.get_mut(key)?.state;
-        state.expire(now, &self.shared.metrics);
-        let v = state.on_claim_error(claim)?;
-        Some(self.step(now, key, cost, v))
-    }
-
-    /// A claim of `key` was answered with an error reply (Redis is up, but refused the command:
-    /// a wrong type, the module missing, an ACL): the request falls back to the failure policy
-    /// like on an outage, but the breaker counts it as an answer. `Some(step)` for the request
-    /// that sent it.
-    pub fn on_server_error(&mut self, now: u64, key: &K, claim: &ClaimRequest, cost: u64) -> Option<Step> {
-        add(&self.shared.metrics.redis_errors, 1);
-        self.shared.breaker.on_success();
-        let state = &mut self.keys.get_mut(key)?.state;
-        state.expire(now, &self.shared.metrics);
-        let v = state.on_claim_error(claim)?;
-        Some(self.step(now, key, cost, v))
-    }
-
-    /// Redis could not decide this request in time (a waiter gave up on a claim still in
-    /// flight): the failure policy decides.
-    pub fn unavailable(&mut self, now: u64, key: &K, cost: u64) -> Step {
-        self.keys.entry(key.clone()).or_default();
-        let o = self.fallback(now, key, cost, self.shared.config.breaker.cool_down_ns);
-        Step::Done { outcome: self.shadow(o), refill: None }
-    }
-
-    /// A claim was abandoned without a result (its future was dropped): like an error for the
-    /// key (waiters fall back), but says nothing about Redis.
-    pub fn on_abandon(&mut self, now: u64, key: &K, claim: &ClaimRequest) {
-        self.shared.breaker.on_abandon(now);
-        if let Some(e) = self.keys.get_mut(key) {
-            let _ = e.state.on_claim_error(claim);
-        }
-    }
-
-    fn step(&mut self, now: u64, key: &K, cost: u64, v: Verdict) -> Step {
-        let (outcome, refill) = match v {
-            Verdict::Admit { from_claim, refill, delay_ns } => {
-                let source = if from_claim { Source::Redis } else { Source::Local };
-                (self.known(now, key, true, source, None, delay_ns), refill)
+    /// `claim` failed. `Some(step)` for the request that sent it (`None` for a background
+    /// claim, or an abandoned one: its request is gone).
+    pub fn on_error(&mut self, now: Nanos, claim: &Claim<K>, error: CallError) -> Option<Step<K>> {
+        let m = &self.shared.metrics;
+        match error {
+            CallError::Unavailable => {
+                add(&m.redis_errors, 1);
+                if self.shared.breaker.on_failure(now) {
+                    add(&m.breaker_opens, 1);
+                }
             }
-            Verdict::Limited { retry_after_ns, by, refill } => {
+            CallError::Refused => {
+                add(&m.redis_errors, 1);
+                self.shared.breaker.on_success();
+            }
+            CallError::Abandoned => self.shared.breaker.on_abandon(now),
+        }
+        if claim.dry_run {
+            let i = self.find_or_insert(now, self.hash(&claim.key), &claim.key);
+            let o = self.fallback(now, i, claim.spec.cost, self.shared.config.breaker.cool_down, false);
+            return (error != CallError::Abandoned).then_some(Step::Done { outcome: self.shadow(o), refill: None });
+        }
+        let i = self.find_or_insert(now, self.hash(&claim.key), &claim.key);
+        let m = &self.shared.metrics;
+        let state = &mut self.slots[i].state;
+        state.expire(now, m);
+        let step = match state.on_claim_error(&claim.spec, m) {
+            _ if error == CallError::Abandoned => None,
+            Some((v, cost)) => Some(self.step(now, i, cost, v)),
+            // The request's own claim, already given up: it failed all the same.
+            None if !claim.spec.background => {
+                let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
+                let v = self.slots[i].state.resume(now, claim.spec.cost, Some(claim.spec.id), lease, m);
+                Some(self.step(now, i, claim.spec.cost, v))
+            }
+            None => None,
+        };
+        self.arm(now, i);
+        step
+    }
+
+    /// A return's answer: the units credited, or how it failed (a failed return leaves the
+    /// units consumed at the server: the safe direction).
+    pub fn on_return(&mut self, now: Nanos, result: Result<u64, CallError>) {
+        self.shared.on_return(now, result)
+    }
+
+    /// Puts back the units an admitted `outcome` of `key` took (a multi-limit check refused by
+    /// another limit, or a request not carried out), at no cost: they serve the next request.
+    /// False when nothing went back (nothing taken, or the units would have expired since).
+    pub fn refund<Q>(&mut self, now: Nanos, key: &Q, outcome: &Outcome) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let Some(i) = self.find(self.hash(key), key) else { return false };
+        let (cfg, m) = (&self.shared.config, &self.shared.metrics);
+        let done = match (outcome.source, outcome.taken) {
+            (Source::Local | Source::Redis, Some(t)) if outcome.enforced => self.slots[i].state.refund(now, t, m),
+            (Source::Fallback, Some(t)) if outcome.enforced => match cfg.policy {
+                FailurePolicy::LocalFallback { limit, period, .. } => {
+                    self.slots[i].fallback.refund(t.units, limit, period);
+                    true
+                }
+                _ => false,
+            },
+            _ => false,
+        };
+        self.arm(now, i);
+        done
+    }
+
+    fn step(&mut self, now: Nanos, i: usize, cost: u64, v: Verdict) -> Step<K> {
+        let step = self.step_inner(now, i, cost, v);
+        self.arm(now, i);
+        step
+    }
+
+    fn step_inner(&mut self, now: Nanos, i: usize, cost: u64, v: Verdict) -> Step<K> {
+        let (outcome, refill) = match v {
+            Verdict::Admit { from_claim, refill, delay, taken } => {
+                let source = if from_claim { Source::Redis } else { Source::Local };
+                let mut o = self.known(now, i, true, source, None, delay);
+                o.taken = taken;
+                (o, refill)
+            }
+            Verdict::Limited { retry_after, by, refill } => {
                 let source = match by {
                     LimitedBy::Cache => Source::Cache,
                     LimitedBy::Never => Source::Local,
                     LimitedBy::Redis => Source::Redis,
                 };
-                (self.known(now, key, false, source, retry_after_ns, None), refill)
+                (self.known(now, i, false, source, retry_after, None), refill)
             }
-            Verdict::Wait { claim } => return Step::Wait { claim },
+            Verdict::Wait { claim } => {
+                let until = now + self.shared.config.call_timeout * 3 / 2;
+                return Step::Wait(Waiter { claim, cost, until });
+            }
             Verdict::Claim(c) => match self.shared.breaker.permit(now) {
-                Permit::Reject { retry_in_ns } => {
-                    self.cancel(key, &c);
-                    (self.fallback(now, key, cost, retry_in_ns), None)
+                Permit::Reject { retry_in } => {
+                    self.slots[i].state.cancel_claim(c.id, &self.shared.metrics);
+                    (self.fallback(now, i, cost, retry_in, true), None)
                 }
-                _ => return Step::Send(c),
+                _ => return Step::Send(self.claim(i, c)),
             },
-            Verdict::Failed => (self.fallback(now, key, cost, self.shared.config.breaker.cool_down_ns), None),
-            Verdict::Retry => unreachable!("Retry is resolved by on_reply"),
+            Verdict::Failed => (self.fallback(now, i, cost, self.shared.config.breaker.cool_down, true), None),
+            Verdict::Retry => {
+                // on_reply resolves it; any other path treats it as a new decision.
+                let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
+                let v = self.slots[i].state.resume(now, cost, None, lease, m);
+                return self.step_inner(now, i, cost, v);
+            }
         };
         // A background refill only when Redis may be called (it may be the half-open probe).
         let refill = match refill {
             Some(c) if !self.shared.breaker.permit(now).allows_call() => {
-                self.cancel(key, &c);
+                self.slots[i].state.cancel_claim(c.id, &self.shared.metrics);
                 None
             }
-            r => r,
+            Some(c) => Some(self.claim(i, c)),
+            None => None,
         };
         Step::Done { outcome: self.shadow(outcome), refill }
     }
 
-    fn cancel(&mut self, key: &K, c: &ClaimRequest) {
-        if let Some(e) = self.keys.get_mut(key) {
-            e.state.cancel_claim(c.id, &self.shared.metrics);
-        }
+    fn claim(&self, i: usize, spec: ClaimSpec) -> Claim<K> {
+        Claim { key: self.slots[i].key.clone(), spec, limit: self.shared.config.lease.limit, dry_run: false }
     }
 
     fn known(
         &self,
-        now: u64,
-        key: &K,
+        now: Nanos,
+        i: usize,
         allowed: bool,
         source: Source,
-        retry_after_ns: Option<u64>,
-        delay_ns: Option<u64>,
+        retry_after: Option<Nanos>,
+        delay: Option<Nanos>,
     ) -> Outcome {
-        let st = self.keys.get(key).map(|e| &e.state);
+        let st = &self.slots[i].state;
+        // Refused by the over-limit cache or the pacing hold: nothing is admissible now,
+        // whatever the server last reported (it may have units left for other instances).
+        let remaining = if source == Source::Cache { st.capacity().map(|_| 0) } else { st.remaining_estimate(now) };
         Outcome {
-            allowed,
-            enforced: allowed,
-            source,
-            retry_after_ns,
-            delay_ns,
-            limit: st.and_then(|s| s.capacity()),
-            remaining: st.and_then(|s| s.remaining_estimate(now)),
-            reset_after_ns: st.and_then(|s| s.reset_after(now)),
+            limit: st.capacity(),
+            remaining,
+            reset_after: st.reset_after(now),
+            delay,
+            ..Outcome::plain(allowed, source, retry_after)
         }
     }
 
-    /// Redis cannot decide this request: the failure policy does.
-    fn fallback(&mut self, now: u64, key: &K, cost: u64, retry_in_ns: u64) -> Outcome {
+    /// The outcome of a peek answered by a `DRYRUN` reply.
+    fn peeked(&self, now: Nanos, claim: &Claim<K>, d: &Decision) -> Outcome {
+        let allowed = d.allowed >= claim.spec.cost;
+        let held = self.find(self.hash(&claim.key), &claim.key).map_or(0, |i| self.slots[i].state.held_at(now));
+        let o = Outcome {
+            limit: Some(d.limit),
+            remaining: Some(d.remaining.saturating_add(held).min(d.limit)),
+            reset_after: Some(d.reset_after.into()),
+            delay: d.delay.map(Nanos::from),
+            ..Outcome::plain(allowed, Source::Redis, if allowed { None } else { d.retry_after.map(Nanos::from) })
+        };
+        self.shadow_quiet(o)
+    }
+
+    /// Redis cannot decide this request: the failure policy does. `take`: false for a peek
+    /// (nothing consumed, nothing counted).
+    fn fallback(&mut self, now: Nanos, i: usize, cost: u64, retry_in: Nanos, take: bool) -> Outcome {
         let m = &self.shared.metrics;
-        let entry = self.keys.entry(key.clone()).or_default();
-        let out = |allowed, source, retry_after_ns| Outcome {
-            allowed,
-            enforced: allowed,
-            source,
-            retry_after_ns,
-            delay_ns: None,
-            limit: None,
-            remaining: None,
-            reset_after_ns: None,
+        let count = |c| {
+            if take {
+                add(c, 1)
+            }
         };
         match self.shared.config.policy {
-            FailurePolicy::FailClosed => {
-                add(&m.fail_closed_denials, 1);
-                out(false, Source::FailClosed, Some(retry_in_ns.max(1)))
-            }
             FailurePolicy::FailOpen => {
-                add(&m.fail_open_admits, 1);
-                out(true, Source::FailOpen, None)
+                count(&m.fail_open_admits);
+                Outcome::plain(true, Source::FailOpen, None)
             }
-            FailurePolicy::LocalFallback { limit, period_ns, burst } => {
-                match entry.fallback.check(now, cost, limit, period_ns, burst) {
+            FailurePolicy::LocalFallback { limit, period, burst } => {
+                let bucket = &mut self.slots[i].fallback;
+                let mut probe = *bucket;
+                let verdict = if take {
+                    bucket.check(now, cost, limit, period, burst)
+                } else {
+                    probe.check(now, cost, limit, period, burst)
+                };
+                match verdict {
                     Ok(()) => {
-                        add(&m.fallback_admits, 1);
-                        out(true, Source::Fallback, None)
+                        count(&m.fallback_admits);
+                        let taken = Taken { units: cost, expires_at: Nanos::MAX, claim_sent_at: now };
+                        Outcome { taken: take.then_some(taken), ..Outcome::plain(true, Source::Fallback, None) }
                     }
                     Err(retry) => {
-                        add(&m.fallback_denials, 1);
-                        out(false, Source::Fallback, retry)
+                        count(&m.fallback_denials);
+                        Outcome::plain(false, Source::Fallback, retry)
                     }
                 }
+            }
+            // LocalShare is resolved by the configuration; as a last resort it fails closed.
+            FailurePolicy::FailClosed | FailurePolicy::LocalShare => {
+                count(&m.fail_closed_denials);
+                Outcome::plain(false, Source::FailClosed, Some(retry_in.max(Nanos::new(1))))
             }
         }
     }
@@ -335,41 +902,76 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         o
     }
 
-    /// Housekeeping: expire leases, give back the units of idle keys (returns to send), and
-    /// forget keys with nothing left (idle for 2 L).
-    pub fn tick(&mut self, now: u64) -> Vec<(K, ReturnRequest)> {
-        let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
+    fn shadow_quiet(&self, mut o: Outcome) -> Outcome {
+        if self.shared.config.shadow {
+            o.allowed = true;
+        }
+        o
+    }
+
+    /// When [`Engine::handle_timeout`] next has work (`None`: no key needs attention; a new
+    /// request may bring an earlier deadline, so ask again after each call).
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        self.wheel.next_due()
+    }
+
+    /// Housekeeping of the keys whose deadline passed: lost claims given up, expired leases
+    /// dropped, the units of idle keys queued for return ([`Engine::poll_transmit`]), keys with
+    /// nothing left forgotten. Work is proportional to the keys due, not to the keys
+    /// remembered.
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        let mut due = std::mem::take(&mut self.due);
+        self.wheel.pop_due(now, &mut due);
         let may_call = !self.shared.breaker.is_open();
-        let mut out = Vec::new();
-        let forget_after = lease.lease_ns.saturating_mul(2).max(lease.idle_return_ns);
-        self.keys.retain(|k, e| {
-            out.extend(e.state.tick(now, lease, may_call, m).into_iter().map(|r| (k.clone(), r)));
-            !e.state.is_forgettable(now, forget_after)
-        });
-        out
+        let shared = Arc::clone(&self.shared);
+        let (cfg, m) = (&shared.config, &shared.metrics);
+        for (i, gen) in due.drain(..) {
+            let i = i as usize;
+            if self.slots.get(i).is_none_or(|s| s.gen != gen || s.armed.is_zero() || s.armed > now) {
+                continue;
+            }
+            let slot = &mut self.slots[i];
+            slot.armed = Nanos::ZERO;
+            slot.state.housekeeping(now, &cfg.lease, may_call, m, &mut self.returns);
+            let (key, deadline) = (&slot.key, now + cfg.lease.return_margin);
+            self.transmit.extend(self.returns.drain(..).map(|spec| Return { key: key.clone(), spec, deadline }));
+            if slot.state.is_forgettable(now, cfg.forget_after) {
+                self.remove(now, i);
+                continue;
+            }
+            self.arm(now, i);
+            if !may_call && !self.slots[i].state.leases().is_empty() {
+                // Idle units could not go back while Redis is unavailable: look again after a
+                // cool-down (they expire meanwhile otherwise).
+                let slot = &mut self.slots[i];
+                let at = now + cfg.breaker.cool_down;
+                if at < slot.armed {
+                    slot.armed = self.wheel.insert(now, at, (i as u32, slot.gen)).max(Nanos::new(1));
+                }
+            }
+        }
+        self.due = due;
     }
 
-    /// Shutdown: every held unit to give back.
-    pub fn drain(&mut self, now: u64) -> Vec<(K, ReturnRequest)> {
+    /// The instant a driver gives `claim` up as timed out (its send plus the call timeout).
+    pub fn deadline(&self, claim: &Claim<K>) -> Nanos {
+        claim.deadline_after(self.shared.config.call_timeout)
+    }
+
+    /// The next return to send (from housekeeping or an eviction).
+    pub fn poll_transmit(&mut self) -> Option<Return<K>> {
+        self.transmit.pop_front()
+    }
+
+    /// Shutdown: every held unit to give back (and any return still queued).
+    pub fn drain(&mut self, now: Nanos) -> Vec<Return<K>> {
         let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
-        let mut out = Vec::new();
-        for (k, e) in self.keys.iter_mut() {
-            out.extend(e.state.drain(now, lease, m).into_iter().map(|r| (k.clone(), r)));
+        let mut out: Vec<Return<K>> = self.transmit.drain(..).collect();
+        let deadline = now + lease.return_margin;
+        for s in self.slots.iter_mut() {
+            s.state.drain(now, lease, m, &mut self.returns);
+            out.extend(self.returns.drain(..).map(|spec| Return { key: s.key.clone(), spec, deadline }));
         }
         out
-    }
-
-    /// A return's reply: `credited` units (what RL.RETURN answered).
-    pub fn on_return_reply(&self, credited: u64) {
-        self.shared.breaker.on_success();
-        add(&self.shared.metrics.units_credited, credited);
-    }
-
-    /// A return failed (the units stay consumed at the server: the safe direction).
-    pub fn on_return_error(&self, now: u64) {
-        add(&self.shared.metrics.redis_errors, 1);
-        if self.shared.breaker.on_failure(now) {
-            add(&self.shared.metrics.breaker_opens, 1);
-        }
     }
 }

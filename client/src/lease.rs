@@ -24,51 +24,55 @@
 //! refill or a return is only sent with a credit in hand. A cold key (little demand) claims
 //! exactly what each request needs, exactly as a per-request check would.
 
+//!
+//! This module is the engine's inside: [`KeyState`] is public for inspection (held units,
+//! totals, the claim in flight), its transitions are the crate's own ([`crate::engine`] drives
+//! them).
+
 use crate::batch::{claim_size, BatchInput, ClaimSize, Demand};
 use crate::decision::Decision;
-use crate::metrics::{add, Metrics};
+use crate::metrics::{add, sub, Metrics};
 use crate::spec::{Algorithm, Limit};
-
-const MS: u64 = 1_000_000;
+use crate::time::Nanos;
 
 /// `span` scaled by a factor in [1/2, 3/2) drawn from `seed` (splitmix64).
-fn jitter(span: u64, seed: u64) -> u64 {
+fn jitter(span: Nanos, seed: u64) -> Nanos {
     let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
     let frac = (z >> 11) as f64 / (1u64 << 53) as f64;
-    (span as f64 * (0.5 + frac)) as u64
+    Nanos::new((span.as_f64() * (0.5 + frac)) as u64)
 }
 
 /// How a key's reservations behave.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LeaseConfig {
     pub limit: Limit,
-    /// `L`: the longest a lease lives, from its claim's send time, in ns.
-    pub lease_ns: u64,
-    /// Batch to cover the demand of this long (ns): batch ≈ demand rate × horizon.
-    pub horizon_ns: u64,
+    /// `L`: the longest a lease lives, from its claim's send time.
+    pub lease: Nanos,
+    /// Batch to cover the demand of this long: batch ≈ demand rate × horizon.
+    pub horizon: Nanos,
     /// The largest claim.
     pub max_batch: u64,
     /// Instances expected to share a key: a key that ran dry is claimed again no sooner than
-    /// this instance's fair share of the refill makes worthwhile (see [`LeaseConfig::dry_hold_ns`]).
+    /// this instance's fair share of the refill makes worthwhile (see [`LeaseConfig::dry_hold`]).
     pub instances: u64,
-    /// Time constant of the demand estimate (ns).
-    pub demand_tau_ns: u64,
-    /// A key with no request for this long gives its held units back (ns).
-    pub idle_return_ns: u64,
-    /// A claim with no reply or error after this long is taken as lost (ns); the driver's
-    /// call timeout is shorter, so this only catches a driver that lost track of a call.
-    pub stale_claim_ns: u64,
+    /// Time constant of the demand estimate.
+    pub demand_tau: Nanos,
+    /// A key with no request for this long gives its held units back.
+    pub idle_return: Nanos,
+    /// A claim with no reply or error after this long is taken as lost; the driver's call
+    /// timeout is shorter, so this only catches a driver that lost track of a call.
+    pub stale_claim: Nanos,
     /// Batch and serve locally. False: every request is an exact claim (a per-request check,
     /// still with the over-limit cache and the breaker). Always off for RL.LEAKY, whose every
     /// admitted request needs its own `delay`, and for RL.SLIDINGLOG, which needs each
     /// request's instant (and refuses RL.RETURN).
     pub batching: bool,
-    /// Added to the measured age of units given back (ns): the return's own transit, at most the
+    /// Added to the measured age of units given back: the return's own transit, at most the
     /// call timeout (`AGE` must never be less than the true age).
-    pub return_margin_ns: u64,
+    pub return_margin: Nanos,
 }
 
 impl LeaseConfig {
@@ -76,30 +80,32 @@ impl LeaseConfig {
     /// L/2), batches of at most 1000, one instance, τ = 1 s, idle return after L/2, claims lost
     /// after 10 s.
     pub fn new(limit: Limit) -> LeaseConfig {
-        let period = limit.period.as_nanos().min(u64::MAX as u128) as u64;
-        let lease_ns = 1_000_000_000u64.min(period.max(1));
+        let lease = Nanos::from_secs(1).min(Nanos::from(limit.period).max(Nanos::new(1)));
         LeaseConfig {
             limit,
-            lease_ns,
-            horizon_ns: (100 * MS).min(lease_ns / 2),
+            lease,
+            horizon: Nanos::from_millis(100).min(lease / 2),
             max_batch: 1000,
             instances: 1,
-            demand_tau_ns: 1_000_000_000,
-            idle_return_ns: lease_ns / 2,
-            stale_claim_ns: 10_000_000_000,
+            demand_tau: Nanos::from_secs(1),
+            idle_return: lease / 2,
+            stale_claim: Nanos::from_secs(10),
             batching: !matches!(limit.algorithm, Algorithm::Leaky | Algorithm::SlidingLog),
-            return_margin_ns: 100 * MS,
+            return_margin: Nanos::from_millis(100),
         }
     }
 
-    fn batching(&self) -> bool {
+    pub(crate) fn batching(&self) -> bool {
         self.batching && !matches!(self.limit.algorithm, Algorithm::Leaky | Algorithm::SlidingLog)
     }
 
-    /// The limit's mean spacing of units, `period ÷ limit` (ns, at least 1).
-    pub fn interval_ns(&self) -> u64 {
-        let period = self.limit.period.as_nanos().min(u64::MAX as u128) as u64;
-        (period / self.limit.limit.max(1)).max(1)
+    fn period(&self) -> Nanos {
+        self.limit.period.into()
+    }
+
+    /// The limit's mean spacing of units, `period ÷ limit` (at least 1 ns).
+    pub fn interval(&self) -> Nanos {
+        (self.period() / self.limit.limit.max(1)).max(Nanos::new(1))
     }
 
     /// How long a key that ran dry (a claim granted less than it asked) waits, on average,
@@ -107,25 +113,24 @@ impl LeaseConfig {
     /// this instance's fair share of `k` units to refill (`¾ × k × N × interval`, `k` = the
     /// units its demand can use within a lease, between 1 and 3), never more than the period. The
     /// fixed window does not pace: the server names the window's end.
-    pub fn dry_hold_ns(&self, lease_demand: f64) -> u64 {
+    pub fn dry_hold(&self, lease_demand: f64) -> Nanos {
         if self.limit.algorithm == Algorithm::Fixed {
-            return 0;
+            return Nanos::ZERO;
         }
-        let period = self.limit.period.as_nanos().min(u64::MAX as u128) as u64;
         let k = if lease_demand.is_finite() { lease_demand.clamp(1.0, 3.0) } else { 1.0 };
         // ¾: the instances together ask a third more than the refill, so that it is taken.
         let share = if self.instances > 1 {
-            (self.interval_ns() as f64 * self.instances as f64 * k * 0.75).min(u64::MAX as f64 / 2.0) as u64
+            Nanos::new((self.interval().as_f64() * self.instances as f64 * k * 0.75).min(u64::MAX as f64 / 2.0) as u64)
         } else {
-            0
+            Nanos::ZERO
         };
-        self.horizon_ns.max(share).min(period)
+        self.horizon.max(share).min(self.period())
     }
 
     /// How long the units of this reply may be served, from the claim's send time.
-    pub fn lease_span(&self, d: &Decision) -> u64 {
-        let reset = d.reset_after.as_nanos().min(u64::MAX as u128) as u64;
-        let window = self.limit.period.as_nanos().min(u64::MAX as u128) as u64;
+    pub fn lease_span(&self, d: &Decision) -> Nanos {
+        let reset = Nanos::from(d.reset_after);
+        let window = self.period();
         let window_end = match self.limit.algorithm {
             Algorithm::Fixed => Some(reset),
             Algorithm::Sliding if reset > window => Some(reset - window),
@@ -133,8 +138,8 @@ impl LeaseConfig {
             _ => None,
         };
         match window_end {
-            Some(end) => end.saturating_sub(MS).min(self.lease_ns),
-            None => self.lease_ns,
+            Some(end) => (end - Nanos::from_millis(1)).min(self.lease),
+            None => self.lease,
         }
     }
 }
@@ -144,33 +149,47 @@ impl LeaseConfig {
 pub struct Lease {
     pub units: u64,
     /// Served only while `now < expires_at`.
-    pub expires_at: u64,
+    pub expires_at: Nanos,
     /// When the claim was sent (RL.RETURN's AGE is measured from it).
-    pub claim_sent_at: u64,
+    pub claim_sent_at: Nanos,
 }
 
-/// A claim to send: `<command> key limit period [BURST b] COST units [PARTIAL]`.
+/// A claim the key state made: `COST units [PARTIAL]`, sent at `sent_at`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClaimRequest {
-    /// Identifies the claim in [`KeyState::on_claim_reply`] / [`KeyState::on_claim_error`].
+pub(crate) struct ClaimSpec {
     pub id: u64,
     pub units: u64,
     pub partial: bool,
-    pub sent_at: u64,
+    pub sent_at: Nanos,
     /// Sent ahead of need (nobody waits for it).
     pub background: bool,
+    /// The cost of the request that made it (0 for a background claim): it lives here, in
+    /// the claim, and nowhere else.
+    pub cost: u64,
 }
 
-/// Units to give back: `RL.RETURN key units AGE <now − claim_sent_at>`.
+/// Units to give back, with their `AGE`: the time since the claim was sent plus the return
+/// margin. This is the one place that age is computed (docs/local-reservations.md rule 4: it
+/// is never below the true age).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReturnRequest {
+pub(crate) struct ReturnSpec {
     pub units: u64,
-    pub claim_sent_at: u64,
+    pub age: Nanos,
+}
+
+/// Units an admission took, so that [`KeyState::refund`] can put them back without making
+/// them live longer than they would have: the earliest expiry and the earliest claim send
+/// among the leases they came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Taken {
+    pub units: u64,
+    pub expires_at: Nanos,
+    pub claim_sent_at: Nanos,
 }
 
 /// Why a request was refused without a Redis call, or by Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LimitedBy {
+pub(crate) enum LimitedBy {
     /// The over-limit cache: a recent denial named an instant not yet reached.
     Cache,
     /// The cost is above the limit's capacity: it never passes.
@@ -181,19 +200,19 @@ pub enum LimitedBy {
 
 /// What to do with a request (or, from [`KeyState::on_claim_reply`], with its initiator).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Admitted. `from_claim`: served by the claim it made (a round trip); else from held
-    /// units. `refill`: send this background claim now (units are running low). `delay_ns`:
-    /// RL.LEAKY's delay for a Redis admit.
-    Admit { from_claim: bool, refill: Option<ClaimRequest>, delay_ns: Option<u64> },
-    /// Refused; `retry_after_ns` is when it can pass (never early), `None` when it never can.
+    /// units. `refill`: send this background claim now (units are running low). `delay`:
+    /// RL.LEAKY's delay for a Redis admit. `taken`: what a refund would put back.
+    Admit { from_claim: bool, refill: Option<ClaimSpec>, delay: Option<Nanos>, taken: Option<Taken> },
+    /// Refused; `retry_after` is when it can pass (never early), `None` when it never can.
     /// `refill`: send this background claim now (a held key nearing the end of its hold).
-    Limited { retry_after_ns: Option<u64>, by: LimitedBy, refill: Option<ClaimRequest> },
+    Limited { retry_after: Option<Nanos>, by: LimitedBy, refill: Option<ClaimSpec> },
     /// A claim of this key is in flight: wait for its reply (or error), then call
     /// [`KeyState::resume`] with this id.
     Wait { claim: u64 },
     /// Send this claim and report its reply or error; the request is decided by it.
-    Claim(ClaimRequest),
+    Claim(ClaimSpec),
     /// The claim this request waited for failed (or the one it made): apply the failure policy.
     Failed,
     /// Decide again with [`KeyState::resume`] (a partial claim granted less than needed).
@@ -202,16 +221,14 @@ pub enum Verdict {
 
 #[derive(Clone, Copy, Debug)]
 struct InFlight {
-    claim: ClaimRequest,
-    /// The initiator's cost (0 for a background claim).
-    cost: u64,
+    claim: ClaimSpec,
 }
 
 #[derive(Clone, Copy, Debug)]
 struct Hold {
     /// Refused locally until then: the instant the server named for the denied request, or the
     /// end of the pacing interval of a key that ran dry, whichever is later.
-    until: u64,
+    until: Nanos,
     /// Requests needing at least this many units beyond what is held are refused until then.
     need: u64,
 }
@@ -240,15 +257,15 @@ pub struct KeyState {
     hold: Option<Hold>,
     /// The pacing interval while the key runs dry (0 otherwise): claims then ask for the demand
     /// of this long.
-    pace_ns: u64,
+    pace: Nanos,
     demand: Demand,
     /// From the last reply: capacity, remaining, and the absolute instant of a fresh state.
     capacity: Option<u64>,
     remaining: Option<u64>,
-    reset_at: Option<u64>,
-    last_request: u64,
-    /// Smoothed round trip of claims (ns).
-    rtt_ns: u64,
+    reset_at: Option<Nanos>,
+    last_request: Nanos,
+    /// Smoothed round trip of claims.
+    rtt: Nanos,
     /// Requests minus Redis calls: a background claim or a return needs one.
     call_credit: u64,
     totals: Totals,
@@ -269,7 +286,7 @@ impl KeyState {
     }
 
     /// Units servable at `now` (unexpired).
-    pub fn held_at(&self, now: u64) -> u64 {
+    pub fn held_at(&self, now: Nanos) -> u64 {
         self.leases.iter().filter(|l| now < l.expires_at).map(|l| l.units).sum()
     }
 
@@ -277,9 +294,18 @@ impl KeyState {
         &self.leases
     }
 
-    /// The claim in flight, if any.
-    pub fn in_flight(&self) -> Option<ClaimRequest> {
-        self.in_flight.map(|f| f.claim)
+    /// The id and send instant of the claim in flight, if any.
+    pub fn in_flight(&self) -> Option<(u64, Nanos)> {
+        self.in_flight.map(|f| (f.claim.id, f.claim.sent_at))
+    }
+
+    /// When the last request came.
+    pub fn last_request(&self) -> Nanos {
+        self.last_request
+    }
+
+    pub(crate) fn claim_pending(&self, id: u64) -> bool {
+        self.in_flight.is_some_and(|f| f.claim.id == id)
     }
 
     /// The limit's capacity, once a reply reported it.
@@ -289,26 +315,50 @@ impl KeyState {
 
     /// The units still admissible overall, as best known: the server's last `remaining` plus
     /// what is held here.
-    pub fn remaining_estimate(&self, now: u64) -> Option<u64> {
+    pub fn remaining_estimate(&self, now: Nanos) -> Option<u64> {
         let r = self.remaining?.saturating_add(self.held_at(now));
         Some(self.capacity.map_or(r, |c| r.min(c)))
     }
 
     /// Time until the limiter is fresh again, as of the last reply.
-    pub fn reset_after(&self, now: u64) -> Option<u64> {
-        self.reset_at.map(|t| t.saturating_sub(now))
+    pub fn reset_after(&self, now: Nanos) -> Option<Nanos> {
+        self.reset_at.map(|t| t - now)
     }
 
-    /// Nothing held, nothing in flight, no live denial, idle for `idle_ns`: safe to forget.
-    pub fn is_forgettable(&self, now: u64, idle_ns: u64) -> bool {
+    /// Nothing held, nothing in flight, no live denial, idle for `idle`: safe to forget.
+    pub fn is_forgettable(&self, now: Nanos, idle: Nanos) -> bool {
         self.leases.is_empty()
             && self.in_flight.is_none()
             && self.hold.is_none_or(|d| d.until <= now)
-            && now.saturating_sub(self.last_request) >= idle_ns
+            && now - self.last_request >= idle
+    }
+
+    /// When housekeeping next has something to do for this key: the claim in flight given up
+    /// as lost, the first lease expiry, the idle return (while units are held and the key is
+    /// not idle yet), or, with nothing held, the instant it may be forgotten.
+    pub(crate) fn next_deadline(&self, now: Nanos, cfg: &LeaseConfig, forget_after: Nanos) -> Nanos {
+        let mut at = Nanos::MAX;
+        if let Some(f) = self.in_flight {
+            at = at.min(f.claim.sent_at + cfg.stale_claim);
+        }
+        if let Some(first) = self.leases.first() {
+            at = at.min(first.expires_at);
+            let idle_at = self.last_request + cfg.idle_return;
+            if cfg.limit.algorithm.supports_return() && idle_at > now {
+                at = at.min(idle_at);
+            }
+        } else if self.in_flight.is_none() {
+            let hold = self.hold.map_or(Nanos::ZERO, |h| h.until);
+            at = at.min((self.last_request + forget_after).max(hold));
+        }
+        at
     }
 
     /// Drops expired leases (counted as expired).
-    pub fn expire(&mut self, now: u64, m: &Metrics) {
+    pub(crate) fn expire(&mut self, now: Nanos, m: &Metrics) {
+        if self.leases.first().is_none_or(|l| now < l.expires_at) {
+            return;
+        }
         let mut expired = 0;
         self.leases.retain(|l| {
             let live = now < l.expires_at;
@@ -317,72 +367,117 @@ impl KeyState {
             }
             live
         });
+        if self.leases.is_empty() {
+            // Give the memory back: an idle key keeps no allocation.
+            self.leases = Vec::new();
+        }
         self.totals.expired += expired;
         add(&m.units_expired, expired);
     }
 
-    fn take(&mut self, mut units: u64) {
+    fn take(&mut self, mut units: u64) -> Taken {
         self.totals.served += units;
+        let first = self.leases[0];
+        let mut taken = Taken { units, expires_at: first.expires_at, claim_sent_at: first.claim_sent_at };
         for l in self.leases.iter_mut() {
+            if units == 0 {
+                break;
+            }
             let t = l.units.min(units);
             l.units -= t;
             units -= t;
+            taken.claim_sent_at = taken.claim_sent_at.min(l.claim_sent_at);
         }
         self.leases.retain(|l| l.units > 0);
         debug_assert_eq!(units, 0, "took more units than held");
+        taken
     }
 
-    fn new_claim(&mut self, now: u64, size: ClaimSize, cost: u64, background: bool, m: &Metrics) -> ClaimRequest {
+    /// Puts back units an admission took (the request was refused by another limit, or not
+    /// carried out): a lease that expires no later, and is aged from no later a send, than
+    /// the leases they came from, so the refund never makes a unit live longer (rule 2) nor
+    /// look younger to RL.RETURN (rule 4). Nothing when they would already have expired.
+    pub(crate) fn refund(&mut self, now: Nanos, t: Taken, m: &Metrics) -> bool {
+        if t.units == 0 || now >= t.expires_at || t.units > self.totals.served.max(t.units) {
+            return false;
+        }
+        self.totals.served = self.totals.served.saturating_sub(t.units);
+        add(&m.units_refunded, t.units);
+        let lease = Lease { units: t.units, expires_at: t.expires_at, claim_sent_at: t.claim_sent_at };
+        match self
+            .leases
+            .iter_mut()
+            .find(|l| l.expires_at == lease.expires_at && l.claim_sent_at == lease.claim_sent_at)
+        {
+            Some(l) => l.units += lease.units,
+            None => {
+                let at = self.leases.partition_point(|l| l.expires_at <= lease.expires_at);
+                self.leases.insert(at, lease);
+            }
+        }
+        true
+    }
+
+    fn new_claim(&mut self, now: Nanos, size: ClaimSize, cost: u64, background: bool, m: &Metrics) -> ClaimSpec {
         self.next_claim += 1;
         let claim =
-            ClaimRequest { id: self.next_claim, units: size.units, partial: size.partial, sent_at: now, background };
-        self.in_flight = Some(InFlight { claim, cost });
+            ClaimSpec { id: self.next_claim, units: size.units, partial: size.partial, sent_at: now, background, cost };
+        self.in_flight = Some(InFlight { claim });
         self.call_credit = self.call_credit.saturating_sub(1);
         self.totals.calls += 1;
         add(&m.claims, 1);
         add(&m.redis_calls, 1);
+        add(&m.claims_in_flight, 1);
         if background {
             add(&m.background_claims, 1);
         }
         claim
     }
 
+    fn end_flight(&mut self, m: &Metrics) -> Option<InFlight> {
+        let f = self.in_flight.take();
+        if f.is_some() {
+            sub(&m.claims_in_flight, 1);
+        }
+        f
+    }
+
     /// The claim was not sent after all (the breaker refused it): as if never made.
-    pub fn cancel_claim(&mut self, id: u64, m: &Metrics) {
+    pub(crate) fn cancel_claim(&mut self, id: u64, m: &Metrics) {
         if let Some(f) = self.in_flight.filter(|f| f.claim.id == id) {
-            self.in_flight = None;
+            self.end_flight(m);
             self.call_credit += 1;
             self.totals.calls -= 1;
-            m.claims.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-            m.redis_calls.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            sub(&m.claims, 1);
+            sub(&m.redis_calls, 1);
             if f.claim.background {
-                m.background_claims.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                sub(&m.background_claims, 1);
             }
         }
     }
 
-    fn hold_active(&self, now: u64) -> bool {
+    fn hold_active(&self, now: Nanos) -> bool {
         self.hold.is_some_and(|d| now < d.until)
     }
 
     /// The span a claim covers: the horizon, or the pacing interval of a dry key.
-    fn span(&self, cfg: &LeaseConfig) -> u64 {
-        cfg.horizon_ns.max(self.pace_ns)
+    fn span(&self, cfg: &LeaseConfig) -> Nanos {
+        cfg.horizon.max(self.pace)
     }
 
     /// The size of a claim for `need` more units (0: a background refill).
-    fn size(&self, now: u64, need: u64, cfg: &LeaseConfig) -> ClaimSize {
+    fn size(&self, now: Nanos, need: u64, cfg: &LeaseConfig) -> ClaimSize {
         if !cfg.batching() {
             return ClaimSize { units: need, partial: false };
         }
         let span = self.span(cfg);
         // What the server can grant over the span: its last remaining plus its refill (the
         // fixed window refills only at its end).
-        let refill = if cfg.limit.algorithm == Algorithm::Fixed { 0 } else { span / cfg.interval_ns() };
+        let refill = if cfg.limit.algorithm == Algorithm::Fixed { 0 } else { span.div_span(cfg.interval()) };
         // Never more than the demand can use before the lease expires.
-        let usable = self.demand.expected(now, cfg.demand_tau_ns, cfg.lease_ns).max(1);
+        let usable = self.demand.expected(now, cfg.demand_tau, cfg.lease).max(1);
         claim_size(BatchInput {
-            expected: self.demand.expected(now, cfg.demand_tau_ns, span),
+            expected: self.demand.expected(now, cfg.demand_tau, span),
             need,
             max_batch: cfg.max_batch.min(self.capacity.unwrap_or(cfg.limit.capacity())).min(usable),
             available: self.remaining.map(|r| r.saturating_add(refill)),
@@ -391,12 +486,12 @@ impl KeyState {
 
     /// The refill lead: claim this long before the units are expected to run out (4 round
     /// trips, at least a quarter of the horizon).
-    fn lead(&self, cfg: &LeaseConfig) -> u64 {
-        (cfg.horizon_ns / 4).max(self.rtt_ns.saturating_mul(4))
+    fn lead(&self, cfg: &LeaseConfig) -> Nanos {
+        (cfg.horizon / 4).max(self.rtt * 4)
     }
 
     /// A background claim of at least 2 units, with a call credit and none in flight.
-    fn background(&mut self, now: u64, cfg: &LeaseConfig, m: &Metrics) -> Option<ClaimRequest> {
+    fn background(&mut self, now: Nanos, cfg: &LeaseConfig, m: &Metrics) -> Option<ClaimSpec> {
         if !cfg.batching() || self.in_flight.is_some() || self.call_credit == 0 {
             return None;
         }
@@ -407,89 +502,124 @@ impl KeyState {
     /// A background claim when units run low: held below the demand of the refill lead time,
     /// sized for the span, only for a demand of at least 2 units per span, with a call credit,
     /// never while a claim is in flight or the key is held.
-    fn refill(&mut self, now: u64, cfg: &LeaseConfig, m: &Metrics) -> Option<ClaimRequest> {
-        if self.hold_active(now) || self.held() >= self.demand.expected(now, cfg.demand_tau_ns, self.lead(cfg)) {
+    fn refill(&mut self, now: Nanos, cfg: &LeaseConfig, m: &Metrics) -> Option<ClaimSpec> {
+        if self.hold_active(now) || self.held() >= self.demand.expected(now, cfg.demand_tau, self.lead(cfg)) {
             return None;
         }
         self.background(now, cfg, m)
     }
 
     /// A new request for `cost` units at `now`.
-    pub fn on_request(&mut self, now: u64, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Verdict {
+    pub(crate) fn on_request(&mut self, now: Nanos, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Verdict {
         self.totals.requests += 1;
         self.call_credit += 1;
         self.last_request = self.last_request.max(now);
-        self.demand.observe(now, cost, cfg.demand_tau_ns);
+        self.demand.observe(now, cost, cfg.demand_tau);
         self.decide(now, cost, cfg, m)
+    }
+
+    /// What a request for `cost` units would get from what is known here, without taking
+    /// anything or counting it as demand: `Some(Admit)` (held units cover it), `Some(Limited)`
+    /// (the over-limit cache, or a cost above the capacity), or `None` (only Redis knows).
+    pub(crate) fn peek(&mut self, now: Nanos, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Option<Verdict> {
+        self.expire(now, m);
+        if cost > self.capacity.unwrap_or(cfg.limit.capacity()) {
+            return Some(Verdict::Limited { retry_after: None, by: LimitedBy::Never, refill: None });
+        }
+        let held = self.held();
+        if held >= cost {
+            return Some(Verdict::Admit { from_claim: false, refill: None, delay: None, taken: None });
+        }
+        match self.hold {
+            Some(d) if now < d.until && cost - held >= d.need => {
+                Some(Verdict::Limited { retry_after: Some(d.until - now), by: LimitedBy::Cache, refill: None })
+            }
+            _ => None,
+        }
     }
 
     /// The same request again, after waiting for claim `waited` (woken by its reply or error,
     /// or after a timeout), or after [`Verdict::Retry`] (pass `None`).
-    pub fn resume(&mut self, now: u64, cost: u64, waited: Option<u64>, cfg: &LeaseConfig, m: &Metrics) -> Verdict {
+    pub(crate) fn resume(
+        &mut self,
+        now: Nanos,
+        cost: u64,
+        waited: Option<u64>,
+        cfg: &LeaseConfig,
+        m: &Metrics,
+    ) -> Verdict {
         if waited.is_some() && self.failed == waited {
             self.expire(now, m);
             if self.held() >= cost && cost > 0 {
-                self.take(cost);
+                let taken = self.take(cost);
                 add(&m.local_admits, 1);
                 add(&m.units_served, cost);
-                return Verdict::Admit { from_claim: false, refill: None, delay_ns: None };
+                return Verdict::Admit { from_claim: false, refill: None, delay: None, taken: Some(taken) };
             }
             return Verdict::Failed;
         }
         self.decide(now, cost, cfg, m)
     }
 
-    fn decide(&mut self, now: u64, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Verdict {
+    fn decide(&mut self, now: Nanos, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Verdict {
         self.expire(now, m);
         if cost == 0 {
-            return Verdict::Admit { from_claim: false, refill: None, delay_ns: None };
+            return Verdict::Admit { from_claim: false, refill: None, delay: None, taken: None };
         }
         if cost > self.capacity.unwrap_or(cfg.limit.capacity()) {
             add(&m.never_denials, 1);
-            return Verdict::Limited { retry_after_ns: None, by: LimitedBy::Never, refill: None };
+            return Verdict::Limited { retry_after: None, by: LimitedBy::Never, refill: None };
         }
         let held = self.held();
         if held >= cost {
-            self.take(cost);
+            let taken = self.take(cost);
             add(&m.local_admits, 1);
             add(&m.units_served, cost);
             let refill = self.refill(now, cfg, m);
-            return Verdict::Admit { from_claim: false, refill, delay_ns: None };
+            return Verdict::Admit { from_claim: false, refill, delay: None, taken: Some(taken) };
         }
         if let Some(f) = self.in_flight {
-            if now.saturating_sub(f.claim.sent_at) <= cfg.stale_claim_ns {
+            if now - f.claim.sent_at <= cfg.stale_claim {
                 return Verdict::Wait { claim: f.claim.id };
             }
             // Lost: its reply (if it ever comes) still adds its units.
-            self.in_flight = None;
-            self.failed = Some(f.claim.id);
+            self.give_up(m);
         }
         let need = cost - held;
         if let Some(d) = self.hold.filter(|d| now < d.until && need >= d.need) {
             add(&m.over_limit_cache_hits, 1);
             // Claim ahead of the hold's end, so that units are back when it ends.
-            let refill =
-                if now.saturating_add(self.lead(cfg)) >= d.until { self.background(now, cfg, m) } else { None };
-            return Verdict::Limited { retry_after_ns: Some(d.until - now), by: LimitedBy::Cache, refill };
+            let refill = if now + self.lead(cfg) >= d.until { self.background(now, cfg, m) } else { None };
+            return Verdict::Limited { retry_after: Some(d.until - now), by: LimitedBy::Cache, refill };
         }
         let size = self.size(now, need, cfg);
         Verdict::Claim(self.new_claim(now, size, cost, false, m))
     }
 
+    /// Gives up the claim in flight as lost (no reply nor error after `stale_claim`): its
+    /// waiters fall to the failure policy; a reply that still comes adds its units as lost.
+    fn give_up(&mut self, m: &Metrics) {
+        if let Some(f) = self.end_flight(m) {
+            self.failed = Some(f.claim.id);
+            add(&m.claims_given_up, 1);
+        }
+    }
+
     /// The reply to claim `claim` arrived at `now`. Returns the verdict for the request that made
-    /// it (`None` for a background claim, or a reply to a claim given up as lost).
-    pub fn on_claim_reply(
+    /// it, with that request's cost (`None` for a background claim, or a reply to a claim given
+    /// up as lost).
+    pub(crate) fn on_claim_reply(
         &mut self,
-        now: u64,
-        claim: &ClaimRequest,
+        now: Nanos,
+        claim: &ClaimSpec,
         d: &Decision,
         cfg: &LeaseConfig,
         m: &Metrics,
-    ) -> Option<Verdict> {
+    ) -> Option<(Verdict, u64)> {
         let initiator = match self.in_flight {
             Some(f) if f.claim.id == claim.id => {
-                self.in_flight = None;
-                (!f.claim.background).then_some(f.cost)
+                self.end_flight(m);
+                (!f.claim.background).then_some(f.claim.cost)
             }
             _ => {
                 // A reply to a claim already given up (failed, timed out, lost): its units were
@@ -502,21 +632,18 @@ impl KeyState {
                 return None;
             }
         };
-        let rtt = now.saturating_sub(claim.sent_at);
-        self.rtt_ns = if self.rtt_ns == 0 { rtt } else { (self.rtt_ns * 7 + rtt) / 8 };
+        let rtt = now - claim.sent_at;
+        self.rtt = if self.rtt.is_zero() { rtt } else { (self.rtt * 7 + rtt) / 8 };
         self.capacity = Some(d.limit);
         self.remaining = Some(d.remaining);
-        self.reset_at = Some(now.saturating_add(d.reset_after.as_nanos().min(u64::MAX as u128) as u64));
+        self.reset_at = Some(now + d.reset_after.into());
         // Never more than asked, whatever the reply says.
         let granted = d.allowed.min(claim.units);
         self.totals.claimed += granted;
         add(&m.units_claimed, granted);
         if granted > 0 {
-            let lease = Lease {
-                units: granted,
-                expires_at: claim.sent_at.saturating_add(cfg.lease_span(d)),
-                claim_sent_at: claim.sent_at,
-            };
+            let lease =
+                Lease { units: granted, expires_at: claim.sent_at + cfg.lease_span(d), claim_sent_at: claim.sent_at };
             let at = self.leases.partition_point(|l| l.expires_at <= lease.expires_at);
             self.leases.insert(at, lease);
         }
@@ -528,24 +655,24 @@ impl KeyState {
         let drained = claim.partial && granted > 0 && d.remaining < claim.units && cfg.instances > 1;
         if granted >= claim.units && !drained {
             self.hold = None;
-            self.pace_ns = 0;
+            self.pace = Nanos::ZERO;
         } else if granted > 0 || d.retry_after.is_some() {
             // Hold until the server-named instant (its durations run from when it decided,
             // before `now`: never early), and while paced until this instance's next claim is
             // worth making; the next claims ask for the demand of the pacing interval.
-            let retry = d.retry_after.map_or(0, |r| r.as_nanos().min(u64::MAX as u128) as u64);
+            let retry = d.retry_after.map_or(Nanos::ZERO, Nanos::from);
             let pace = if cfg.batching() {
-                let lease_demand = self.demand.rate_at(now, cfg.demand_tau_ns) * cfg.lease_ns as f64;
-                cfg.dry_hold_ns(lease_demand)
+                let lease_demand = self.demand.rate_at(now, cfg.demand_tau) * cfg.lease.as_f64();
+                cfg.dry_hold(lease_demand)
             } else {
-                0
+                Nanos::ZERO
             };
-            self.pace_ns = pace;
+            self.pace = pace;
             // Spread over [pace/2, 3·pace/2): instances that ran dry together must not all
             // come back together (the instant of the reply, in ns, differs between them).
-            let pace = jitter(pace, now ^ claim.id.rotate_left(32));
-            let need = if claim.partial || pace > 0 { 1 } else { claim.units };
-            let until = now.saturating_add(retry.max(pace));
+            let pace = jitter(pace, now.as_u64() ^ claim.id.rotate_left(32));
+            let need = if claim.partial || !pace.is_zero() { 1 } else { claim.units };
+            let until = now + retry.max(pace);
             if until > now {
                 self.hold = Some(Hold { until, need });
             }
@@ -553,49 +680,60 @@ impl KeyState {
         self.expire(now, m);
         let cost = initiator?;
         if self.held() >= cost {
-            self.take(cost);
+            let taken = self.take(cost);
             add(&m.redis_admits, 1);
             add(&m.units_served, cost);
-            let delay_ns = d.delay.map(|x| x.as_nanos().min(u64::MAX as u128) as u64);
-            Some(Verdict::Admit { from_claim: true, refill: None, delay_ns })
+            Some((
+                Verdict::Admit { from_claim: true, refill: None, delay: d.delay.map(Nanos::from), taken: Some(taken) },
+                cost,
+            ))
         } else if granted == 0 {
             add(&m.redis_denials, 1);
             // The hold's end: the server-named instant, or later while paced.
-            let retry_after_ns = d.retry_after.map(|r| {
-                self.hold.filter(|h| h.until > now).map_or(r.as_nanos().min(u64::MAX as u128) as u64, |h| h.until - now)
-            });
-            let by = if retry_after_ns.is_none() { LimitedBy::Never } else { LimitedBy::Redis };
-            Some(Verdict::Limited { retry_after_ns, by, refill: None })
+            let retry_after =
+                d.retry_after.map(|r| self.hold.filter(|h| h.until > now).map_or(Nanos::from(r), |h| h.until - now));
+            let by = if retry_after.is_none() { LimitedBy::Never } else { LimitedBy::Redis };
+            Some((Verdict::Limited { retry_after, by, refill: None }, cost))
         } else {
-            Some(Verdict::Retry)
+            Some((Verdict::Retry, cost))
         }
     }
 
     /// Claim `claim` failed (error, timeout, or dropped). Returns [`Verdict::Failed`] for the
     /// request that made it (`None` for a background claim). Requests waiting on it get
     /// [`Verdict::Failed`] from [`KeyState::resume`] (unless held units now cover them).
-    pub fn on_claim_error(&mut self, claim: &ClaimRequest) -> Option<Verdict> {
+    pub(crate) fn on_claim_error(&mut self, claim: &ClaimSpec, m: &Metrics) -> Option<(Verdict, u64)> {
         match self.in_flight {
             Some(f) if f.claim.id == claim.id => {
-                self.in_flight = None;
+                self.end_flight(m);
                 self.failed = Some(claim.id);
-                (!f.claim.background).then_some(Verdict::Failed)
+                (!f.claim.background).then_some((Verdict::Failed, f.claim.cost))
             }
             _ => None,
         }
     }
 
-    /// Housekeeping at `now`: drops expired leases; when the key has been idle for
-    /// `idle_return_ns`, gives its held units back (one return per lease, each with a call
-    /// credit; algorithms without RL.RETURN keep them until they expire). `may_call`: false
-    /// while Redis is unavailable (units are then kept until they expire).
-    pub fn tick(&mut self, now: u64, cfg: &LeaseConfig, may_call: bool, m: &Metrics) -> Vec<ReturnRequest> {
-        self.expire(now, m);
-        let idle = now.saturating_sub(self.last_request) >= cfg.idle_return_ns;
-        if !idle || !may_call || !cfg.limit.algorithm.supports_return() || self.leases.is_empty() {
-            return Vec::new();
+    /// Housekeeping at `now`: gives up a claim in flight for `stale_claim`, drops expired
+    /// leases; when the key has been idle for `idle_return`, gives its held units back (one
+    /// return per lease, each with a call credit; algorithms without RL.RETURN keep them until
+    /// they expire). `may_call`: false while Redis is unavailable (units are then kept until
+    /// they expire).
+    pub(crate) fn housekeeping(
+        &mut self,
+        now: Nanos,
+        cfg: &LeaseConfig,
+        may_call: bool,
+        m: &Metrics,
+        out: &mut Vec<ReturnSpec>,
+    ) {
+        if self.in_flight.is_some_and(|f| now - f.claim.sent_at > cfg.stale_claim) {
+            self.give_up(m);
         }
-        let mut out = Vec::new();
+        self.expire(now, m);
+        let idle = now - self.last_request >= cfg.idle_return;
+        if !idle || !may_call || !cfg.limit.algorithm.supports_return() || self.leases.is_empty() {
+            return;
+        }
         while self.call_credit > 0 && !self.leases.is_empty() {
             let l = self.leases.remove(0);
             if let Some(r) = self.give_back(now, l, cfg, m) {
@@ -603,7 +741,9 @@ impl KeyState {
                 out.push(r);
             }
         }
-        out
+        if self.leases.is_empty() {
+            self.leases = Vec::new();
+        }
     }
 
     /// Gives a lease back: all its units, with `AGE` = the time since the claim's send plus the
@@ -611,10 +751,11 @@ impl KeyState {
     /// the refill a full bucket lost while the units were out is not handed out again, which
     /// keeps the bound, docs/local-reservations.md rule 4); when that leaves nothing, no call is
     /// made and the units are dropped (counted as expired). `None` then.
-    fn give_back(&mut self, now: u64, l: Lease, cfg: &LeaseConfig, m: &Metrics) -> Option<ReturnRequest> {
+    fn give_back(&mut self, now: Nanos, l: Lease, cfg: &LeaseConfig, m: &Metrics) -> Option<ReturnSpec> {
+        let age = (now - l.claim_sent_at) + cfg.return_margin;
         if cfg.limit.algorithm.is_bucket() {
-            let age = now.saturating_sub(l.claim_sent_at).saturating_add(cfg.return_margin_ns);
-            let refilled = (age as u128 * cfg.limit.limit as u128).div_ceil(cfg.limit.period.as_nanos().max(1));
+            let refilled =
+                (age.as_u64() as u128 * cfg.limit.limit as u128).div_ceil(cfg.limit.period.as_nanos().max(1));
             if refilled >= l.units as u128 {
                 self.totals.expired += l.units;
                 add(&m.units_expired, l.units);
@@ -626,21 +767,21 @@ impl KeyState {
         add(&m.units_returned, l.units);
         add(&m.returns, 1);
         add(&m.redis_calls, 1);
-        Some(ReturnRequest { units: l.units, claim_sent_at: l.claim_sent_at })
+        Some(ReturnSpec { units: l.units, age })
     }
 
     /// Shutdown: every unexpired unit is given back (one return per lease, whatever the call
     /// credit); for an algorithm without RL.RETURN they are dropped (counted as expired).
-    pub fn drain(&mut self, now: u64, cfg: &LeaseConfig, m: &Metrics) -> Vec<ReturnRequest> {
+    pub(crate) fn drain(&mut self, now: Nanos, cfg: &LeaseConfig, m: &Metrics, out: &mut Vec<ReturnSpec>) {
         self.expire(now, m);
         let leases = std::mem::take(&mut self.leases);
         if !cfg.limit.algorithm.supports_return() {
             let n: u64 = leases.iter().map(|l| l.units).sum();
             self.totals.expired += n;
             add(&m.units_expired, n);
-            return Vec::new();
+            return;
         }
-        leases.into_iter().filter_map(|l| self.give_back(now, l, cfg, m)).collect()
+        out.extend(leases.into_iter().filter_map(|l| self.give_back(now, l, cfg, m)));
     }
 }
 
@@ -649,7 +790,10 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    const S: u64 = 1_000_000_000;
+    const S: Nanos = Nanos::from_secs(1);
+    fn n(ns: u64) -> Nanos {
+        Nanos::new(ns)
+    }
 
     fn reply(allowed: u64, limit: u64, remaining: u64, retry_ms: i64, reset_ms: i64) -> Decision {
         Decision::from_fields(allowed as i64, limit as i64, remaining as i64, retry_ms, reset_ms, None)
@@ -663,11 +807,11 @@ mod tests {
     fn cold_key_claims_exactly_the_request() {
         let (c, m) = (cfg(), Metrics::default());
         let mut k = KeyState::new();
-        let Verdict::Claim(cl) = k.on_request(0, 1, &c, &m) else { panic!() };
+        let Verdict::Claim(cl) = k.on_request(n(0), 1, &c, &m) else { panic!() };
         assert_eq!((cl.units, cl.partial), (1, false));
-        assert_eq!(k.on_request(1, 1, &c, &m), Verdict::Wait { claim: cl.id });
-        let v = k.on_claim_reply(10, &cl, &reply(1, 10_000, 9_999, -1, 1), &c, &m);
-        assert!(matches!(v, Some(Verdict::Admit { from_claim: true, .. })));
+        assert_eq!(k.on_request(n(1), 1, &c, &m), Verdict::Wait { claim: cl.id });
+        let v = k.on_claim_reply(n(10), &cl, &reply(1, 10_000, 9_999, -1, 1), &c, &m);
+        assert!(matches!(v, Some((Verdict::Admit { from_claim: true, .. }, 1))));
         assert_eq!(k.held(), 0);
     }
 
@@ -675,7 +819,7 @@ mod tests {
     fn hot_key_batches_serves_locally_and_refills_in_background() {
         let (c, m) = (cfg(), Metrics::default());
         let mut k = KeyState::new();
-        let mut t = 0;
+        let mut t = Nanos::ZERO;
         let mut calls = 0;
         for _ in 0..5000 {
             t += S / 5000; // 5000/s
@@ -697,17 +841,20 @@ mod tests {
     fn denial_is_cached_until_the_named_instant() {
         let (c, m) = (cfg(), Metrics::default());
         let mut k = KeyState::new();
-        let Verdict::Claim(cl) = k.on_request(0, 1, &c, &m) else { panic!() };
-        let v = k.on_claim_reply(0, &cl, &reply(0, 10, 0, 250, 1000), &c, &m);
-        assert_eq!(v, Some(Verdict::Limited { retry_after_ns: Some(250_000_000), by: LimitedBy::Redis, refill: None }));
+        let Verdict::Claim(cl) = k.on_request(n(0), 1, &c, &m) else { panic!() };
+        let v = k.on_claim_reply(n(0), &cl, &reply(0, 10, 0, 250, 1000), &c, &m);
+        assert_eq!(
+            v,
+            Some((Verdict::Limited { retry_after: Some(n(250_000_000)), by: LimitedBy::Redis, refill: None }, 1))
+        );
         assert_eq!(
             k.on_request(S / 10, 1, &c, &m),
-            Verdict::Limited { retry_after_ns: Some(150_000_000), by: LimitedBy::Cache, refill: None }
+            Verdict::Limited { retry_after: Some(n(150_000_000)), by: LimitedBy::Cache, refill: None }
         );
         assert!(matches!(k.on_request(S / 4, 1, &c, &m), Verdict::Claim(_)));
         assert_eq!(
             k.on_request(S / 4, 11, &c, &m),
-            Verdict::Limited { retry_after_ns: None, by: LimitedBy::Never, refill: None }
+            Verdict::Limited { retry_after: None, by: LimitedBy::Never, refill: None }
         );
     }
 
@@ -716,7 +863,7 @@ mod tests {
         let m = Metrics::default();
         let c = LeaseConfig { instances: 40, ..cfg() };
         let mut k = KeyState::new();
-        let mut t = 0;
+        let mut t = Nanos::ZERO;
         // 5000/s for a second: a hot key.
         for _ in 0..5000 {
             t += S / 5000;
@@ -734,52 +881,54 @@ mod tests {
         let _ = k.on_claim_reply(t, &cl, &reply(10, 10_000, 0, -1, 100), &c, &m);
         k.take(k.held());
         // Held for about the horizon (jittered ±50%), refused locally meanwhile.
-        let Verdict::Limited { retry_after_ns: Some(r), by: LimitedBy::Cache, .. } = k.on_request(t + 1, 1, &c, &m)
+        let Verdict::Limited { retry_after: Some(r), by: LimitedBy::Cache, .. } = k.on_request(t + n(1), 1, &c, &m)
         else {
             panic!()
         };
-        assert!((c.horizon_ns / 2..c.horizon_ns * 3 / 2).contains(&(r + 1)), "{r}");
+        assert!((c.horizon / 2..c.horizon * 3 / 2).contains(&(r + n(1))), "{r:?}");
     }
 
     #[test]
     fn window_leases_end_before_the_window() {
         let c = LeaseConfig::new(Limit::fixed(100, Duration::from_secs(60)));
-        assert_eq!(c.lease_span(&reply(5, 100, 95, -1, 300)), 299 * 1_000_000);
+        assert_eq!(c.lease_span(&reply(5, 100, 95, -1, 300)), Nanos::from_millis(299));
         assert_eq!(c.lease_span(&reply(5, 100, 95, -1, 30_000)), S);
         let s = LeaseConfig::new(Limit::sliding(100, Duration::from_secs(60)));
-        assert_eq!(s.lease_span(&reply(5, 100, 95, -1, 60_400)), 399 * 1_000_000);
+        assert_eq!(s.lease_span(&reply(5, 100, 95, -1, 60_400)), Nanos::from_millis(399));
     }
 
     #[test]
     fn failed_claim_fails_its_waiters_and_idle_units_go_back() {
         let (c, m) = (cfg(), Metrics::default());
         let mut k = KeyState::new();
-        let Verdict::Claim(cl) = k.on_request(0, 1, &c, &m) else { panic!() };
-        let Verdict::Wait { claim } = k.on_request(1, 1, &c, &m) else { panic!() };
-        assert_eq!(k.on_claim_error(&cl), Some(Verdict::Failed));
-        assert_eq!(k.resume(2, 1, Some(claim), &c, &m), Verdict::Failed);
+        let Verdict::Claim(cl) = k.on_request(n(0), 1, &c, &m) else { panic!() };
+        let Verdict::Wait { claim } = k.on_request(n(1), 1, &c, &m) else { panic!() };
+        assert_eq!(k.on_claim_error(&cl, &m), Some((Verdict::Failed, 1)));
+        assert_eq!(k.resume(n(2), 1, Some(claim), &c, &m), Verdict::Failed);
         // A batch, then silence: the rest goes back after idle_return.
-        let Verdict::Claim(cl) = k.on_request(3, 1, &c, &m) else { panic!() };
-        let big = ClaimRequest { units: 50, partial: true, ..cl };
-        let _ = k.on_claim_reply(4, &big, &reply(50, 10_000, 9_000, -1, 5), &c, &m);
+        let Verdict::Claim(cl) = k.on_request(n(3), 1, &c, &m) else { panic!() };
+        let big = ClaimSpec { units: 50, partial: true, ..cl };
+        let _ = k.on_claim_reply(n(4), &big, &reply(50, 10_000, 9_000, -1, 5), &c, &m);
         assert_eq!(k.held(), 49);
-        assert!(k.tick(5, &c, true, &m).is_empty());
+        let mut r = Vec::new();
+        k.housekeeping(n(5), &c, true, &m, &mut r);
+        assert!(r.is_empty());
         // A 10,000/s bucket refills 49 units in 4.9 ms: nothing is worth returning.
-        let r = k.tick(5 + c.idle_return_ns, &c, true, &m);
+        k.housekeeping(n(5) + c.idle_return, &c, true, &m, &mut r);
         assert!(r.is_empty());
         assert_eq!((k.held(), k.totals().expired), (0, 49));
         // A slow bucket (1 per s): the rest goes back (the server deducts the refill).
         let slow = LeaseConfig {
-            return_margin_ns: 0,
-            lease_ns: 10 * S,
+            return_margin: Nanos::ZERO,
+            lease: S * 10,
             ..LeaseConfig::new(Limit::token_bucket(1, Duration::from_secs(1)).with_burst(100))
         };
         let mut k = KeyState::new();
-        let Verdict::Claim(cl) = k.on_request(0, 1, &slow, &m) else { panic!() };
-        let big = ClaimRequest { units: 50, partial: true, ..cl };
-        let _ = k.on_claim_reply(4, &big, &reply(50, 100, 50, -1, 5), &slow, &m);
-        assert!(matches!(k.on_request(5, 1, &slow, &m), Verdict::Admit { .. }));
-        let r = k.tick(2 * S, &slow, true, &m);
-        assert_eq!(r, vec![ReturnRequest { units: 48, claim_sent_at: 0 }]);
+        let Verdict::Claim(cl) = k.on_request(n(0), 1, &slow, &m) else { panic!() };
+        let big = ClaimSpec { units: 50, partial: true, ..cl };
+        let _ = k.on_claim_reply(n(4), &big, &reply(50, 100, 50, -1, 5), &slow, &m);
+        assert!(matches!(k.on_request(n(5), 1, &slow, &m), Verdict::Admit { .. }));
+        k.housekeeping(S * 2, &slow, true, &m, &mut r);
+        assert_eq!(r, vec![ReturnSpec { units: 48, age: S * 2 }]);
     }
 }

@@ -17,6 +17,7 @@
 pub mod batch;
 pub mod breaker;
 pub mod commands;
+pub mod connection;
 pub mod decision;
 pub mod engine;
 pub mod lease;
@@ -24,13 +25,17 @@ pub mod limiter;
 pub mod metrics;
 pub mod policy;
 pub mod spec;
+pub mod time;
+mod wheel;
 
+pub use connection::Reconnecting;
 pub use decision::{Decision, MultiDecision, ThrottleDecision};
-pub use engine::{Engine, EngineConfig, Outcome, Source, Step};
+pub use engine::{CallError, Claim, Engine, EngineConfig, Outcome, Return, Source, Step, Waiter};
 pub use lease::LeaseConfig;
-pub use limiter::{Limiter, LimiterConfig};
+pub use limiter::{check_all, AllOutcome, Limiter, LimiterConfig};
 pub use metrics::MetricsSnapshot;
 pub use policy::FailurePolicy;
 /// The `redis` crate this client is built on (use it to open connections).
 pub use redis;
 pub use spec::{Algorithm, Limit};
+pub use time::Nanos;

@@ -7,25 +7,32 @@
 //!   ├─ over-limit cache / cost > capacity ► refused locally
 //!   ├─ a claim of this key in flight ───► wait for it (one claim per key per process)
 //!   ├─ breaker open ────────────────────► failure policy (fail closed / open / local limit)
-//!   └─ else ────────────────────────────► claim (spawned, with a timeout), decided by its reply
+//!   └─ else ────────────────────────────► claim (sent from the caller's task, with a
+//!                                          timeout), decided by its reply
 //! ```
 //!
-//! * Keys live in shards (a `std::sync::Mutex` each, never held across an await), each with a
-//!   `Notify` that wakes the requests waiting on a claim of that shard.
-//! * Every Redis call runs in its own task under [`LimiterConfig::timeout`], so a caller that
-//!   goes away (a dropped future) never leaves a claim half done: its units still land.
-//! * A housekeeping task (every [`LimiterConfig::tick`]) expires leases, gives the units of idle
-//!   keys back (RL.RETURN) and forgets idle keys. It holds only a weak reference.
+//! * Keys live in shards (a `std::sync::Mutex` each, never held across an await), picked by the
+//!   same hash the shard's engine finds the key with, each with a `Notify` that wakes the
+//!   requests waiting on a claim of that shard.
+//! * A request's own claim is sent from the caller's task; if the caller goes away (its future
+//!   is dropped) while the claim is out, the rest of the call is handed to a task, so a claim
+//!   is never left half done: its units still land.
+//! * Housekeeping (lease expiry, idle returns, forgetting keys) runs in one task that sleeps
+//!   until the earliest deadline of any shard ([`Engine::poll_timeout`]) and handles only the
+//!   keys due ([`Engine::handle_timeout`]): no periodic scan. It holds only a weak reference.
 //! * [`Limiter::shutdown`] gives every held unit back and waits for the returns. Dropping the
 //!   last handle without it spawns the returns on the current runtime, best effort (nothing if
 //!   no runtime is running; the units then expire at the server like any lease).
-//! * Connections: anything `ConnectionLike + Clone + Send + Sync`. Use a
-//!   `redis::aio::ConnectionManager` (or a cluster connection) so that the client reconnects
-//!   after Redis restarts; a bare `MultiplexedConnection` stays broken once its socket dies.
+//! * Connections: anything `ConnectionLike + Clone + Send + Sync`. Use
+//!   [`crate::Reconnecting`] (recovery paced by the breaker alone) or a cluster connection; a
+//!   `redis::aio::ConnectionManager` left at redis 0.27's default backoff recovers minutes
+//!   after a Redis restart, and a bare `MultiplexedConnection` never does.
 
-use std::collections::HashMap;
-use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -34,115 +41,171 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::breaker::BreakerConfig;
-use crate::commands::{self, Options};
+use crate::commands;
 use crate::decision::Decision;
-use crate::engine::{Engine, EngineConfig, Outcome, Shared, Step};
-use crate::lease::{ClaimRequest, LeaseConfig, ReturnRequest};
+use crate::engine::{CallError, Claim, Engine, EngineConfig, Outcome, Return, Shared, Step, Waiter};
+use crate::lease::LeaseConfig;
 use crate::metrics::MetricsSnapshot;
 use crate::policy::FailurePolicy;
 use crate::spec::Limit;
+use crate::time::Nanos;
 
-fn ns(d: Duration) -> u64 {
-    d.as_nanos().min(u64::MAX as u128) as u64
-}
-
-/// A limiter: one [`Limit`] applied to any number of keys, with its reservations, timeout,
-/// breaker and failure policy.
+/// A limiter's configuration: one [`Limit`] applied to any number of keys, with its
+/// reservations, timeout, breaker and failure policy. A builder: every setting has a default
+/// and the order of the calls never matters (derived settings are resolved at the end, by
+/// [`LimiterConfig::engine_config`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LimiterConfig {
-    pub limit: Limit,
-    /// `L`: the longest a lease lives (from its claim's send time). Default 1 s, at most the
-    /// period. The overshoot bound grows with it (docs/local-reservations.md).
-    pub lease: Duration,
-    /// Batch for this much demand. Default 100 ms (at most L/2).
-    pub horizon: Duration,
-    /// Largest claim. Default 1000.
-    pub max_batch: u64,
-    /// Instances sharing the limit: a claim takes at most `remaining ÷ instances` beyond the
-    /// request's need. Default 1; set it to your fleet size.
-    pub instances: u64,
-    /// Serve from local batches (true by default, except RL.LEAKY). False: a per-request check
-    /// with the over-limit cache, timeout, breaker and failure policy.
-    pub batching: bool,
-    /// Give a key's units back after this long without a request. Default L/2.
-    pub idle_return: Duration,
-    /// Per-call timeout. Default 100 ms.
-    pub timeout: Duration,
-    pub breaker: BreakerConfig,
-    /// What to do when Redis cannot answer. Default fail closed.
-    pub policy: FailurePolicy,
-    /// Shadow mode: decide and count, but always let the caller through.
-    pub shadow: bool,
-    /// Housekeeping period. Default 50 ms.
-    pub tick: Duration,
-    /// Key shards (mutexes). Default 64.
-    pub shards: usize,
+    limit: Limit,
+    lease: Option<Duration>,
+    horizon: Option<Duration>,
+    idle_return: Option<Duration>,
+    max_batch: u64,
+    instances: u64,
+    batching: Option<bool>,
+    timeout: Duration,
+    breaker: BreakerConfig,
+    policy: FailurePolicy,
+    shadow: bool,
+    shards: usize,
+    max_keys: usize,
 }
 
 impl LimiterConfig {
     pub fn new(limit: Limit) -> LimiterConfig {
-        let l = LeaseConfig::new(limit);
         LimiterConfig {
             limit,
-            lease: Duration::from_nanos(l.lease_ns),
-            horizon: Duration::from_nanos(l.horizon_ns),
-            max_batch: l.max_batch,
-            instances: l.instances,
-            batching: l.batching,
-            idle_return: Duration::from_nanos(l.idle_return_ns),
+            lease: None,
+            horizon: None,
+            idle_return: None,
+            max_batch: 1000,
+            instances: 1,
+            batching: None,
             timeout: Duration::from_millis(100),
             breaker: BreakerConfig::default(),
             policy: FailurePolicy::FailClosed,
             shadow: false,
-            tick: Duration::from_millis(50),
             shards: 64,
+            max_keys: 0,
         }
     }
 
-    /// Sets L, and the horizon and idle return that derive from it (at most L/2).
+    /// `L`: the longest a lease lives (from its claim's send time). Default 1 s, at most the
+    /// period. The overshoot bound grows with it (docs/local-reservations.md).
     pub fn lease(mut self, l: Duration) -> Self {
-        self.lease = l;
-        self.horizon = self.horizon.min(l / 2);
-        self.idle_return = l / 2;
+        self.lease = Some(l);
         self
     }
+    /// Batch for this much demand. Default 100 ms; at most L/2 whatever is set.
+    pub fn horizon(mut self, h: Duration) -> Self {
+        self.horizon = Some(h);
+        self
+    }
+    /// Give a key's units back after this long without a request. Default L/2.
+    pub fn idle_return(mut self, d: Duration) -> Self {
+        self.idle_return = Some(d);
+        self
+    }
+    /// Largest claim. Default 1000.
+    pub fn max_batch(mut self, n: u64) -> Self {
+        self.max_batch = n.max(1);
+        self
+    }
+    /// Instances sharing the limit: sets the pacing of exhausted keys and the share of
+    /// [`FailurePolicy::LocalShare`]. Default 1; set it to your fleet size.
     pub fn instances(mut self, n: u64) -> Self {
         self.instances = n.max(1);
         self
     }
+    /// Serve from local batches (default true, except RL.LEAKY and RL.SLIDINGLOG). False: a
+    /// per-request check with the over-limit cache, timeout, breaker and failure policy.
     pub fn batching(mut self, on: bool) -> Self {
-        self.batching = on;
+        self.batching = Some(on);
         self
     }
+    /// Per-call timeout. Default 100 ms.
     pub fn timeout(mut self, t: Duration) -> Self {
         self.timeout = t;
         self
     }
+    /// Consecutive failures that open the breaker, and how long it stays open. Default 5, 1 s.
+    pub fn breaker(mut self, failures: u32, cool_down: Duration) -> Self {
+        self.breaker = BreakerConfig { failures, cool_down: cool_down.into() };
+        self
+    }
+    /// What to do when Redis cannot answer. Default fail closed.
     pub fn policy(mut self, p: FailurePolicy) -> Self {
         self.policy = p;
         self
     }
+    /// Shadow mode: decide and count, but always let the caller through.
     pub fn shadow(mut self, on: bool) -> Self {
         self.shadow = on;
         self
     }
-    pub fn breaker(mut self, failures: u32, cool_down: Duration) -> Self {
-        self.breaker = BreakerConfig { failures, cool_down_ns: ns(cool_down) };
+    /// Key shards (mutexes). Default 64.
+    pub fn shards(mut self, n: usize) -> Self {
+        self.shards = n.max(1);
+        self
+    }
+    /// At most about this many keys remembered (0, the default: no cap). Beyond it a new key
+    /// evicts one of the least recently used (its units are given back); the bound is
+    /// unaffected (docs/local-reservations.md).
+    pub fn max_keys(mut self, n: usize) -> Self {
+        self.max_keys = n;
         self
     }
 
-    /// The pure engine's configuration.
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+    /// `L` as the engine uses it.
+    pub fn lease_length(&self) -> Duration {
+        self.engine_config().lease.lease.into()
+    }
+    pub fn timeout_length(&self) -> Duration {
+        self.timeout
+    }
+    pub fn cool_down(&self) -> Duration {
+        self.breaker.cool_down.into()
+    }
+    /// The failure policy as the engine applies it (`LocalShare` resolved).
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.policy.resolve(&self.limit, self.instances)
+    }
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
+    }
+    pub fn shard_count(&self) -> usize {
+        self.shards
+    }
+
+    /// The pure engine's configuration, every derived setting resolved.
     pub fn engine_config(&self) -> EngineConfig {
         let mut lease = LeaseConfig::new(self.limit);
-        lease.lease_ns = ns(self.lease).max(1);
-        lease.horizon_ns = ns(self.horizon);
+        if let Some(l) = self.lease {
+            lease.lease = Nanos::from(l).max(Nanos::new(1));
+        }
+        let half = lease.lease / 2;
+        lease.horizon = self.horizon.map_or(Nanos::from_millis(100), Nanos::from).min(half);
+        lease.idle_return = self.idle_return.map_or(half, Nanos::from);
         lease.max_batch = self.max_batch.max(1);
         lease.instances = self.instances.max(1);
-        lease.batching = self.batching;
-        lease.idle_return_ns = ns(self.idle_return);
-        lease.stale_claim_ns = ns(self.timeout).saturating_mul(4).max(1_000_000_000);
-        lease.return_margin_ns = ns(self.timeout);
-        EngineConfig { lease, breaker: self.breaker, policy: self.policy, shadow: self.shadow }
+        if let Some(b) = self.batching {
+            lease.batching = b;
+        }
+        let timeout = Nanos::from(self.timeout);
+        lease.stale_claim = (timeout * 4).max(Nanos::from_secs(1));
+        lease.return_margin = timeout;
+        let shards = self.shards.max(1);
+        EngineConfig {
+            breaker: self.breaker,
+            policy: self.failure_policy(),
+            shadow: self.shadow,
+            call_timeout: timeout,
+            max_keys: if self.max_keys == 0 { 0 } else { self.max_keys.div_ceil(shards) },
+            ..EngineConfig::from_lease(lease)
+        }
     }
 }
 
@@ -150,6 +213,8 @@ struct Shard {
     engine: Mutex<Engine<String>>,
     /// Woken after every claim of this shard completes.
     notify: Notify,
+    /// The engine's next deadline (ns), for the housekeeping task.
+    next_wake: AtomicU64,
 }
 
 struct Inner<C: ConnectionLike + Clone + Send + Sync + 'static> {
@@ -157,8 +222,10 @@ struct Inner<C: ConnectionLike + Clone + Send + Sync + 'static> {
     config: LimiterConfig,
     shared: Arc<Shared>,
     shards: Box<[Shard]>,
-    hasher: std::collections::hash_map::RandomState,
     epoch: Instant,
+    /// Wakes the housekeeping task when a deadline earlier than its sleep appears.
+    housekeeper: Arc<Notify>,
+    sleeping_until: AtomicU64,
 }
 
 /// The client-side limiter. Cheap to clone (one shared state); create it inside a tokio
@@ -190,25 +257,76 @@ fn is_outage(e: &RedisError) -> bool {
         )
 }
 
+fn call_error(e: &RedisError) -> CallError {
+    if is_outage(e) {
+        CallError::Unavailable
+    } else {
+        CallError::Refused
+    }
+}
+
+/// A request's own claim, polled by the caller's task; if the caller drops it unfinished, the
+/// rest runs in a task of its own (the claim's units still land and its waiters are woken).
+struct Handoff<T: Send + 'static, F: Future<Output = T> + Send + 'static> {
+    fut: Option<Pin<Box<F>>>,
+    done: Option<T>,
+}
+
+// Nothing is pinned structurally: the future is boxed.
+impl<T: Send + 'static, F: Future<Output = T> + Send + 'static> Unpin for Handoff<T, F> {}
+
+impl<T: Send + 'static, F: Future<Output = T> + Send + 'static> Future for Handoff<T, F> {
+    type Output = T;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        // Pin<Box<F>> is Unpin, and so is Self.
+        let this = &mut *self;
+        let Some(f) = this.fut.as_mut() else {
+            return Poll::Ready(this.done.take().expect("polled after completion"));
+        };
+        match f.as_mut().poll(cx) {
+            Poll::Ready(v) => {
+                this.fut = None;
+                Poll::Ready(v)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: Send + 'static, F: Future<Output = T> + Send + 'static> Drop for Handoff<T, F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.fut.take() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = f.await;
+                });
+            }
+        }
+    }
+}
+
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
     /// A limiter over `conn`. Starts its housekeeping task on the current tokio runtime.
     pub fn new(conn: C, config: LimiterConfig) -> Limiter<C> {
         let shared = Shared::new(config.engine_config());
         let shards = (0..config.shards.max(1))
-            .map(|_| Shard { engine: Mutex::new(Engine::with_shared(shared.clone())), notify: Notify::new() })
+            .map(|_| Shard {
+                engine: Mutex::new(Engine::with_shared(shared.clone())),
+                notify: Notify::new(),
+                next_wake: AtomicU64::new(u64::MAX),
+            })
             .collect();
-        let inner = Arc::new(Inner { conn, config, shared, shards, hasher: Default::default(), epoch: Instant::now() });
-        let weak = Arc::downgrade(&inner);
-        let period = config.tick.max(Duration::from_millis(1));
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(period);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                every.tick().await;
-                let Some(inner) = weak.upgrade() else { break };
-                inner.housekeeping();
-            }
+        let housekeeper = Arc::new(Notify::new());
+        let inner = Arc::new(Inner {
+            conn,
+            config,
+            shared,
+            shards,
+            epoch: Instant::now(),
+            housekeeper: housekeeper.clone(),
+            sleeping_until: AtomicU64::new(u64::MAX),
         });
+        tokio::spawn(housekeeping(Arc::downgrade(&inner), housekeeper));
         Limiter { inner }
     }
 
@@ -216,32 +334,41 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
         &self.inner.config
     }
 
-    /// The counters (see [`MetricsSnapshot`]).
+    /// The counters and gauges (see [`MetricsSnapshot`]).
     pub fn metrics(&self) -> MetricsSnapshot {
-        self.inner.shared.metrics.snapshot()
+        self.inner.shared.snapshot()
     }
 
-    /// Decides a request for `cost` units of `key`.
+    /// Decides a request for `cost` units of `key`, taking them when admitted.
     pub async fn check(&self, key: &str, cost: u64) -> Outcome {
         let inner = &self.inner;
-        let key = key.to_owned();
-        let mut step = inner.lock(&key).check(inner.now(), &key, cost);
-        loop {
-            step = match step {
-                Step::Done { outcome, refill } => {
-                    if let Some(c) = refill {
-                        tokio::spawn(inner.clone().claim(key.clone(), c, 0));
-                    }
-                    return outcome;
-                }
-                Step::Send(c) => match tokio::spawn(inner.clone().claim(key.clone(), c, cost)).await {
-                    Ok(Some(s)) => s,
-                    // A reply the engine did not attribute to this request, or a panic.
-                    _ => inner.lock(&key).resume(inner.now(), &key, cost, c.id),
-                },
-                Step::Wait { claim } => inner.wait(&key, cost, claim).await,
-            };
-        }
+        let hash = inner.shared.hash(key);
+        let step = inner.with_engine(hash, |e, now| e.check_hashed(now, hash, key, cost));
+        inner.run(key, step).await
+    }
+
+    /// Decides a request for `cost` units of `key` without taking anything: from the units
+    /// held or the over-limit cache when they decide, else by a `DRYRUN` call; the failure
+    /// policy (without consuming its local bucket) while Redis is unavailable. Not counted as
+    /// a request.
+    pub async fn peek(&self, key: &str, cost: u64) -> Outcome {
+        let inner = &self.inner;
+        let step = inner.with_engine(inner.shared.hash(key), |e, now| e.peek(now, key, cost));
+        inner.run(key, step).await
+    }
+
+    /// Puts back the units an admitted `outcome` of `key` took, at no cost (no Redis call):
+    /// they serve the next request. For a request refused by something else after this limit
+    /// admitted it. False when nothing went back.
+    pub fn refund(&self, key: &str, outcome: &Outcome) -> bool {
+        let inner = &self.inner;
+        inner.with_engine(inner.shared.hash(key), |e, now| e.refund(now, key, outcome))
+    }
+
+    /// What `key` would get from local knowledge alone (see [`Engine::peek_local`]).
+    fn peek_local(&self, key: &str, cost: u64) -> Option<Outcome> {
+        let inner = &self.inner;
+        inner.with_engine(inner.shared.hash(key), |e, now| e.peek_local(now, key, cost))
     }
 
     /// Gives every held unit back (RL.RETURN), waits for the returns (each under the timeout),
@@ -253,7 +380,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
         for s in inner.shards.iter() {
             returns.extend(s.engine.lock().unwrap_or_else(|e| e.into_inner()).drain(now));
         }
-        let tasks: Vec<_> = returns.into_iter().map(|(k, r)| tokio::spawn(inner.clone().give_back(k, r))).collect();
+        let tasks: Vec<_> = returns.into_iter().map(|r| tokio::spawn(inner.clone().give_back(r))).collect();
         for t in tasks {
             let _ = t.await;
         }
@@ -261,113 +388,252 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
     }
 }
 
+/// The answer to a multi-limit check ([`check_all`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllOutcome {
+    /// Let the request through: every limit allowed it (a limit in shadow mode always does).
+    pub allowed: bool,
+    /// Every limit admitted it as enforced.
+    pub enforced: bool,
+    /// The first limit (index into the checks) whose refusal refused the request.
+    pub refused_by: Option<usize>,
+    /// One per check, in order; `None` for a limit not consulted (another refused first from
+    /// its over-limit cache).
+    pub outcomes: Vec<Option<Outcome>>,
+}
+
+impl AllOutcome {
+    /// The outcome whose headers describe the request: refused, the refusing limit with the
+    /// largest `retry_after` (refused for good: the refusing limit); admitted, the one with the
+    /// fewest `remaining` (as RL.MULTI's, docs/http-headers.md).
+    pub fn binding(&self) -> Option<&Outcome> {
+        let all = || self.outcomes.iter().flatten();
+        if self.allowed && self.enforced {
+            return all().min_by_key(|o| o.remaining.unwrap_or(u64::MAX));
+        }
+        all().filter(|o| !o.enforced).max_by_key(|o| o.retry_after.unwrap_or(Nanos::ZERO))
+    }
+
+    /// The longest `retry_after` among the refusing limits.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.outcomes.iter().flatten().filter(|o| !o.enforced).filter_map(|o| o.retry_after()).max()
+    }
+}
+
+/// Several limits for one request (per IP *and* per API key, say): admitted only if every
+/// limit admits. When one refuses, nothing is taken from any: units the others took go back to
+/// their local pools at no cost (a claim made for this request leaves its units held, to serve
+/// the next request or go back with RL.RETURN … AGE when idle), so each limit keeps its own
+/// bound. A limit that refuses from its over-limit cache is found before any other is
+/// consulted (no Redis call, nothing taken); the others are checked concurrently.
+pub async fn check_all<C: ConnectionLike + Clone + Send + Sync + 'static>(
+    checks: &[(&Limiter<C>, &str)],
+    cost: u64,
+) -> AllOutcome {
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; checks.len()];
+    // A local refusal first: it decides without taking anything from the others.
+    if let Some(i) = checks.iter().position(|(l, k)| l.peek_local(k, cost).is_some_and(|o| !o.enforced && !o.allowed)) {
+        let (l, k) = checks[i];
+        let o = l.check(k, cost).await;
+        let refused = !o.allowed;
+        outcomes[i] = Some(o);
+        if refused {
+            return AllOutcome { allowed: false, enforced: false, refused_by: Some(i), outcomes };
+        }
+        // It changed its mind (its hold just ended): check the others too, and undo it if
+        // one of them refuses.
+    }
+    let pending: Vec<usize> = (0..checks.len()).filter(|&i| outcomes[i].is_none()).collect();
+    let results = futures_util::future::join_all(pending.iter().map(|&i| checks[i].0.check(checks[i].1, cost))).await;
+    for (i, o) in pending.into_iter().zip(results) {
+        outcomes[i] = Some(o);
+    }
+    let refused_by = outcomes.iter().position(|o| o.is_some_and(|o| !o.allowed));
+    if refused_by.is_some() {
+        for (i, o) in outcomes.iter().enumerate() {
+            if let Some(o) = o.filter(|o| o.enforced) {
+                checks[i].0.refund(checks[i].1, &o);
+            }
+        }
+    }
+    let allowed = refused_by.is_none();
+    let enforced = allowed && outcomes.iter().all(|o| o.is_some_and(|o| o.enforced));
+    AllOutcome { allowed, enforced, refused_by, outcomes }
+}
+
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
-    fn now(&self) -> u64 {
+    fn now(&self) -> Nanos {
         // +1: 0 is never a real instant.
-        ns(self.epoch.elapsed()) + 1
+        Nanos::from(self.epoch.elapsed()) + Nanos::new(1)
     }
 
-    fn shard(&self, key: &str) -> &Shard {
-        &self.shards[(self.hasher.hash_one(key) % self.shards.len() as u64) as usize]
+    fn instant(&self, t: Nanos) -> Instant {
+        self.epoch + Duration::from(t)
     }
 
-    fn lock(&self, key: &str) -> MutexGuard<'_, Engine<String>> {
-        self.shard(key).engine.lock().unwrap_or_else(|e| e.into_inner())
+    fn shard(&self, hash: u64) -> &Shard {
+        // The high bits: the shard's table indexes by the low ones.
+        &self.shards[((hash >> 32) % self.shards.len() as u64) as usize]
+    }
+
+    fn lock(shard: &Shard) -> MutexGuard<'_, Engine<String>> {
+        shard.engine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the shard of `hash`, then publishes the shard's next deadline (waking the
+    /// housekeeping task if it is earlier than its sleep) and sends what the engine queued (the
+    /// returns of a key evicted by the `max_keys` cap).
+    fn with_engine<T>(self: &Arc<Self>, hash: u64, f: impl FnOnce(&mut Engine<String>, Nanos) -> T) -> T {
+        let shard = self.shard(hash);
+        let mut e = Inner::<C>::lock(shard);
+        let out = f(&mut e, self.now());
+        let next = e.poll_timeout().map_or(u64::MAX, Nanos::as_u64);
+        let mut transmit = Vec::new();
+        while let Some(r) = e.poll_transmit() {
+            transmit.push(r);
+        }
+        drop(e);
+        shard.next_wake.store(next, Ordering::Relaxed);
+        if next < self.sleeping_until.load(Ordering::Relaxed) {
+            self.housekeeper.notify_one();
+        }
+        for r in transmit {
+            tokio::spawn(self.clone().give_back(r));
+        }
+        out
+    }
+
+    /// Carries a request's steps to its outcome.
+    async fn run(self: &Arc<Self>, key: &str, mut step: Step<String>) -> Outcome {
+        loop {
+            step = match step {
+                Step::Done { outcome, refill } => {
+                    if let Some(c) = refill {
+                        let inner = self.clone();
+                        tokio::spawn(async move {
+                            let _ = inner.claim(c).await;
+                        });
+                    }
+                    return outcome;
+                }
+                // The request's own claim, from this task (handed to a task of its own only if
+                // the caller goes away meanwhile).
+                Step::Send(c) => {
+                    let waiter = Waiter::gave_up(&c);
+                    match (Handoff { fut: Some(Box::pin(self.clone().claim(c))), done: None }).await {
+                        Some(s) => s,
+                        // The engine answers every request's own claim; should it not, the
+                        // request is decided as if that claim had failed.
+                        None => self.with_engine(self.shared.hash(key), |e, now| e.resume(now, key, waiter)),
+                    }
+                }
+                Step::Wait(w) => self.wait(key, w).await,
+            };
+        }
     }
 
     /// Sends a claim and reports it; answers the next step of the request that sent it.
-    async fn claim(self: Arc<Self>, key: String, c: ClaimRequest, cost: u64) -> Option<Step> {
-        let cmd = commands::limit_cmd(
-            &key,
-            &self.config.limit,
-            Options { cost: Some(c.units), partial: c.partial, dry_run: false },
-        );
+    async fn claim(self: Arc<Self>, c: Claim<String>) -> Option<Step<String>> {
+        let hash = self.shared.hash(c.key().as_str());
+        let deadline = self.instant(Inner::<C>::lock(self.shard(hash)).deadline(&c));
         let mut conn = self.conn.clone();
-        let res = tokio::time::timeout(self.config.timeout, cmd.query_async::<Decision>(&mut conn)).await;
-        let now = self.now();
-        let step = {
-            let mut e = self.lock(&key);
-            match res {
-                Ok(Ok(d)) => e.on_reply(now, &key, &c, cost, &d),
-                Ok(Err(err)) if !is_outage(&err) => e.on_server_error(now, &key, &c, cost),
-                _ => e.on_error(now, &key, &c, cost),
-            }
-        };
-        self.shard(&key).notify.notify_waiters();
+        let res = tokio::time::timeout_at(deadline, c.command().query_async::<Decision>(&mut conn)).await;
+        let step = self.with_engine(hash, |e, now| match res {
+            Ok(Ok(d)) => e.on_reply(now, &c, &d),
+            Ok(Err(err)) => e.on_error(now, &c, call_error(&err)),
+            Err(_) => e.on_error(now, &c, CallError::Unavailable),
+        });
+        self.shard(hash).notify.notify_waiters();
         step
     }
 
-    /// Waits for claim `claim` of `key` (for at most the timeout and a half), then decides.
-    async fn wait(&self, key: &String, cost: u64, claim: u64) -> Step {
-        let deadline = Instant::now() + self.config.timeout + self.config.timeout / 2;
-        let shard = self.shard(key);
+    /// Waits for the claim `w` waits on (woken by its completion, or at `w.until()`), then
+    /// lets the engine decide.
+    async fn wait(self: &Arc<Self>, key: &str, mut w: Waiter) -> Step<String> {
+        let hash = self.shared.hash(key);
+        let shard = self.shard(hash);
         loop {
-            let notified = {
-                let mut e = self.lock(key);
-                let pending = e.key(key).and_then(|s| s.in_flight()).is_some_and(|c| c.id == claim);
-                if !pending {
-                    return e.resume(self.now(), key, cost, claim);
-                }
-                if Instant::now() >= deadline {
-                    return e.unavailable(self.now(), key, cost);
-                }
-                // Registered before the lock is released: the claim's completion (which takes
-                // the lock first) cannot be missed.
-                shard.notify.notified()
-            };
-            let _ = tokio::time::timeout_at(deadline, notified).await;
-        }
-    }
-
-    /// `RL.RETURN key units AGE ms`, AGE measured from the claim's send time plus the call
-    /// timeout: never less than the true age even if the return is slow to arrive (a window
-    /// never takes units back into a later window; a bucket deducts at least the refill it got
-    /// meanwhile).
-    async fn give_back(self: Arc<Self>, key: String, r: ReturnRequest) {
-        let age = Duration::from_nanos(self.now().saturating_sub(r.claim_sent_at)) + self.config.timeout;
-        let mut conn = self.conn.clone();
-        let res =
-            tokio::time::timeout(self.config.timeout, commands::give_back(&mut conn, &key, r.units, Some(age))).await;
-        let e = self.lock(&key);
-        match res {
-            Ok(Ok(n)) => e.on_return_reply(n),
-            Ok(Err(err)) if !is_outage(&err) => e.on_return_reply(0),
-            _ => e.on_return_error(self.now()),
-        }
-    }
-
-    fn housekeeping(self: &Arc<Self>) {
-        let now = self.now();
-        for s in self.shards.iter() {
-            let returns = s.engine.lock().unwrap_or_else(|e| e.into_inner()).tick(now);
-            for (k, r) in returns {
-                tokio::spawn(self.clone().give_back(k, r));
+            let notified = shard.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the engine looks: the claim's completion cannot be missed.
+            notified.as_mut().enable();
+            match self.with_engine(hash, |e, now| e.resume(now, key, w)) {
+                Step::Wait(again) => w = again,
+                step => return step,
             }
+            let _ = tokio::time::timeout_at(self.instant(w.until()), notified).await;
+        }
+    }
+
+    /// `RL.RETURN key units AGE ms`, sent so as to arrive by the return's deadline (its AGE
+    /// counts the margin up to there) or not at all.
+    async fn give_back(self: Arc<Self>, r: Return<String>) {
+        let mut conn = self.conn.clone();
+        let res = tokio::time::timeout_at(self.instant(r.deadline()), r.command().query_async::<i64>(&mut conn)).await;
+        let result = match res {
+            Ok(r) => commands::return_reply(r).map_err(|e| call_error(&e)),
+            Err(_) => Err(CallError::Unavailable),
+        };
+        self.shared.on_return(self.now(), result);
+    }
+}
+
+/// The housekeeping task: sleeps until the earliest deadline of any shard (or until a request
+/// brings an earlier one), then lets the shards that are due handle it and sends their returns.
+/// Holds the limiter only while working.
+async fn housekeeping<C: ConnectionLike + Clone + Send + Sync + 'static>(weak: Weak<Inner<C>>, wake: Arc<Notify>) {
+    loop {
+        let next = {
+            let Some(inner) = weak.upgrade() else { return };
+            let now = inner.now();
+            let mut returns = Vec::new();
+            for s in inner.shards.iter() {
+                if s.next_wake.load(Ordering::Relaxed) <= now.as_u64() {
+                    let mut e = Inner::<C>::lock(s);
+                    e.handle_timeout(now);
+                    while let Some(r) = e.poll_transmit() {
+                        returns.push(r);
+                    }
+                    s.next_wake.store(e.poll_timeout().map_or(u64::MAX, Nanos::as_u64), Ordering::Relaxed);
+                }
+            }
+            for r in returns {
+                tokio::spawn(inner.clone().give_back(r));
+            }
+            let mut next = inner.shards.iter().map(|s| s.next_wake.load(Ordering::Relaxed)).min().unwrap_or(u64::MAX);
+            inner.sleeping_until.store(next, Ordering::Relaxed);
+            // A deadline published between the scan and the store is seen here (or its
+            // request notifies: notify_one keeps the permit).
+            next = next.min(inner.shards.iter().map(|s| s.next_wake.load(Ordering::Relaxed)).min().unwrap_or(u64::MAX));
+            (next != u64::MAX).then(|| inner.instant(Nanos::new(next)))
+        };
+        match next {
+            Some(at) => {
+                let _ = tokio::time::timeout_at(at, wake.notified()).await;
+            }
+            None => wake.notified().await,
         }
     }
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Inner<C> {
-    /// Best effort: gives held units back on the current runtime, if any.
+    /// Best effort: gives held units back on the current runtime, if any; stops housekeeping.
     fn drop(&mut self) {
+        self.housekeeper.notify_one();
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
-        let now = ns(self.epoch.elapsed()) + 1;
-        let mut returns: HashMap<String, Vec<ReturnRequest>> = HashMap::new();
+        let now = self.now();
+        let mut returns = Vec::new();
         for s in self.shards.iter() {
-            for (k, r) in s.engine.lock().unwrap_or_else(|e| e.into_inner()).drain(now) {
-                returns.entry(k).or_default().push(r);
-            }
+            returns.extend(Inner::<C>::lock(s).drain(now));
         }
         if returns.is_empty() {
             return;
         }
-        let (mut conn, timeout) = (self.conn.clone(), self.config.timeout);
+        let (mut conn, epoch) = (self.conn.clone(), self.epoch);
         rt.spawn(async move {
-            for (k, rs) in returns {
-                for r in rs {
-                    let age = Duration::from_nanos(now.saturating_sub(r.claim_sent_at)) + timeout;
-                    let _ = tokio::time::timeout(timeout, commands::give_back(&mut conn, &k, r.units, Some(age))).await;
-                }
+            for r in returns {
+                let deadline = epoch + Duration::from(r.deadline());
+                let _ = tokio::time::timeout_at(deadline, r.command().query_async::<i64>(&mut conn)).await;
             }
         });
     }

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use redis_ratelimit_client::breaker::BreakerConfig;
-use redis_ratelimit_client::lease::ClaimRequest;
-use redis_ratelimit_client::{Decision, Engine, EngineConfig, FailurePolicy, LeaseConfig, Limit, Source, Step};
+use redis_ratelimit_client::{
+    CallError, Claim, Decision, Engine, EngineConfig, FailurePolicy, LeaseConfig, Limit, Nanos, Source, Step, Waiter,
+};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -67,17 +68,16 @@ fn limit() -> impl Strategy<Value = Limit> {
 
 struct Pending {
     key: u8,
-    claim: ClaimRequest,
-    /// The cost of the request that sent it (0: background).
-    cost: u64,
+    /// The claim carries the cost of the request that sent it (0: background).
+    claim: Claim<u8>,
 }
 
 struct Run {
     engine: Engine<u8>,
-    now: u64,
+    now: Nanos,
     pending: Vec<Pending>,
-    /// Requests waiting: (key, cost, claim id).
-    waiting: Vec<(u8, u64, u64)>,
+    /// Requests waiting: (key, cost, waiter).
+    waiting: Vec<(u8, u64, Waiter)>,
     /// Re-claims after a partial shortfall, per key.
     reclaims: HashMap<u8, u64>,
     admitted_units: u64,
@@ -85,10 +85,10 @@ struct Run {
 }
 
 impl Run {
-    fn handle(&mut self, key: u8, cost: u64, step: Step, from_reply: bool) {
+    fn handle(&mut self, key: u8, cost: u64, step: Step<u8>, from_reply: bool) {
         // Every engine call on a key sweeps its expired leases before serving anything.
         if let Some(st) = self.engine.key(&key) {
-            assert_eq!(st.held_at(self.now), st.held(), "key {key} holds expired units at {}", self.now);
+            assert_eq!(st.held_at(self.now), st.held(), "key {key} holds expired units at {:?}", self.now);
         }
         match step {
             Step::Done { outcome, refill } => {
@@ -99,25 +99,25 @@ impl Run {
                     self.admitted_units += cost;
                 }
                 if let Some(c) = refill {
-                    self.pending.push(Pending { key, claim: c, cost: 0 });
+                    self.pending.push(Pending { key, claim: c });
                 }
             }
             Step::Send(c) => {
                 if from_reply {
                     *self.reclaims.entry(key).or_default() += 1;
                 }
-                self.pending.push(Pending { key, claim: c, cost });
+                self.pending.push(Pending { key, claim: c });
             }
-            Step::Wait { claim } => self.waiting.push((key, cost, claim)),
+            Step::Wait(w) => self.waiting.push((key, cost, w)),
         }
     }
 
     /// Wakes the requests waiting on `claim` of `key`.
     fn wake(&mut self, key: u8, claim: u64) {
-        let (woken, rest): (Vec<_>, Vec<_>) = self.waiting.drain(..).partition(|w| w.0 == key && w.2 == claim);
+        let (woken, rest): (Vec<_>, Vec<_>) = self.waiting.drain(..).partition(|w| w.0 == key && w.2.claim() == claim);
         self.waiting = rest;
-        for (k, cost, id) in woken {
-            let s = self.engine.resume(self.now, &k, cost, id);
+        for (k, cost, w) in woken {
+            let s = self.engine.resume(self.now, &k, w);
             self.handle(k, cost, s, false);
         }
     }
@@ -125,7 +125,7 @@ impl Run {
     fn check_invariants(&self) {
         let mut in_flight: HashMap<u8, usize> = HashMap::new();
         for p in &self.pending {
-            if self.engine.key(&p.key).and_then(|s| s.in_flight()).is_some_and(|c| c.id == p.claim.id) {
+            if self.engine.key(&p.key).and_then(|s| s.in_flight()).is_some_and(|(id, _)| id == p.claim.id()) {
                 *in_flight.entry(p.key).or_default() += 1;
             }
         }
@@ -139,8 +139,8 @@ impl Run {
         }
         // Every claim the engine has in flight is one the driver holds.
         for (k, st) in self.engine.keys() {
-            if let Some(c) = st.in_flight() {
-                assert!(self.pending.iter().any(|p| p.key == *k && p.claim.id == c.id), "key {k}: claim {} lost", c.id);
+            if let Some((id, _)) = st.in_flight() {
+                assert!(self.pending.iter().any(|p| p.key == *k && p.claim.id() == id), "key {k}: claim {id} lost");
             }
         }
     }
@@ -150,12 +150,17 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, ops: Vec<Op>) {
     let mut lease = LeaseConfig::new(limit);
     lease.batching = batching;
     lease.instances = 2;
-    lease.stale_claim_ns = u64::MAX / 4;
-    let config =
-        EngineConfig { lease, breaker: BreakerConfig { failures: 2, cool_down_ns: 50_000_000 }, policy, shadow: false };
+    lease.stale_claim = Nanos::MAX / 4;
+    let config = EngineConfig {
+        breaker: BreakerConfig { failures: 2, cool_down: Nanos::from_millis(50) },
+        policy,
+        // Waiters never give up here: every claim is answered (or fails, or is abandoned).
+        call_timeout: Nanos::MAX / 4,
+        ..EngineConfig::from_lease(lease)
+    };
     let mut r = Run {
         engine: Engine::new(config),
-        now: 1_000_000_000,
+        now: Nanos::from_secs(1),
         pending: Vec::new(),
         waiting: Vec::new(),
         reclaims: HashMap::new(),
@@ -173,10 +178,10 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, ops: Vec<Op>) {
                     continue;
                 }
                 let p = r.pending.remove(0);
-                let granted = if p.claim.partial {
-                    p.claim.units * frac as u64 / 8
+                let granted = if p.claim.partial() {
+                    p.claim.units() * frac as u64 / 8
                 } else if frac >= 4 {
-                    p.claim.units
+                    p.claim.units()
                 } else {
                     0
                 };
@@ -189,34 +194,38 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, ops: Vec<Op>) {
                     reset_ms,
                     None,
                 );
-                if let Some(s) = r.engine.on_reply(r.now, &p.key, &p.claim, p.cost, &d) {
-                    r.handle(p.key, p.cost, s, true);
+                let cost = if p.claim.background() { 0 } else { cost_of(&p) };
+                if let Some(s) = r.engine.on_reply(r.now, &p.claim, &d) {
+                    r.handle(p.key, cost, s, true);
                 }
-                r.wake(p.key, p.claim.id);
+                r.wake(p.key, p.claim.id());
             }
             Op::Error => {
                 if r.pending.is_empty() {
                     continue;
                 }
                 let p = r.pending.remove(0);
-                if let Some(s) = r.engine.on_error(r.now, &p.key, &p.claim, p.cost) {
-                    r.handle(p.key, p.cost, s, false);
+                let cost = if p.claim.background() { 0 } else { cost_of(&p) };
+                if let Some(s) = r.engine.on_error(r.now, &p.claim, CallError::Unavailable) {
+                    r.handle(p.key, cost, s, false);
                 }
-                r.wake(p.key, p.claim.id);
+                r.wake(p.key, p.claim.id());
             }
             Op::Abandon => {
                 if r.pending.is_empty() {
                     continue;
                 }
                 let p = r.pending.remove(0);
-                r.engine.on_abandon(r.now, &p.key, &p.claim);
-                r.wake(p.key, p.claim.id);
+                assert!(r.engine.on_error(r.now, &p.claim, CallError::Abandoned).is_none());
+                r.wake(p.key, p.claim.id());
             }
-            Op::Advance { ns } => r.now += ns,
+            Op::Advance { ns } => r.now += Nanos::new(ns),
             Op::Tick => {
-                for (_, ret) in r.engine.tick(r.now) {
-                    assert!(ret.units > 0 && ret.claim_sent_at <= r.now);
-                    r.engine.on_return_reply(0);
+                r.engine.handle_timeout(r.now);
+                while let Some(ret) = r.engine.poll_transmit() {
+                    // Sent no later than now, aged by at least the margin.
+                    assert!(ret.units() > 0 && ret.age() >= Nanos::from_millis(100) && ret.age() <= r.now);
+                    r.engine.on_return(r.now, Ok(0));
                 }
                 for (k, st) in r.engine.keys() {
                     assert_eq!(st.held_at(r.now), st.held(), "key {k} holds expired units after tick");
@@ -254,29 +263,34 @@ proptest! {
 
     #[test]
     fn failure_policies_keep_the_accounting(limit in limit(), open in any::<bool>(), ops in prop::collection::vec(op(), 1..300)) {
-        let policy = if open { FailurePolicy::FailOpen } else { FailurePolicy::local(5, Duration::from_secs(1)) };
+        let policy = if open { FailurePolicy::FailOpen } else { FailurePolicy::local(5, Duration::from_secs(1), 5) };
         run(limit, true, policy, ops);
     }
+}
+
+/// The cost of the request a pending claim was made for (the claim carries it; the test only
+/// reads it, to count admitted units).
+fn cost_of(p: &Pending) -> u64 {
+    p.claim.cost()
 }
 
 /// A cold key (one request per second, far below the batch horizon) claims exactly each
 /// request: the same calls as per-request checking.
 #[test]
 fn cold_key_costs_what_per_request_checking_costs() {
-    let lease = LeaseConfig::new(Limit::token_bucket(100, Duration::from_secs(60)));
-    let config =
-        EngineConfig { lease, breaker: BreakerConfig::default(), policy: FailurePolicy::FailClosed, shadow: false };
+    let config = EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60)));
     let mut e: Engine<&str> = Engine::new(config);
-    let mut now = 0;
+    let mut now = Nanos::ZERO;
     for i in 0..100 {
-        now += 1_000_000_000;
+        now += Nanos::from_secs(1);
         let Step::Send(c) = e.check(now, &"k", 1) else { panic!("request {i} not a claim") };
-        assert!(!c.partial && c.units == 1);
+        assert!(!c.partial() && c.units() == 1);
         let d = Decision::from_fields(1, 100, 50, -1, 600, None);
         assert!(
-            matches!(e.on_reply(now + 200_000, &"k", &c, 1, &d), Some(Step::Done { outcome, refill: None }) if outcome.allowed)
+            matches!(e.on_reply(now + Nanos::from_micros(200), &c, &d), Some(Step::Done { outcome, refill: None }) if outcome.allowed)
         );
-        assert!(e.tick(now + 300_000).is_empty());
+        e.handle_timeout(now + Nanos::from_micros(300));
+        assert!(e.poll_transmit().is_none());
     }
     let m = e.metrics();
     assert_eq!((m.redis_calls, m.requests), (100, 100));

@@ -182,8 +182,10 @@ async fn unused_units_go_back_on_shutdown_and_when_idle() {
     assert!((available(&mut conn, "k").await - expected).abs() <= 1, "{m:?}");
 
     // Idle: the housekeeping gives the units back by itself.
-    let cfg = LimiterConfig::new(limit).lease(Duration::from_secs(30)).timeout(Duration::from_secs(5));
-    let cfg = LimiterConfig { idle_return: Duration::from_millis(200), ..cfg };
+    let cfg = LimiterConfig::new(limit)
+        .lease(Duration::from_secs(30))
+        .timeout(Duration::from_secs(5))
+        .idle_return(Duration::from_millis(200));
     let limiter = Limiter::new(conn.clone(), cfg);
     for _ in 0..200 {
         assert!(limiter.check("idle", 1).await.allowed);
@@ -293,7 +295,7 @@ async fn fail_open_admits_while_redis_is_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_fallback_enforces_its_own_limit() {
-    let (sources, allowed, m) = outage_then_recovery(FailurePolicy::local(5, HOUR), false).await;
+    let (sources, allowed, m) = outage_then_recovery(FailurePolicy::local(5, HOUR, 5), false).await;
     assert!(sources.iter().all(|s| *s == Source::Fallback), "{sources:?}");
     assert_eq!(allowed.iter().filter(|a| **a).count(), 5, "{allowed:?}");
     assert_eq!((m.fallback_admits, m.fallback_denials), (5, 15));

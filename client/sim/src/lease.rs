@@ -1,16 +1,18 @@
 //! The lease mode: the client crate's own sans-IO engine (`redis_ratelimit_client::Engine`)
 //! behind the simulator's `ClientModel`. This is an adapter only: every decision is the client
 //! crate's; the simulator plays its driver (sends the claims and returns, applies the call
-//! timeout, wakes the requests that wait for a claim, calls `tick`).
+//! timeout, wakes the requests that wait for a claim, and runs the engine's housekeeping at the
+//! deadline it names, `poll_timeout` / `handle_timeout`, as the tokio driver does).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use redis_ratelimit::core::spec::Spec;
 use redis_ratelimit::reply::decision_values;
-use redis_ratelimit_client::engine::{Source, Step};
-use redis_ratelimit_client::lease::ClaimRequest;
-use redis_ratelimit_client::{Decision, Engine, FailurePolicy as ClientPolicy, Limit, LimiterConfig};
+use redis_ratelimit_client::engine::{CallError, Claim, Return, Source, Step, Waiter};
+use redis_ratelimit_client::{
+    Decision, Engine, FailurePolicy as ClientPolicy, Limit, LimiterConfig, Nanos as ClientNanos,
+};
 
 use crate::model::{CallId, CallerId, ClientModel, Effect, FailurePolicy, ModelCounters, Outcome, Verdict};
 use crate::scenarios::{LeaseFactory, Scenario};
@@ -45,7 +47,7 @@ pub fn config(sc: &Scenario, policy: FailurePolicy) -> LimiterConfig {
         FailurePolicy::Closed => ClientPolicy::FailClosed,
         FailurePolicy::Open => ClientPolicy::FailOpen,
         FailurePolicy::Fallback(Spec::Gcra(r)) => {
-            ClientPolicy::LocalFallback { limit: r.limit, period_ns: r.period as u64, burst: r.burst }
+            ClientPolicy::LocalFallback { limit: r.limit, period: ClientNanos::new(r.period as u64), burst: r.burst }
         }
         FailurePolicy::Fallback(other) => panic!("the client's local fallback is a bucket, not {other:?}"),
     };
@@ -57,41 +59,32 @@ pub fn config(sc: &Scenario, policy: FailurePolicy) -> LimiterConfig {
 }
 
 enum Flight {
-    Claim { key: usize, claim: ClaimRequest, caller: Option<CallerId> },
+    Claim { claim: Claim<usize>, caller: Option<CallerId> },
     Return,
+}
+
+/// The engine's clock: the instance's own (its virtual time plus offset, never negative).
+fn at(now: Nanos) -> ClientNanos {
+    ClientNanos::new(now as u64)
 }
 
 pub struct LeaseModel {
     engine: Engine<usize>,
     flights: HashMap<CallId, Flight>,
-    /// Requests waiting for a claim: (key, claim id) → callers.
-    waiting: HashMap<(usize, u64), Vec<CallerId>>,
-    tick_every: Nanos,
-    next_tick: Nanos,
-    started: bool,
-    timeout: Nanos,
+    /// Requests waiting for a claim: (key, claim id) → (caller, waiter).
+    waiting: HashMap<(usize, u64), Vec<(CallerId, Waiter)>>,
 }
 
 impl LeaseModel {
     pub fn new(config: LimiterConfig) -> LeaseModel {
-        LeaseModel {
-            engine: Engine::new(config.engine_config()),
-            // The driver's housekeeping period.
-            tick_every: config.tick.as_nanos() as Nanos,
-            timeout: config.timeout.as_nanos() as Nanos,
-            flights: HashMap::new(),
-            waiting: HashMap::new(),
-            next_tick: 0,
-            started: false,
-        }
+        LeaseModel { engine: Engine::new(config.engine_config()), flights: HashMap::new(), waiting: HashMap::new() }
     }
 
     fn step(
         &mut self,
-        now: Nanos,
         key: usize,
         caller: CallerId,
-        step: Step,
+        step: Step<usize>,
         calls: &mut dyn FnMut() -> CallId,
         out: &mut Vec<Effect>,
     ) {
@@ -106,44 +99,40 @@ impl LeaseModel {
                 };
                 out.push(Effect::Verdict { caller, verdict });
                 if let Some(c) = refill {
-                    self.claim(key, c, None, calls, out);
+                    self.claim(c, None, calls, out);
                 }
             }
-            Step::Send(c) => self.claim(key, c, Some(caller), calls, out),
-            Step::Wait { claim } => self.waiting.entry((key, claim)).or_default().push(caller),
+            Step::Send(c) => self.claim(c, Some(caller), calls, out),
+            Step::Wait(w) => self.waiting.entry((key, w.claim())).or_default().push((caller, w)),
         }
-        let _ = now;
     }
 
     fn claim(
         &mut self,
-        key: usize,
-        claim: ClaimRequest,
+        claim: Claim<usize>,
         caller: Option<CallerId>,
         calls: &mut dyn FnMut() -> CallId,
         out: &mut Vec<Effect>,
     ) {
         let call = calls();
-        self.flights.insert(call, Flight::Claim { key, claim, caller });
-        out.push(Effect::Send { call, command: Command::Check { key, cost: claim.units, partial: claim.partial } });
+        let command = Command::Check { key: *claim.key(), cost: claim.units(), partial: claim.partial() };
+        self.flights.insert(call, Flight::Claim { claim, caller });
+        out.push(Effect::Send { call, command });
     }
 
-    fn returns(
-        &mut self,
-        now: Nanos,
-        list: Vec<(usize, redis_ratelimit_client::lease::ReturnRequest)>,
-        calls: &mut dyn FnMut() -> CallId,
-        out: &mut Vec<Effect>,
-    ) {
-        for (key, r) in list {
-            let call = calls();
-            self.flights.insert(call, Flight::Return);
-            // As the driver sends it: from the claim's send, plus the call timeout, in whole
-            // milliseconds rounded up (RL.RETURN's AGE is in ms).
-            let age = (now as u64).saturating_sub(r.claim_sent_at) as Nanos + self.timeout;
-            let age = (age + 999_999) / 1_000_000 * 1_000_000;
-            out.push(Effect::Send { call, command: Command::Return { key, units: r.units, age } });
+    /// Sends what the engine queued: returns, as the driver sends them (the AGE is the
+    /// return's own, margin included, in whole milliseconds rounded up: RL.RETURN's unit).
+    fn transmit(&mut self, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+        while let Some(r) = self.engine.poll_transmit() {
+            self.send_return(r, calls, out);
         }
+    }
+
+    fn send_return(&mut self, r: Return<usize>, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+        let call = calls();
+        self.flights.insert(call, Flight::Return);
+        let age = (r.age().as_millis_ceil() * 1_000_000) as Nanos;
+        out.push(Effect::Send { call, command: Command::Return { key: *r.key(), units: r.units(), age } });
     }
 }
 
@@ -162,12 +151,9 @@ impl ClientModel for LeaseModel {
         calls: &mut dyn FnMut() -> CallId,
         out: &mut Vec<Effect>,
     ) {
-        if !self.started {
-            self.started = true;
-            self.next_tick = now + self.tick_every;
-        }
-        let step = self.engine.check(now as u64, &key, 1);
-        self.step(now, key, caller, step, calls, out);
+        let step = self.engine.check(at(now), &key, 1);
+        self.step(key, caller, step, calls, out);
+        self.transmit(calls, out);
     }
 
     fn outcome(
@@ -178,42 +164,46 @@ impl ClientModel for LeaseModel {
         calls: &mut dyn FnMut() -> CallId,
         out: &mut Vec<Effect>,
     ) {
-        let t = now as u64;
+        let t = at(now);
         match self.flights.remove(&call) {
             None => {}
             Some(Flight::Return) => match outcome {
-                Outcome::Answer(Answer::Credited(n)) => self.engine.on_return_reply(n),
-                _ => self.engine.on_return_error(t),
+                Outcome::Answer(Answer::Credited(n)) => self.engine.on_return(t, Ok(n)),
+                _ => self.engine.on_return(t, Err(CallError::Unavailable)),
             },
-            Some(Flight::Claim { key, claim, caller }) => {
+            Some(Flight::Claim { claim, caller }) => {
                 let step = match outcome {
-                    Outcome::Answer(Answer::Decision(d)) => self.engine.on_reply(t, &key, &claim, 1, &as_reply(&d)),
-                    _ => self.engine.on_error(t, &key, &claim, 1),
+                    Outcome::Answer(Answer::Decision(d)) => self.engine.on_reply(t, &claim, &as_reply(&d)),
+                    _ => self.engine.on_error(t, &claim, CallError::Unavailable),
                 };
-                if let (Some(caller), Some(step)) = (caller, step) {
-                    self.step(now, key, caller, step, calls, out);
+                let key = *claim.key();
+                match (caller, step) {
+                    (Some(caller), Some(step)) => self.step(key, caller, step, calls, out),
+                    (None, None) => {}
+                    (c, s) => panic!("the engine answered {s:?} for the claim of {c:?}"),
                 }
-                for waiter in self.waiting.remove(&(key, claim.id)).unwrap_or_default() {
-                    let step = self.engine.resume(t, &key, 1, claim.id);
-                    self.step(now, key, waiter, step, calls, out);
+                for (waiter, w) in self.waiting.remove(&(key, claim.id())).unwrap_or_default() {
+                    let step = self.engine.resume(t, &key, w);
+                    self.step(key, waiter, step, calls, out);
                 }
             }
         }
+        self.transmit(calls, out);
     }
 
     fn tick(&mut self, now: Nanos, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
-        self.next_tick = now + self.tick_every;
-        let list = self.engine.tick(now as u64);
-        self.returns(now, list, calls, out);
+        self.engine.handle_timeout(at(now));
+        self.transmit(calls, out);
     }
 
     fn next_tick(&self) -> Option<Nanos> {
-        self.started.then_some(self.next_tick)
+        self.engine.poll_timeout().map(|t| t.as_u64().min(i64::MAX as u64) as Nanos)
     }
 
     fn shutdown(&mut self, now: Nanos, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
-        let list = self.engine.drain(now as u64);
-        self.returns(now, list, calls, out);
+        for r in self.engine.drain(at(now)) {
+            self.send_return(r, calls, out);
+        }
     }
 
     fn counters(&self) -> ModelCounters {
