@@ -1,6 +1,5 @@
-//! The limiter reply, typed: [`Decision`] from a RESP2 array or a RESP3 map, and its HTTP
-//! headers (`RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`, `Retry-After`) as
-//! docs/http-headers.md maps them.
+//! The limiter reply, typed: [`Decision`] from a RESP2 array or a RESP3 map. Its HTTP headers
+//! (`Decision::headers`) are rendered by [`crate::headers`], as docs/http-headers.md maps them.
 
 use std::time::Duration;
 
@@ -75,41 +74,6 @@ impl Decision {
     pub fn never(&self) -> bool {
         !self.admitted() && self.retry_after.is_none()
     }
-
-    /// The `RateLimit-*` headers, plus `Retry-After` when limited and it can pass later
-    /// (seconds, rounded up). For a peek (`COST 0`), do not answer 429 on `allowed = 0`.
-    pub fn headers(&self) -> Vec<(&'static str, String)> {
-        headers(
-            Some(self.limit),
-            Some(self.remaining),
-            Some(self.reset_after),
-            if self.admitted() { None } else { self.retry_after },
-        )
-    }
-}
-
-/// The HTTP header mapping of docs/http-headers.md from whatever is known: each `RateLimit-*`
-/// field only when known, `Retry-After` only when given (pass it on a 429 only).
-pub fn headers(
-    limit: Option<u64>,
-    remaining: Option<u64>,
-    reset_after: Option<Duration>,
-    retry_after: Option<Duration>,
-) -> Vec<(&'static str, String)> {
-    let mut h = Vec::with_capacity(4);
-    if let Some(l) = limit {
-        h.push(("RateLimit-Limit", l.to_string()));
-    }
-    if let Some(r) = remaining {
-        h.push(("RateLimit-Remaining", r.to_string()));
-    }
-    if let Some(r) = reset_after {
-        h.push(("RateLimit-Reset", ceil_secs(r).to_string()));
-    }
-    if let Some(r) = retry_after {
-        h.push(("Retry-After", ceil_secs(r).to_string()));
-    }
-    h
 }
 
 fn int(v: &Value) -> RedisResult<i64> {
@@ -165,28 +129,12 @@ impl MultiDecision {
         self.allowed > 0
     }
 
-    /// The limit whose headers describe the request (docs/http-headers.md, RL.MULTI): admitted,
-    /// the fewest `remaining` (ties: largest `reset_after`); refused, the refusing limit with
-    /// the largest `retry_after` (refused for good: the fewest `remaining`).
+    /// The limit whose headers describe the request (docs/http-headers.md, RL.MULTI):
+    /// [`crate::headers::binding`] of [`MultiDecision::statuses`].
     pub fn binding(&self) -> Option<&Decision> {
-        let fewest =
-            || self.limits.iter().min_by(|a, b| a.remaining.cmp(&b.remaining).then(b.reset_after.cmp(&a.reset_after)));
-        if self.admitted() || self.retry_after.is_none() {
-            fewest()
-        } else {
-            self.limits.iter().filter(|d| d.retry_after.is_some()).max_by_key(|d| d.retry_after).or_else(fewest)
-        }
-    }
-
-    /// The headers of [`MultiDecision::binding`], `Retry-After` from the overall value.
-    pub fn headers(&self) -> Vec<(&'static str, String)> {
-        let b = self.binding();
-        headers(
-            b.map(|d| d.limit),
-            b.map(|d| d.remaining),
-            b.map(|d| d.reset_after),
-            if self.admitted() { None } else { self.retry_after },
-        )
+        let statuses = self.statuses();
+        let b = crate::headers::binding(&statuses)?;
+        self.limits.get(statuses.iter().position(|s| std::ptr::eq(s, b))?)
     }
 }
 
@@ -229,20 +177,6 @@ pub struct ThrottleDecision {
     /// Seconds; `None` when admitted or never.
     pub retry_after_secs: Option<u64>,
     pub reset_after_secs: u64,
-}
-
-impl ThrottleDecision {
-    pub fn headers(&self) -> Vec<(&'static str, String)> {
-        let mut h = vec![
-            ("RateLimit-Limit", self.limit.to_string()),
-            ("RateLimit-Remaining", self.remaining.to_string()),
-            ("RateLimit-Reset", self.reset_after_secs.to_string()),
-        ];
-        if let (true, Some(s)) = (self.limited, self.retry_after_secs) {
-            h.push(("Retry-After", s.to_string()));
-        }
-        h
-    }
 }
 
 impl FromRedisValue for ThrottleDecision {
@@ -303,11 +237,11 @@ mod tests {
     fn headers_round_up_and_skip_retry_after_when_never() {
         let d = Decision::from_fields(0, 5, 0, 1001, 4999, None);
         let h = d.headers();
-        assert!(h.contains(&("Retry-After", "2".into())));
-        assert!(h.contains(&("RateLimit-Reset", "5".into())));
+        assert_eq!(h["retry-after"], "2");
+        assert_eq!(h["ratelimit-reset"], "5");
         let never = Decision::from_fields(0, 5, 5, -1, 0, None);
         assert!(never.never());
-        assert!(never.headers().iter().all(|(k, _)| *k != "Retry-After"));
+        assert!(!never.headers().contains_key("retry-after"));
         // docs/http-headers.md's example table.
         let rows = [
             ([1, 3, 2, -1, 2000], "2", None),
@@ -317,8 +251,8 @@ mod tests {
         for (r, reset, retry) in rows {
             let d: Decision = redis::from_redis_value(&ints(&r)).unwrap();
             let h = d.headers();
-            assert!(h.contains(&("RateLimit-Reset", reset.into())));
-            assert_eq!(h.iter().find(|(k, _)| *k == "Retry-After").map(|(_, v)| v.as_str()), retry);
+            assert_eq!(h["ratelimit-reset"], reset);
+            assert_eq!(h.get("retry-after").map(|v| v.to_str().unwrap()), retry);
         }
         assert_eq!(ceil_secs(Duration::from_micros(1_000_001)), 2);
         assert_eq!(ceil_secs(Duration::ZERO), 0);
@@ -335,7 +269,10 @@ mod tests {
         ]);
         let m: MultiDecision = redis::from_redis_value(&v).unwrap();
         assert_eq!(m.binding().unwrap().limit, 2);
-        assert!(m.headers().contains(&("Retry-After", "5".into())));
+        let h = m.headers();
+        assert_eq!(h["retry-after"], "5");
+        assert_eq!(h["ratelimit-limit"], "2");
+        assert_eq!(h["ratelimit"], r#""limit1";r=0;t=5, "limit2";r=1;t=120"#);
         let v = Value::Array(vec![
             Value::Int(1),
             Value::Int(-1),
@@ -344,6 +281,13 @@ mod tests {
         ]);
         let m: MultiDecision = redis::from_redis_value(&v).unwrap();
         assert_eq!(m.binding().unwrap().limit, 3);
+        assert!(!m.headers().contains_key("retry-after"));
+        // Refused for good by the second limit (capacity 3 below COST 5): the first would have
+        // admitted (both report -1); no retry-after, the headers of a limit without a retry.
+        let v = Value::Array(vec![Value::Int(0), Value::Int(-1), ints(&[0, 10, 9, -1, 0]), ints(&[0, 3, 3, -1, 0])]);
+        let m: MultiDecision = redis::from_redis_value(&v).unwrap();
+        assert_eq!(m.binding().unwrap().limit, 3);
+        assert!(!m.headers().contains_key("retry-after"));
         let r3 = Value::Map(vec![
             (Value::SimpleString("allowed".into()), Value::Int(1)),
             (Value::SimpleString("retry_after_ms".into()), Value::Int(-1)),
@@ -366,6 +310,9 @@ mod tests {
     fn throttle_reply() {
         let t: ThrottleDecision = redis::from_redis_value(&ints(&[1, 3, 0, 2, 6])).unwrap();
         assert!(t.limited);
-        assert!(t.headers().contains(&("Retry-After", "2".into())));
+        let h = t.headers();
+        assert_eq!(h["retry-after"], "2");
+        assert_eq!(h["ratelimit-reset"], "6");
+        assert_eq!(h["ratelimit"], r#""default";r=0;t=2"#);
     }
 }

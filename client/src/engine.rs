@@ -154,11 +154,7 @@ impl Outcome {
     pub fn unavailable(&self) -> bool {
         matches!(self.source, Source::Fallback | Source::FailOpen | Source::FailClosed)
     }
-    /// `RateLimit-*` (what is known) and, when refused, `Retry-After` (docs/http-headers.md).
-    pub fn headers(&self) -> Vec<(&'static str, String)> {
-        let retry = if self.allowed { None } else { self.retry_after() };
-        crate::decision::headers(self.limit, self.remaining, self.reset_after(), retry)
-    }
+    // headers(): crate::headers.
 }
 
 /// A claim to send: `<algorithm command> key limit period [BURST b] COST units [PARTIAL]` (or,

@@ -1,8 +1,10 @@
 //! Async Rust client for redis-ratelimit (the `RL.*` module commands),
 //! on tokio with the `redis` crate, single server and Redis Cluster.
 //!
-//! * [`Decision`] and friends: the limiter replies, typed (RESP2 and RESP3), with their HTTP
-//!   headers ([`Decision::headers`]).
+//! * [`Decision`] and friends: the limiter replies, typed (RESP2 and RESP3).
+//! * [`headers`]: their HTTP headers as `http` types, in the current IETF draft's form, the
+//!   older three-field form or `X-RateLimit-*` ([`Decision::headers`], [`Outcome::headers`],
+//!   [`LimitStatus`] for any other decision).
 //! * [`commands`]: one typed async call per command, over any `redis::aio::ConnectionLike`.
 //! * Local reservations, sans IO (virtual time, no clock reads, no tokio): [`lease`] (per key),
 //!   [`batch`] (adaptive batch size), [`breaker`] (circuit breaker), [`policy`] (failure
@@ -20,6 +22,7 @@ pub mod commands;
 pub mod connection;
 pub mod decision;
 pub mod engine;
+pub mod headers;
 pub mod lease;
 pub mod limiter;
 pub mod metrics;
@@ -31,6 +34,9 @@ mod wheel;
 pub use connection::Reconnecting;
 pub use decision::{Decision, MultiDecision, ThrottleDecision};
 pub use engine::{CallError, Claim, Engine, EngineConfig, Outcome, Return, Source, Step, Waiter};
+pub use headers::{HeaderFormat, LimitStatus, XReset};
+/// The `http` crate the headers are built with.
+pub use http;
 pub use lease::LeaseConfig;
 pub use limiter::{check_all, AllOutcome, Limiter, LimiterConfig};
 pub use metrics::MetricsSnapshot;

@@ -16,6 +16,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::RedisResult;
 use redis_ratelimit_client::commands::{self, Options};
+use redis_ratelimit_client::http::HeaderMap;
 use redis_ratelimit_client::spec::{parse_duration, Limit};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -55,12 +56,13 @@ pub async fn check<C: ConnectionLike>(conn: &mut C, key: &str, policy: &Policy) 
 #[derive(Debug)]
 pub struct Response {
     pub status: u16,
-    pub headers: Vec<(&'static str, String)>,
+    /// Lower-case names (`http` types), as the client crate renders them.
+    pub headers: HeaderMap,
     pub body: String,
 }
 
 impl Response {
-    fn json(status: u16, body: String, headers: Vec<(&'static str, String)>) -> Self {
+    fn json(status: u16, body: String, headers: HeaderMap) -> Self {
         Response { status, headers, body }
     }
 
@@ -77,7 +79,10 @@ impl Response {
         out.push_str("Content-Type: application/json\r\n");
         out.push_str(&format!("Content-Length: {}\r\nConnection: close\r\n", self.body.len()));
         for (k, v) in &self.headers {
-            out.push_str(&format!("{k}: {v}\r\n"));
+            // Values the client renders are ASCII; anything else is left out, never sent raw.
+            if let Ok(v) = v.to_str() {
+                out.push_str(&format!("{k}: {v}\r\n"));
+            }
         }
         out.push_str("\r\n");
         out.push_str(&self.body);
@@ -90,7 +95,7 @@ impl Response {
 /// key; 503 when Redis fails (fail closed).
 pub async fn respond<C: ConnectionLike>(conn: &mut C, api_key: Option<&str>, policy: &Policy) -> Response {
     let Some(api_key) = api_key.filter(|k| !k.is_empty()) else {
-        return Response::json(401, r#"{"error":"missing X-API-Key header"}"#.into(), vec![]);
+        return Response::json(401, r#"{"error":"missing X-API-Key header"}"#.into(), HeaderMap::new());
     };
     match check(conn, &format!("apikey:{api_key}"), policy).await {
         Ok(d) if d.admitted() => Response::json(200, r#"{"ok":true}"#.into(), d.headers()),
@@ -104,7 +109,7 @@ pub async fn respond<C: ConnectionLike>(conn: &mut C, api_key: Option<&str>, pol
         ),
         Err(e) => {
             eprintln!("rate limiter unavailable: {e}");
-            Response::json(503, r#"{"error":"rate limiter unavailable"}"#.into(), vec![])
+            Response::json(503, r#"{"error":"rate limiter unavailable"}"#.into(), HeaderMap::new())
         }
     }
 }
@@ -148,7 +153,7 @@ async fn read_api_key(stream: &mut TcpStream) -> std::io::Result<Option<String>>
 async fn handle(mut stream: TcpStream, mut conn: MultiplexedConnection, policy: &Policy) -> std::io::Result<()> {
     let response = match tokio::time::timeout(HEAD_TIMEOUT, read_api_key(&mut stream)).await {
         Ok(Ok(api_key)) => respond(&mut conn, api_key.as_deref(), policy).await,
-        _ => Response::json(400, r#"{"error":"bad request"}"#.into(), vec![]),
+        _ => Response::json(400, r#"{"error":"bad request"}"#.into(), HeaderMap::new()),
     };
     stream.write_all(response.to_http().as_bytes()).await?;
     stream.shutdown().await

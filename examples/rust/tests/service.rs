@@ -132,10 +132,13 @@ async fn admitted_then_limited() {
     assert_eq!((limited.allowed, limited.limit, limited.remaining), (0, 3, 0));
     assert!((1500..=2000).contains(&limited.retry_after.unwrap().as_millis()), "{limited:?}");
     assert!((5500..=6000).contains(&limited.reset_after.as_millis()), "{limited:?}");
-    let h: BTreeMap<_, _> = limited.headers().into_iter().collect();
-    assert_eq!(h["Retry-After"], "2");
-    assert_eq!(h["RateLimit-Remaining"], "0");
-    assert_eq!(h["RateLimit-Reset"], "6");
+    let h = limited.headers();
+    assert_eq!(h["retry-after"], "2");
+    assert_eq!(h["ratelimit-remaining"], "0");
+    assert_eq!(h["ratelimit-reset"], "6");
+    // The current draft's form beside it (docs/http-headers.md): t is no later than Retry-After.
+    assert_eq!(h["ratelimit-policy"], r#""default";q=3"#);
+    assert_eq!(h["ratelimit"], r#""default";r=0;t=2"#);
 
     // Waiting retry_after is enough (never early); a limited call consumed nothing.
     tokio::time::sleep(limited.retry_after.unwrap()).await;
