@@ -62,6 +62,8 @@ pub struct EngineConfig {
     pub max_keys: usize,
     /// The timer wheel's resolution: housekeeping runs at most this late.
     pub granularity: Nanos,
+    /// Keep per-key [`crate::lease::Totals`] (tests, the simulator): 48 bytes more per key.
+    pub key_totals: bool,
 }
 
 impl EngineConfig {
@@ -82,6 +84,7 @@ impl EngineConfig {
             forget_after: (lease.lease * 2).max(lease.idle_return),
             max_keys: 0,
             granularity: (lease.lease / 32).clamp(Nanos::from_millis(1), Nanos::from_millis(50)),
+            key_totals: false,
         }
     }
 }
@@ -464,8 +467,8 @@ impl<K: Hash + Eq + Clone> Engine<K> {
 
     fn find_or_insert<Q>(&mut self, now: Nanos, hash: u64, key: &Q) -> usize
     where
-        K: Borrow<Q>,
-        Q: Eq + ToOwned<Owned = K> + ?Sized,
+        K: Borrow<Q> + From<Q::Owned>,
+        Q: Eq + ToOwned + ?Sized,
     {
         if let Some(i) = self.find(hash, key) {
             return i;
@@ -477,10 +480,10 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         let i = self.slots.len();
         let gen = self.new_gen();
         self.slots.push(Slot {
-            key: key.to_owned(),
+            key: K::from(key.to_owned()),
             gen,
             armed: Nanos::ZERO,
-            state: KeyState::new(),
+            state: if self.shared.config.key_totals { KeyState::with_totals() } else { KeyState::new() },
             fallback: LocalBucket::default(),
         });
         let (slots, hasher) = (&self.slots, &self.shared.hasher);
@@ -494,7 +497,11 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         let (cfg, slot) = (&self.shared.config, &mut self.slots[i]);
         let at = slot.state.next_deadline(now, &cfg.lease, cfg.forget_after);
         if slot.armed.is_zero() || at < slot.armed {
-            slot.armed = self.wheel.insert(now, at, (i as u32, slot.gen)).max(Nanos::new(1));
+            // A new generation: the entry already in the wheel (a later one) is superseded.
+            self.next_gen = self.next_gen.wrapping_add(1);
+            slot.gen = self.next_gen;
+            slot.armed = at.max(Nanos::new(1));
+            self.wheel.insert(now, slot.armed, (i as u32, slot.gen));
         }
     }
 
@@ -521,8 +528,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             let slot = &mut self.slots[i];
             slot.gen = gen;
             if !slot.armed.is_zero() {
-                let at = slot.armed;
-                slot.armed = self.wheel.insert(now, at, (i as u32, gen)).max(Nanos::new(1));
+                self.wheel.insert(now, slot.armed, (i as u32, gen));
             }
         }
         let len = self.slots.len();
@@ -562,8 +568,8 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     /// A new request for `cost` units of `key`.
     pub fn check<Q>(&mut self, now: Nanos, key: &Q, cost: u64) -> Step<K>
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        K: Borrow<Q> + From<Q::Owned>,
+        Q: Hash + Eq + ToOwned + ?Sized,
     {
         self.check_hashed(now, self.hash(key), key, cost)
     }
@@ -571,8 +577,8 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     /// [`Engine::check`] with the key's hash already computed ([`Engine::hash`]).
     pub fn check_hashed<Q>(&mut self, now: Nanos, hash: u64, key: &Q, cost: u64) -> Step<K>
     where
-        K: Borrow<Q>,
-        Q: Eq + ToOwned<Owned = K> + ?Sized,
+        K: Borrow<Q> + From<Q::Owned>,
+        Q: Eq + ToOwned + ?Sized,
     {
         add(&self.shared.metrics.requests, 1);
         let i = self.find_or_insert(now, hash, key);
@@ -586,8 +592,8 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     /// consuming its local bucket) while Redis is unavailable. Not counted as a request.
     pub fn peek<Q>(&mut self, now: Nanos, key: &Q, cost: u64) -> Step<K>
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        K: Borrow<Q> + From<Q::Owned>,
+        Q: Hash + Eq + ToOwned + ?Sized,
     {
         let i = self.find_or_insert(now, self.hash(key), key);
         let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
@@ -638,8 +644,8 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     /// The request waited (woken by the claim's reply or error, or at `waiter.until()`).
     pub fn resume<Q>(&mut self, now: Nanos, key: &Q, waiter: Waiter) -> Step<K>
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        K: Borrow<Q> + From<Q::Owned>,
+        Q: Hash + Eq + ToOwned + ?Sized,
     {
         let i = self.find_or_insert(now, self.hash(key), key);
         if self.slots[i].state.claim_pending(waiter.claim) {
@@ -916,8 +922,24 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     /// nothing left forgotten. Work is proportional to the keys due, not to the keys
     /// remembered.
     pub fn handle_timeout(&mut self, now: Nanos) {
+        // A key moved in the slab by a forgetting is armed again at its (due) deadline: a
+        // second pass handles it (a third never has anything, but is allowed).
+        for _ in 0..3 {
+            if !self.handle_due(now) {
+                break;
+            }
+        }
+    }
+
+    /// One pass of [`Engine::handle_timeout`]; false when nothing was due.
+    fn handle_due(&mut self, now: Nanos) -> bool {
         let mut due = std::mem::take(&mut self.due);
-        self.wheel.pop_due(now, &mut due);
+        let slots = &self.slots;
+        let at_of = |(i, gen): (u32, u32)| {
+            slots.get(i as usize).filter(|s| s.gen == gen && !s.armed.is_zero()).map(|s| s.armed)
+        };
+        self.wheel.pop_due(now, at_of, &mut due);
+        let any = !due.is_empty();
         let may_call = !self.shared.breaker.is_open();
         let shared = Arc::clone(&self.shared);
         let (cfg, m) = (&shared.config, &shared.metrics);
@@ -942,11 +964,15 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 let slot = &mut self.slots[i];
                 let at = now + cfg.breaker.cool_down;
                 if at < slot.armed {
-                    slot.armed = self.wheel.insert(now, at, (i as u32, slot.gen)).max(Nanos::new(1));
+                    self.next_gen = self.next_gen.wrapping_add(1);
+                    slot.gen = self.next_gen;
+                    slot.armed = at;
+                    self.wheel.insert(now, at, (i as u32, slot.gen));
                 }
             }
         }
         self.due = due;
+        any
     }
 
     /// The instant a driver gives `claim` up as timed out (its send plus the call timeout).
@@ -969,5 +995,19 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             out.extend(self.returns.drain(..).map(|spec| Return { key: s.key.clone(), spec, deadline }));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Memory per remembered key (issue 19: ≤ 200 B with the driver's inline keys): the slot
+    /// itself, and its share of the index and the wheel are measured by the benchmark.
+    #[test]
+    fn a_slot_stays_small() {
+        let slot = std::mem::size_of::<Slot<compact_str::CompactString>>();
+        eprintln!("slot {slot} B, key state {} B", std::mem::size_of::<KeyState>());
+        assert!(slot <= 168, "{slot}");
     }
 }

@@ -34,6 +34,7 @@ use crate::decision::Decision;
 use crate::metrics::{add, sub, Metrics};
 use crate::spec::{Algorithm, Limit};
 use crate::time::Nanos;
+use thin_vec::ThinVec;
 
 /// `span` scaled by a factor in [1/2, 3/2) drawn from `seed` (splitmix64).
 fn jitter(span: Nanos, seed: u64) -> Nanos {
@@ -245,30 +246,58 @@ pub struct Totals {
     pub calls: u64,
 }
 
-/// The reservation state of one key.
-#[derive(Clone, Debug, Default)]
+/// The reservation state of one key, kept small (a process may remember millions of keys):
+/// sentinels instead of `Option`s, the claim in flight and the test totals boxed.
+#[derive(Clone, Debug)]
 pub struct KeyState {
-    /// Unexpired leases with units, by expiry.
-    leases: Vec<Lease>,
-    in_flight: Option<InFlight>,
-    next_claim: u64,
-    /// The last claim that failed (waiters on it fall back).
-    failed: Option<u64>,
-    hold: Option<Hold>,
+    /// Unexpired leases with units, by expiry (a thin vector: one pointer, no allocation when
+    /// empty).
+    leases: ThinVec<Lease>,
+    in_flight: Option<Box<InFlight>>,
+    next_claim: u32,
+    /// The last claim that failed (waiters on it fall back); 0: none.
+    failed: u32,
+    /// See [`Hold`]; `until` ZERO: no hold.
+    hold_until: Nanos,
+    hold_need: u32,
     /// The pacing interval while the key runs dry (0 otherwise): claims then ask for the demand
     /// of this long.
     pace: Nanos,
     demand: Demand,
-    /// From the last reply: capacity, remaining, and the absolute instant of a fresh state.
-    capacity: Option<u64>,
-    remaining: Option<u64>,
-    reset_at: Option<Nanos>,
+    /// From the last reply: capacity (0: none yet), remaining (`u64::MAX`: none yet), and the
+    /// absolute instant of a fresh state (ZERO: none yet).
+    capacity: u64,
+    remaining: u64,
+    reset_at: Nanos,
     last_request: Nanos,
-    /// Smoothed round trip of claims.
-    rtt: Nanos,
+    /// Smoothed round trip of claims, ns (saturating).
+    rtt: u32,
     /// Requests minus Redis calls: a background claim or a return needs one.
-    call_credit: u64,
-    totals: Totals,
+    call_credit: u32,
+    /// Per-key running totals, when recorded ([`crate::EngineConfig::key_totals`]).
+    totals: Option<Box<Totals>>,
+}
+
+impl Default for KeyState {
+    fn default() -> KeyState {
+        KeyState {
+            leases: ThinVec::new(),
+            in_flight: None,
+            next_claim: 0,
+            failed: 0,
+            hold_until: Nanos::ZERO,
+            hold_need: 0,
+            pace: Nanos::ZERO,
+            demand: Demand::default(),
+            capacity: 0,
+            remaining: u64::MAX,
+            reset_at: Nanos::ZERO,
+            last_request: Nanos::ZERO,
+            rtt: 0,
+            call_credit: 0,
+            totals: None,
+        }
+    }
 }
 
 impl KeyState {
@@ -276,8 +305,47 @@ impl KeyState {
         KeyState::default()
     }
 
+    /// A key state that keeps its [`Totals`] (tests and the simulator).
+    pub fn with_totals() -> KeyState {
+        KeyState { totals: Some(Box::default()), ..KeyState::default() }
+    }
+
+    /// The per-key totals (zeros unless recorded).
     pub fn totals(&self) -> Totals {
-        self.totals
+        self.totals.as_deref().copied().unwrap_or_default()
+    }
+
+    fn tally(&mut self, f: impl FnOnce(&mut Totals)) {
+        if let Some(t) = self.totals.as_deref_mut() {
+            f(t);
+        }
+    }
+
+    fn flight(&self) -> Option<InFlight> {
+        self.in_flight.as_deref().copied()
+    }
+
+    fn hold(&self) -> Option<Hold> {
+        (!self.hold_until.is_zero()).then_some(Hold { until: self.hold_until, need: self.hold_need as u64 })
+    }
+
+    fn set_hold(&mut self, h: Option<Hold>) {
+        let h = h.unwrap_or(Hold { until: Nanos::ZERO, need: 0 });
+        self.hold_until = h.until;
+        // A need beyond u32 only makes the hold refuse more: the safe side.
+        self.hold_need = h.need.min(u32::MAX as u64) as u32;
+    }
+
+    fn failed_claim(&self) -> Option<u64> {
+        (self.failed != 0).then_some(self.failed as u64)
+    }
+
+    fn known_remaining(&self) -> Option<u64> {
+        (self.remaining != u64::MAX).then_some(self.remaining)
+    }
+
+    fn rtt(&self) -> Nanos {
+        Nanos::new(self.rtt as u64)
     }
 
     /// Units held (unexpired as of the last call that expired leases).
@@ -296,7 +364,7 @@ impl KeyState {
 
     /// The id and send instant of the claim in flight, if any.
     pub fn in_flight(&self) -> Option<(u64, Nanos)> {
-        self.in_flight.map(|f| (f.claim.id, f.claim.sent_at))
+        self.flight().map(|f| (f.claim.id, f.claim.sent_at))
     }
 
     /// When the last request came.
@@ -305,31 +373,31 @@ impl KeyState {
     }
 
     pub(crate) fn claim_pending(&self, id: u64) -> bool {
-        self.in_flight.is_some_and(|f| f.claim.id == id)
+        self.flight().is_some_and(|f| f.claim.id == id)
     }
 
     /// The limit's capacity, once a reply reported it.
     pub fn capacity(&self) -> Option<u64> {
-        self.capacity
+        (self.capacity != 0).then_some(self.capacity)
     }
 
     /// The units still admissible overall, as best known: the server's last `remaining` plus
     /// what is held here.
     pub fn remaining_estimate(&self, now: Nanos) -> Option<u64> {
-        let r = self.remaining?.saturating_add(self.held_at(now));
-        Some(self.capacity.map_or(r, |c| r.min(c)))
+        let r = self.known_remaining()?.saturating_add(self.held_at(now));
+        Some(self.capacity().map_or(r, |c| r.min(c)))
     }
 
     /// Time until the limiter is fresh again, as of the last reply.
     pub fn reset_after(&self, now: Nanos) -> Option<Nanos> {
-        self.reset_at.map(|t| t - now)
+        (!self.reset_at.is_zero()).then(|| self.reset_at - now)
     }
 
     /// Nothing held, nothing in flight, no live denial, idle for `idle`: safe to forget.
     pub fn is_forgettable(&self, now: Nanos, idle: Nanos) -> bool {
         self.leases.is_empty()
             && self.in_flight.is_none()
-            && self.hold.is_none_or(|d| d.until <= now)
+            && self.hold().is_none_or(|d| d.until <= now)
             && now - self.last_request >= idle
     }
 
@@ -338,7 +406,7 @@ impl KeyState {
     /// not idle yet), or, with nothing held, the instant it may be forgotten.
     pub(crate) fn next_deadline(&self, now: Nanos, cfg: &LeaseConfig, forget_after: Nanos) -> Nanos {
         let mut at = Nanos::MAX;
-        if let Some(f) = self.in_flight {
+        if let Some(f) = self.flight() {
             at = at.min(f.claim.sent_at + cfg.stale_claim);
         }
         if let Some(first) = self.leases.first() {
@@ -348,7 +416,7 @@ impl KeyState {
                 at = at.min(idle_at);
             }
         } else if self.in_flight.is_none() {
-            let hold = self.hold.map_or(Nanos::ZERO, |h| h.until);
+            let hold = self.hold_until;
             at = at.min((self.last_request + forget_after).max(hold));
         }
         at
@@ -369,14 +437,14 @@ impl KeyState {
         });
         if self.leases.is_empty() {
             // Give the memory back: an idle key keeps no allocation.
-            self.leases = Vec::new();
+            self.leases = ThinVec::new();
         }
-        self.totals.expired += expired;
+        self.tally(|t| t.expired += expired);
         add(&m.units_expired, expired);
     }
 
     fn take(&mut self, mut units: u64) -> Taken {
-        self.totals.served += units;
+        self.tally(|t| t.served += units);
         let first = self.leases[0];
         let mut taken = Taken { units, expires_at: first.expires_at, claim_sent_at: first.claim_sent_at };
         for l in self.leases.iter_mut() {
@@ -398,10 +466,10 @@ impl KeyState {
     /// the leases they came from, so the refund never makes a unit live longer (rule 2) nor
     /// look younger to RL.RETURN (rule 4). Nothing when they would already have expired.
     pub(crate) fn refund(&mut self, now: Nanos, t: Taken, m: &Metrics) -> bool {
-        if t.units == 0 || now >= t.expires_at || t.units > self.totals.served.max(t.units) {
+        if t.units == 0 || now >= t.expires_at {
             return false;
         }
-        self.totals.served = self.totals.served.saturating_sub(t.units);
+        self.tally(|x| x.served = x.served.saturating_sub(t.units));
         add(&m.units_refunded, t.units);
         let lease = Lease { units: t.units, expires_at: t.expires_at, claim_sent_at: t.claim_sent_at };
         match self
@@ -419,12 +487,18 @@ impl KeyState {
     }
 
     fn new_claim(&mut self, now: Nanos, size: ClaimSize, cost: u64, background: bool, m: &Metrics) -> ClaimSpec {
-        self.next_claim += 1;
-        let claim =
-            ClaimSpec { id: self.next_claim, units: size.units, partial: size.partial, sent_at: now, background, cost };
-        self.in_flight = Some(InFlight { claim });
+        self.next_claim = self.next_claim.wrapping_add(1).max(1);
+        let claim = ClaimSpec {
+            id: self.next_claim as u64,
+            units: size.units,
+            partial: size.partial,
+            sent_at: now,
+            background,
+            cost,
+        };
+        self.in_flight = Some(Box::new(InFlight { claim }));
         self.call_credit = self.call_credit.saturating_sub(1);
-        self.totals.calls += 1;
+        self.tally(|t| t.calls += 1);
         add(&m.claims, 1);
         add(&m.redis_calls, 1);
         add(&m.claims_in_flight, 1);
@@ -435,7 +509,7 @@ impl KeyState {
     }
 
     fn end_flight(&mut self, m: &Metrics) -> Option<InFlight> {
-        let f = self.in_flight.take();
+        let f = self.in_flight.take().map(|b| *b);
         if f.is_some() {
             sub(&m.claims_in_flight, 1);
         }
@@ -444,10 +518,10 @@ impl KeyState {
 
     /// The claim was not sent after all (the breaker refused it): as if never made.
     pub(crate) fn cancel_claim(&mut self, id: u64, m: &Metrics) {
-        if let Some(f) = self.in_flight.filter(|f| f.claim.id == id) {
+        if let Some(f) = self.flight().filter(|f| f.claim.id == id) {
             self.end_flight(m);
-            self.call_credit += 1;
-            self.totals.calls -= 1;
+            self.call_credit = self.call_credit.saturating_add(1);
+            self.tally(|t| t.calls -= 1);
             sub(&m.claims, 1);
             sub(&m.redis_calls, 1);
             if f.claim.background {
@@ -457,7 +531,7 @@ impl KeyState {
     }
 
     fn hold_active(&self, now: Nanos) -> bool {
-        self.hold.is_some_and(|d| now < d.until)
+        now < self.hold_until
     }
 
     /// The span a claim covers: the horizon, or the pacing interval of a dry key.
@@ -479,15 +553,15 @@ impl KeyState {
         claim_size(BatchInput {
             expected: self.demand.expected(now, cfg.demand_tau, span),
             need,
-            max_batch: cfg.max_batch.min(self.capacity.unwrap_or(cfg.limit.capacity())).min(usable),
-            available: self.remaining.map(|r| r.saturating_add(refill)),
+            max_batch: cfg.max_batch.min(self.capacity().unwrap_or(cfg.limit.capacity())).min(usable),
+            available: self.known_remaining().map(|r| r.saturating_add(refill)),
         })
     }
 
     /// The refill lead: claim this long before the units are expected to run out (4 round
     /// trips, at least a quarter of the horizon).
     fn lead(&self, cfg: &LeaseConfig) -> Nanos {
-        (cfg.horizon / 4).max(self.rtt * 4)
+        (cfg.horizon / 4).max(self.rtt() * 4)
     }
 
     /// A background claim of at least 2 units, with a call credit and none in flight.
@@ -511,8 +585,8 @@ impl KeyState {
 
     /// A new request for `cost` units at `now`.
     pub(crate) fn on_request(&mut self, now: Nanos, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Verdict {
-        self.totals.requests += 1;
-        self.call_credit += 1;
+        self.tally(|t| t.requests += 1);
+        self.call_credit = self.call_credit.saturating_add(1);
         self.last_request = self.last_request.max(now);
         self.demand.observe(now, cost, cfg.demand_tau);
         self.decide(now, cost, cfg, m)
@@ -523,14 +597,14 @@ impl KeyState {
     /// (the over-limit cache, or a cost above the capacity), or `None` (only Redis knows).
     pub(crate) fn peek(&mut self, now: Nanos, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Option<Verdict> {
         self.expire(now, m);
-        if cost > self.capacity.unwrap_or(cfg.limit.capacity()) {
+        if cost > self.capacity().unwrap_or(cfg.limit.capacity()) {
             return Some(Verdict::Limited { retry_after: None, by: LimitedBy::Never, refill: None });
         }
         let held = self.held();
         if held >= cost {
             return Some(Verdict::Admit { from_claim: false, refill: None, delay: None, taken: None });
         }
-        match self.hold {
+        match self.hold() {
             Some(d) if now < d.until && cost - held >= d.need => {
                 Some(Verdict::Limited { retry_after: Some(d.until - now), by: LimitedBy::Cache, refill: None })
             }
@@ -548,7 +622,7 @@ impl KeyState {
         cfg: &LeaseConfig,
         m: &Metrics,
     ) -> Verdict {
-        if waited.is_some() && self.failed == waited {
+        if waited.is_some() && self.failed_claim() == waited {
             self.expire(now, m);
             if self.held() >= cost && cost > 0 {
                 let taken = self.take(cost);
@@ -566,7 +640,7 @@ impl KeyState {
         if cost == 0 {
             return Verdict::Admit { from_claim: false, refill: None, delay: None, taken: None };
         }
-        if cost > self.capacity.unwrap_or(cfg.limit.capacity()) {
+        if cost > self.capacity().unwrap_or(cfg.limit.capacity()) {
             add(&m.never_denials, 1);
             return Verdict::Limited { retry_after: None, by: LimitedBy::Never, refill: None };
         }
@@ -578,7 +652,7 @@ impl KeyState {
             let refill = self.refill(now, cfg, m);
             return Verdict::Admit { from_claim: false, refill, delay: None, taken: Some(taken) };
         }
-        if let Some(f) = self.in_flight {
+        if let Some(f) = self.flight() {
             if now - f.claim.sent_at <= cfg.stale_claim {
                 return Verdict::Wait { claim: f.claim.id };
             }
@@ -586,7 +660,7 @@ impl KeyState {
             self.give_up(m);
         }
         let need = cost - held;
-        if let Some(d) = self.hold.filter(|d| now < d.until && need >= d.need) {
+        if let Some(d) = self.hold().filter(|d| now < d.until && need >= d.need) {
             add(&m.over_limit_cache_hits, 1);
             // Claim ahead of the hold's end, so that units are back when it ends.
             let refill = if now + self.lead(cfg) >= d.until { self.background(now, cfg, m) } else { None };
@@ -600,7 +674,7 @@ impl KeyState {
     /// waiters fall to the failure policy; a reply that still comes adds its units as lost.
     fn give_up(&mut self, m: &Metrics) {
         if let Some(f) = self.end_flight(m) {
-            self.failed = Some(f.claim.id);
+            self.failed = f.claim.id as u32;
             add(&m.claims_given_up, 1);
         }
     }
@@ -616,7 +690,7 @@ impl KeyState {
         cfg: &LeaseConfig,
         m: &Metrics,
     ) -> Option<(Verdict, u64)> {
-        let initiator = match self.in_flight {
+        let initiator = match self.flight() {
             Some(f) if f.claim.id == claim.id => {
                 self.end_flight(m);
                 (!f.claim.background).then_some(f.claim.cost)
@@ -625,21 +699,22 @@ impl KeyState {
                 // A reply to a claim already given up (failed, timed out, lost): its units were
                 // counted by the server, nobody serves them.
                 let lost = d.allowed.min(claim.units);
-                self.totals.claimed += lost;
-                self.totals.expired += lost;
+                self.tally(|t| t.claimed += lost);
+                self.tally(|t| t.expired += lost);
                 add(&m.units_claimed, lost);
                 add(&m.units_expired, lost);
                 return None;
             }
         };
         let rtt = now - claim.sent_at;
-        self.rtt = if self.rtt.is_zero() { rtt } else { (self.rtt * 7 + rtt) / 8 };
-        self.capacity = Some(d.limit);
-        self.remaining = Some(d.remaining);
-        self.reset_at = Some(now + d.reset_after.into());
+        let rtt = if self.rtt == 0 { rtt } else { (self.rtt() * 7 + rtt) / 8 };
+        self.rtt = rtt.as_u64().min(u32::MAX as u64) as u32;
+        self.capacity = d.limit;
+        self.remaining = d.remaining.min(u64::MAX - 1);
+        self.reset_at = (now + d.reset_after.into()).max(Nanos::new(1));
         // Never more than asked, whatever the reply says.
         let granted = d.allowed.min(claim.units);
-        self.totals.claimed += granted;
+        self.tally(|t| t.claimed += granted);
         add(&m.units_claimed, granted);
         if granted > 0 {
             let lease =
@@ -654,7 +729,7 @@ impl KeyState {
         // (Exact claims, a per-request check's, are never paced on a grant.)
         let drained = claim.partial && granted > 0 && d.remaining < claim.units && cfg.instances > 1;
         if granted >= claim.units && !drained {
-            self.hold = None;
+            self.set_hold(None);
             self.pace = Nanos::ZERO;
         } else if granted > 0 || d.retry_after.is_some() {
             // Hold until the server-named instant (its durations run from when it decided,
@@ -674,7 +749,7 @@ impl KeyState {
             let need = if claim.partial || !pace.is_zero() { 1 } else { claim.units };
             let until = now + retry.max(pace);
             if until > now {
-                self.hold = Some(Hold { until, need });
+                self.set_hold(Some(Hold { until, need }));
             }
         }
         self.expire(now, m);
@@ -691,7 +766,7 @@ impl KeyState {
             add(&m.redis_denials, 1);
             // The hold's end: the server-named instant, or later while paced.
             let retry_after =
-                d.retry_after.map(|r| self.hold.filter(|h| h.until > now).map_or(Nanos::from(r), |h| h.until - now));
+                d.retry_after.map(|r| self.hold().filter(|h| h.until > now).map_or(Nanos::from(r), |h| h.until - now));
             let by = if retry_after.is_none() { LimitedBy::Never } else { LimitedBy::Redis };
             Some((Verdict::Limited { retry_after, by, refill: None }, cost))
         } else {
@@ -703,10 +778,10 @@ impl KeyState {
     /// request that made it (`None` for a background claim). Requests waiting on it get
     /// [`Verdict::Failed`] from [`KeyState::resume`] (unless held units now cover them).
     pub(crate) fn on_claim_error(&mut self, claim: &ClaimSpec, m: &Metrics) -> Option<(Verdict, u64)> {
-        match self.in_flight {
+        match self.flight() {
             Some(f) if f.claim.id == claim.id => {
                 self.end_flight(m);
-                self.failed = Some(claim.id);
+                self.failed = claim.id as u32;
                 (!f.claim.background).then_some((Verdict::Failed, f.claim.cost))
             }
             _ => None,
@@ -726,7 +801,7 @@ impl KeyState {
         m: &Metrics,
         out: &mut Vec<ReturnSpec>,
     ) {
-        if self.in_flight.is_some_and(|f| now - f.claim.sent_at > cfg.stale_claim) {
+        if self.flight().is_some_and(|f| now - f.claim.sent_at > cfg.stale_claim) {
             self.give_up(m);
         }
         self.expire(now, m);
@@ -742,7 +817,7 @@ impl KeyState {
             }
         }
         if self.leases.is_empty() {
-            self.leases = Vec::new();
+            self.leases = ThinVec::new();
         }
     }
 
@@ -757,13 +832,13 @@ impl KeyState {
             let refilled =
                 (age.as_u64() as u128 * cfg.limit.limit as u128).div_ceil(cfg.limit.period.as_nanos().max(1));
             if refilled >= l.units as u128 {
-                self.totals.expired += l.units;
+                self.tally(|t| t.expired += l.units);
                 add(&m.units_expired, l.units);
                 return None;
             }
         }
-        self.totals.returned += l.units;
-        self.totals.calls += 1;
+        self.tally(|t| t.returned += l.units);
+        self.tally(|t| t.calls += 1);
         add(&m.units_returned, l.units);
         add(&m.returns, 1);
         add(&m.redis_calls, 1);
@@ -777,7 +852,7 @@ impl KeyState {
         let leases = std::mem::take(&mut self.leases);
         if !cfg.limit.algorithm.supports_return() {
             let n: u64 = leases.iter().map(|l| l.units).sum();
-            self.totals.expired += n;
+            self.tally(|t| t.expired += n);
             add(&m.units_expired, n);
             return;
         }
@@ -806,7 +881,7 @@ mod tests {
     #[test]
     fn cold_key_claims_exactly_the_request() {
         let (c, m) = (cfg(), Metrics::default());
-        let mut k = KeyState::new();
+        let mut k = KeyState::with_totals();
         let Verdict::Claim(cl) = k.on_request(n(0), 1, &c, &m) else { panic!() };
         assert_eq!((cl.units, cl.partial), (1, false));
         assert_eq!(k.on_request(n(1), 1, &c, &m), Verdict::Wait { claim: cl.id });
@@ -818,7 +893,7 @@ mod tests {
     #[test]
     fn hot_key_batches_serves_locally_and_refills_in_background() {
         let (c, m) = (cfg(), Metrics::default());
-        let mut k = KeyState::new();
+        let mut k = KeyState::with_totals();
         let mut t = Nanos::ZERO;
         let mut calls = 0;
         for _ in 0..5000 {
@@ -840,7 +915,7 @@ mod tests {
     #[test]
     fn denial_is_cached_until_the_named_instant() {
         let (c, m) = (cfg(), Metrics::default());
-        let mut k = KeyState::new();
+        let mut k = KeyState::with_totals();
         let Verdict::Claim(cl) = k.on_request(n(0), 1, &c, &m) else { panic!() };
         let v = k.on_claim_reply(n(0), &cl, &reply(0, 10, 0, 250, 1000), &c, &m);
         assert_eq!(
@@ -862,7 +937,7 @@ mod tests {
     fn a_dry_key_is_paced_and_asks_for_the_demand_of_the_interval() {
         let m = Metrics::default();
         let c = LeaseConfig { instances: 40, ..cfg() };
-        let mut k = KeyState::new();
+        let mut k = KeyState::with_totals();
         let mut t = Nanos::ZERO;
         // 5000/s for a second: a hot key.
         for _ in 0..5000 {
@@ -900,7 +975,7 @@ mod tests {
     #[test]
     fn failed_claim_fails_its_waiters_and_idle_units_go_back() {
         let (c, m) = (cfg(), Metrics::default());
-        let mut k = KeyState::new();
+        let mut k = KeyState::with_totals();
         let Verdict::Claim(cl) = k.on_request(n(0), 1, &c, &m) else { panic!() };
         let Verdict::Wait { claim } = k.on_request(n(1), 1, &c, &m) else { panic!() };
         assert_eq!(k.on_claim_error(&cl, &m), Some((Verdict::Failed, 1)));
@@ -923,7 +998,7 @@ mod tests {
             lease: S * 10,
             ..LeaseConfig::new(Limit::token_bucket(1, Duration::from_secs(1)).with_burst(100))
         };
-        let mut k = KeyState::new();
+        let mut k = KeyState::with_totals();
         let Verdict::Claim(cl) = k.on_request(n(0), 1, &slow, &m) else { panic!() };
         let big = ClaimSpec { units: 50, partial: true, ..cl };
         let _ = k.on_claim_reply(n(4), &big, &reply(50, 100, 50, -1, 5), &slow, &m);

@@ -209,8 +209,12 @@ impl LimiterConfig {
     }
 }
 
+/// The driver's keys: inline up to 24 bytes (no allocation for the usual API key, IP or user
+/// id), hashed as the `str` they hold.
+type Key = compact_str::CompactString;
+
 struct Shard {
-    engine: Mutex<Engine<String>>,
+    engine: Mutex<Engine<Key>>,
     /// Woken after every claim of this shard completes.
     notify: Notify,
     /// The engine's next deadline (ns), for the housekeeping task.
@@ -476,14 +480,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         &self.shards[((hash >> 32) % self.shards.len() as u64) as usize]
     }
 
-    fn lock(shard: &Shard) -> MutexGuard<'_, Engine<String>> {
+    fn lock(shard: &Shard) -> MutexGuard<'_, Engine<Key>> {
         shard.engine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs `f` on the shard of `hash`, then publishes the shard's next deadline (waking the
     /// housekeeping task if it is earlier than its sleep) and sends what the engine queued (the
     /// returns of a key evicted by the `max_keys` cap).
-    fn with_engine<T>(self: &Arc<Self>, hash: u64, f: impl FnOnce(&mut Engine<String>, Nanos) -> T) -> T {
+    fn with_engine<T>(self: &Arc<Self>, hash: u64, f: impl FnOnce(&mut Engine<Key>, Nanos) -> T) -> T {
         let shard = self.shard(hash);
         let mut e = Inner::<C>::lock(shard);
         let out = f(&mut e, self.now());
@@ -504,7 +508,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     }
 
     /// Carries a request's steps to its outcome.
-    async fn run(self: &Arc<Self>, key: &str, mut step: Step<String>) -> Outcome {
+    async fn run(self: &Arc<Self>, key: &str, mut step: Step<Key>) -> Outcome {
         loop {
             step = match step {
                 Step::Done { outcome, refill } => {
@@ -533,7 +537,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     }
 
     /// Sends a claim and reports it; answers the next step of the request that sent it.
-    async fn claim(self: Arc<Self>, c: Claim<String>) -> Option<Step<String>> {
+    async fn claim(self: Arc<Self>, c: Claim<Key>) -> Option<Step<Key>> {
         let hash = self.shared.hash(c.key().as_str());
         let deadline = self.instant(Inner::<C>::lock(self.shard(hash)).deadline(&c));
         let mut conn = self.conn.clone();
@@ -549,7 +553,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
 
     /// Waits for the claim `w` waits on (woken by its completion, or at `w.until()`), then
     /// lets the engine decide.
-    async fn wait(self: &Arc<Self>, key: &str, mut w: Waiter) -> Step<String> {
+    async fn wait(self: &Arc<Self>, key: &str, mut w: Waiter) -> Step<Key> {
         let hash = self.shared.hash(key);
         let shard = self.shard(hash);
         loop {
@@ -567,7 +571,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
 
     /// `RL.RETURN key units AGE ms`, sent so as to arrive by the return's deadline (its AGE
     /// counts the margin up to there) or not at all.
-    async fn give_back(self: Arc<Self>, r: Return<String>) {
+    async fn give_back(self: Arc<Self>, r: Return<Key>) {
         let mut conn = self.conn.clone();
         let res = tokio::time::timeout_at(self.instant(r.deadline()), r.command().query_async::<i64>(&mut conn)).await;
         let result = match res {

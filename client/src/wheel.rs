@@ -1,26 +1,27 @@
 //! A hashed timer wheel: the engine's per-shard deadlines (lease expiry, idle returns,
-//! forgetting, lost claims), sans IO. Inserting and firing cost O(1) per entry; the wheel never
-//! fires an entry early (an entry is due at or after its slot's instant), and one further than
-//! the wheel's span fires at the span's end, where its owner re-arms it (so a far deadline
-//! costs one firing per revolution). Idle cost does not depend on how many entries wait: the
-//! driver sleeps until [`Wheel::next_due`].
+//! forgetting, lost claims), sans IO. Each slot holds the entries due within one granule;
+//! inserting and firing cost O(1) per entry. [`Wheel::pop_due`] is exact (it yields every entry
+//! due at or before `now`, and none later), while [`Wheel::next_due`] names the end of the
+//! earliest non-empty granule, so a driver that sleeps until then wakes once per granule, at
+//! most one granule late. An entry further than the wheel's span is kept in the last slot and
+//! placed again when that slot comes round (a far deadline costs one move per revolution).
+//! Idle cost does not depend on how many entries wait.
 
 use crate::time::Nanos;
 
-/// An entry: the slab index and generation of the key it wakes.
+/// An entry: the slab index and generation of the key it wakes. Its instant is the owner's to
+/// tell ([`Wheel::pop_due`] asks): 8 bytes per scheduled key, and a superseded entry is
+/// recognised (its owner answers `None`) and dropped.
 pub(crate) type Item = (u32, u32);
 
 #[derive(Debug)]
 pub(crate) struct Wheel {
     slots: Box<[Vec<Item>]>,
     granularity: Nanos,
-    /// The instant the slot at `cursor` fires.
-    base: Nanos,
+    /// The start of the granule of the slot at `cursor` (the current one).
+    start: Nanos,
     cursor: usize,
     len: usize,
-    /// The earliest instant a non-empty slot fires (`MAX`: empty); a lower bound after a pop
-    /// until recomputed.
-    next: Nanos,
 }
 
 impl Wheel {
@@ -28,66 +29,79 @@ impl Wheel {
         Wheel {
             slots: (0..slots.max(2)).map(|_| Vec::new()).collect(),
             granularity: granularity.max(Nanos::new(1)),
-            base: Nanos::ZERO,
+            start: Nanos::ZERO,
             cursor: 0,
             len: 0,
-            next: Nanos::MAX,
         }
     }
 
-    /// Schedules `item` for `at` (at the latest the wheel's span after `now`); answers the
-    /// instant it will fire (never before `at` unless clamped to the span).
-    pub fn insert(&mut self, now: Nanos, at: Nanos, item: Item) -> Nanos {
-        if self.len == 0 && self.base < now {
-            self.base = now;
+    /// Schedules `item` for `at`.
+    pub fn insert(&mut self, now: Nanos, at: Nanos, item: Item) {
+        if self.len == 0 && self.start + self.granularity <= now {
+            self.start = now;
         }
         let n = self.slots.len() as u64;
-        let ahead = (at - self.base).as_u64().div_ceil(self.granularity.as_u64()).min(n - 1);
-        let fires = self.base + self.granularity * ahead;
+        let ahead = (at - self.start).div_span(self.granularity).min(n - 1);
         let slot = (self.cursor + ahead as usize) % self.slots.len();
         self.slots[slot].push(item);
         self.len += 1;
-        self.next = self.next.min(fires);
-        fires
     }
 
-    /// Moves every entry due at `now` into `out` (their slots' instants are ≤ `now`).
-    pub fn pop_due(&mut self, now: Nanos, out: &mut Vec<Item>) {
+    /// Moves every entry due at `now` (its instant ≤ `now`, as `at_of` tells; `None`: superseded,
+    /// dropped) into `out`.
+    pub fn pop_due(&mut self, now: Nanos, at_of: impl Fn(Item) -> Option<Nanos>, out: &mut Vec<Item>) {
         let n = self.slots.len();
         let mut turns = 0;
-        while self.base <= now && turns < n {
+        let mut later = Vec::new();
+        while self.start + self.granularity <= now && turns < n {
             let slot = &mut self.slots[self.cursor];
             self.len -= slot.len();
-            out.append(slot);
+            for item in slot.drain(..) {
+                match at_of(item) {
+                    Some(at) if at <= now => out.push(item),
+                    // Beyond the span when inserted: placed again from here.
+                    Some(at) => later.push((item, at)),
+                    None => {}
+                }
+            }
             if slot.capacity() > 64 {
                 // A burst of keys came and went: give the memory back.
                 slot.shrink_to(8);
             }
             self.cursor = (self.cursor + 1) % n;
-            self.base += self.granularity;
+            self.start += self.granularity;
             turns += 1;
         }
-        if self.base <= now {
-            // The wheel was left for more than a revolution: every slot has been emptied.
-            let behind = (now - self.base).as_u64() / self.granularity.as_u64() + 1;
-            self.base += self.granularity * behind;
+        if self.start + self.granularity <= now {
+            // Left for more than a revolution: every slot has been emptied.
+            self.start = now;
         }
-        self.next = self.scan();
+        // The current granule: only what is due.
+        let slot = &mut self.slots[self.cursor];
+        let before = slot.len();
+        slot.retain(|&item| match at_of(item) {
+            Some(at) if at <= now => {
+                out.push(item);
+                false
+            }
+            Some(_) => true,
+            None => false,
+        });
+        self.len -= before - slot.len();
+        for (item, at) in later {
+            self.insert(now, at, item);
+        }
     }
 
-    fn scan(&self) -> Nanos {
+    /// The end of the earliest granule holding an entry (`None`: nothing scheduled).
+    pub fn next_due(&self) -> Option<Nanos> {
         if self.len == 0 {
-            return Nanos::MAX;
+            return None;
         }
         let n = self.slots.len();
         (0..n)
             .find(|k| !self.slots[(self.cursor + k) % n].is_empty())
-            .map_or(Nanos::MAX, |k| self.base + self.granularity * k as u64)
-    }
-
-    /// When the next entry fires (`None`: nothing scheduled).
-    pub fn next_due(&self) -> Option<Nanos> {
-        (self.len > 0).then_some(self.next)
+            .map(|k| self.start + self.granularity * (k as u64 + 1))
     }
 }
 
@@ -96,22 +110,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fires_never_early_and_far_deadlines_at_the_span() {
+    fn exact_when_asked_and_far_deadlines_come_round() {
         let ms = Nanos::from_millis;
         let mut w = Wheel::new(ms(10), 8);
-        assert_eq!(w.insert(ms(0), ms(25), (1, 0)), ms(30));
-        assert_eq!(w.insert(ms(0), ms(1000), (2, 0)), ms(70));
+        let at = |(k, _): Item| {
+            Some(if k == 1 {
+                ms(25)
+            } else if k == 2 {
+                ms(1000)
+            } else {
+                ms(9015)
+            })
+        };
+        w.insert(ms(0), ms(25), (1, 0));
+        w.insert(ms(0), ms(1000), (2, 0));
         assert_eq!(w.next_due(), Some(ms(30)));
         let mut out = Vec::new();
-        w.pop_due(ms(29), &mut out);
+        w.pop_due(ms(24), at, &mut out);
         assert!(out.is_empty());
-        w.pop_due(ms(30), &mut out);
+        w.pop_due(ms(25), at, &mut out);
         assert_eq!(out, vec![(1, 0)]);
-        assert_eq!(w.next_due(), Some(ms(70)));
-        w.pop_due(ms(5000), &mut out);
+        assert_eq!(w.next_due(), Some(ms(80)));
+        w.pop_due(ms(90), at, &mut out);
+        assert_eq!(out, vec![(1, 0)], "beyond the span: placed again, not yielded");
+        assert_eq!(w.next_due(), Some(ms(170)));
+        w.pop_due(ms(5000), at, &mut out);
         assert_eq!(out, vec![(1, 0), (2, 0)]);
         assert_eq!(w.next_due(), None);
         // Empty for a long time: the next entry is placed from now.
-        assert_eq!(w.insert(ms(9000), ms(9015), (3, 0)), ms(9020));
+        w.insert(ms(9000), ms(9015), (3, 0));
+        assert_eq!(w.next_due(), Some(ms(9020)));
+        // A superseded entry is dropped.
+        w.pop_due(ms(9100), |_| None, &mut out);
+        assert_eq!((out.len(), w.next_due()), (2, None));
     }
 }

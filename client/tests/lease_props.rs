@@ -156,6 +156,7 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, ops: Vec<Op>) {
         policy,
         // Waiters never give up here: every claim is answered (or fails, or is abandoned).
         call_timeout: Nanos::MAX / 4,
+        key_totals: true,
         ..EngineConfig::from_lease(lease)
     };
     let mut r = Run {
