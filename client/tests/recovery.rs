@@ -117,7 +117,9 @@ async fn outage(policy: FailurePolicy, fault: Fault) {
         Fault::Freeze => signal(&server, "-STOP"),
     }
     tokio::time::sleep(OUTAGE).await;
-    // The server answers again from here (start_again returns once it answers PING).
+    // The server answers again from some instant between `back` and `up` (start_again returns
+    // once it answers PING).
+    let back = Instant::now();
     match fault {
         Fault::Kill { .. } => tokio::task::block_in_place(|| server.start_again()),
         Fault::Freeze => signal(&server, "-CONT"),
@@ -141,7 +143,7 @@ async fn outage(policy: FailurePolicy, fault: Fault) {
         .lock()
         .unwrap()
         .iter()
-        .filter(|(t, _, _)| *t > down + LEASE + Duration::from_millis(250) && *t < up)
+        .filter(|(t, _, _)| *t > down + LEASE + Duration::from_millis(250) && *t < back)
         .map(|&(_, s, a)| (s, a))
         .collect();
     assert!(!during.is_empty());
