@@ -686,16 +686,18 @@ fn far_clock_step_back_with_a_rate_change_grants_nothing() {
 
 #[test]
 fn forged_states_decode_and_behave() {
-    // The largest accepted arrival time decodes and is usable (with a rate change too).
+    // The largest accepted arrival time decodes, as the latest one a call can store (the last
+    // instant plus the capacity: no call stores more), and is usable (with a rate change too).
     let r = rate(1, 1, 1);
     let tat: i128 = 1 << 115;
     let bytes = State::Gcra(gcra::State { rate: r, tat }).encode();
     let Ok(State::Gcra(g)) = State::decode(&bytes) else { panic!("2^115 must decode") };
-    for p in [r, rate(1, MAX_PERIOD, 1)] {
+    assert_eq!({ g.tat }, i64::MAX as i128 + 1);
+    for (p, wait) in [(r, Nanos::MAX - T0 + 1), (rate(1, MAX_PERIOD, 1), Nanos::MAX)] {
         let (d, n) = gcra::check(Some(&g), &p, T0, req(1));
         // Nothing granted; under new parameters the converted state may be kept.
         assert!(n.is_none() || p != r);
-        assert_eq!((d.allowed, d.retry_after, d.reset_after), (0, Some(Nanos::MAX), Nanos::MAX));
+        assert_eq!((d.allowed, d.retry_after, d.reset_after), (0, Some(wait), wait));
         if let Some(n) = n {
             assert_eq!(gcra::check(Some(&n), &p, T0, req(1)).0, d);
         }

@@ -2,6 +2,14 @@
 //! bytes go into the RDB file, DUMP payloads, the AOF and the replication stream, so a replica,
 //! a reload and an AOF replay hold byte-identical state. Decoding validates everything: the
 //! bytes may come from a user calling RL.SETSTATE.
+//!
+//! Loadable by construction: the set of states `decode` returns is closed under every call
+//! (checks with any parameters, returns, any clock), so nothing a key holds can become a
+//! payload the decoder refuses (tests/core_closure_props.rs). Decoding accepts every payload any
+//! version of the module wrote, and brings the values no call stores (only a forged RL.SETSTATE
+//! payload holds them) to the nearest state a call stores, with the same answers wherever one
+//! exists: see each algorithm's `normalised`. On every state a call stores that is the
+//! identity, so its encoding is unchanged byte for byte.
 
 use super::spec::Update;
 use super::{fixed, gcra, leaky, sliding, sliding_log, token_bucket, Nanos, Rate, Window};
@@ -134,7 +142,7 @@ impl State {
         let algo = Algorithm::from_tag(r.u8()?).ok_or("unknown algorithm")?;
         let state = match algo {
             Algorithm::Gcra | Algorithm::Leaky => {
-                let s = gcra::State { rate: r.rate()?, tat: r.scaled()? };
+                let s = gcra::State { rate: r.rate()?, tat: r.scaled()? }.normalised();
                 if algo == Algorithm::Gcra {
                     State::Gcra(s)
                 } else {
@@ -147,12 +155,14 @@ impl State {
                 if tokens > rate.capacity_scaled() {
                     return Err("tokens above capacity");
                 }
-                State::TokenBucket(token_bucket::State { rate, tokens, last: r.i64()? })
+                State::TokenBucket(token_bucket::State { rate, tokens, last: r.i64()? }.normalised())
             }
-            Algorithm::Sliding => {
-                State::Sliding(sliding::State { win: r.window()?, index: r.i64()?, prev: r.units()?, curr: r.units()? })
+            Algorithm::Sliding => State::Sliding(
+                sliding::State { win: r.window()?, index: r.i64()?, prev: r.units()?, curr: r.units()? }.normalised(),
+            ),
+            Algorithm::Fixed => {
+                State::Fixed(fixed::State { win: r.window()?, index: r.i64()?, count: r.units()? }.normalised())
             }
-            Algorithm::Fixed => State::Fixed(fixed::State { win: r.window()?, index: r.i64()?, count: r.units()? }),
             Algorithm::SlidingLog => State::SlidingLog(Box::new(decode_log(&mut r)?)),
         };
         if !r.0.is_empty() {
@@ -227,7 +237,7 @@ fn decode_log(r: &mut Reader) -> Result<sliding_log::State, &'static str> {
     }
     let mut total = 0u64;
     for (_, count) in &entries {
-        total = total.checked_add(*count).filter(|t| *t <= super::MAX_COUNT * 2).ok_or("log total too large")?;
+        total = total.checked_add(*count).filter(|t| *t <= super::MAX_STORED_COUNT).ok_or("log total too large")?;
     }
     for (ts, count) in entries {
         s.log.push_stored(ts, count);
@@ -272,7 +282,7 @@ impl Reader<'_> {
     }
     fn units(&mut self) -> Result<u64, &'static str> {
         let v = self.u64()?;
-        if v > super::MAX_COUNT * 2 {
+        if v > super::MAX_STORED_COUNT {
             return Err("count too large");
         }
         Ok(v)

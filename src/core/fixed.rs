@@ -2,7 +2,7 @@
 //! caps; it lets up to twice the limit through around a window edge (the harness shows it).
 //! Limited requests are not counted.
 
-use super::{to_nanos, Decision, Nanos, Request, Window};
+use super::{to_nanos, Decision, Nanos, Request, Window, MAX_COUNT};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct State {
@@ -22,6 +22,14 @@ impl State {
         } else {
             *self
         }
+    }
+
+    /// A loaded state brought into the range calls store (identity on every such state): the
+    /// window index of an i64 instant (as for the sliding counter), and a count of at most
+    /// MAX_COUNT (a call counts at most the limit; any count at or above the limit answers the
+    /// same).
+    pub(crate) fn normalised(self) -> State {
+        State { index: super::clamp_index(self.index, self.win.window), count: self.count.min(MAX_COUNT), ..self }
     }
 
     fn end(&self) -> i128 {

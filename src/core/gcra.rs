@@ -28,6 +28,17 @@ impl State {
     pub fn tat_nanos(&self) -> i128 {
         div_ceil_i128(self.tat, self.rate.limit as i128)
     }
+
+    /// A loaded state brought into the range calls store: `now × limit + debt`, for an i64 `now`
+    /// and 0 ≤ debt ≤ capacity (identity on every such state). Below it the bucket is full at
+    /// every instant, as before; above it the debt outlasts every instant, so every call is
+    /// still limited, only with the waits of the latest state a call can store.
+    pub(crate) fn normalised(self) -> State {
+        let l = self.rate.limit as i128;
+        let lowest = i64::MIN as i128 * l;
+        let highest = i64::MAX as i128 * l + self.rate.capacity_scaled();
+        State { rate: self.rate, tat: self.tat.clamp(lowest, highest) }
+    }
 }
 
 /// Decides one request. Returns the decision and, when units were granted, the state to store.

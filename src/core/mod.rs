@@ -23,6 +23,10 @@ pub const NANOS_PER_SEC: Nanos = 1_000_000_000;
 /// Largest limit, burst or cost accepted: large enough for any real quota, small enough that
 /// every scaled product (now × limit, burst × period) fits an i128 with room to spare.
 pub const MAX_COUNT: u64 = 1_000_000_000_000_000;
+/// Largest count a window limiter stores (and the decoder accepts): a count above the limit is
+/// reachable (a lowered limit, or a window change carrying the estimate of an earlier one), and a
+/// window change saturates the carried estimate here, so no call can store more.
+pub const MAX_STORED_COUNT: u64 = 2 * MAX_COUNT;
 /// Longest period or window: 100 Julian years.
 pub const MAX_PERIOD: Nanos = 36_525 * 86_400 * NANOS_PER_SEC;
 /// Longest time a bucket may take to refill from empty (burst × period / limit): 200 years.
@@ -211,6 +215,11 @@ pub fn div_trunc_i128(n: i128, d: i128) -> i128 {
         Some((n, d)) => (n / d) as i128,
         None => exact::div_trunc(n, d),
     }
+}
+
+/// A window index as calls store it: that of some i64 instant (`now.div_euclid(window)`).
+pub(crate) fn clamp_index(index: i64, window: Nanos) -> i64 {
+    index.clamp(Nanos::MIN.div_euclid(window), Nanos::MAX.div_euclid(window))
 }
 
 /// Narrows a non-negative i128 duration to Nanos, saturating (validated parameters keep every

@@ -3,7 +3,10 @@
 //! `prev × (1 − elapsed/window) + curr + cost ≤ limit` it compares
 //! `prev × (window − elapsed) + (curr + cost) × window ≤ limit × window`.
 
-use super::{clamp_units, div_ceil_i128, div_floor_i128, div_trunc_i128, to_nanos, Decision, Nanos, Request, Window};
+use super::{
+    clamp_units, div_ceil_i128, div_floor_i128, div_trunc_i128, to_nanos, Decision, Nanos, Request, Window,
+    MAX_STORED_COUNT,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct State {
@@ -46,6 +49,14 @@ impl State {
         div_ceil_i128(weighted, w).max(0) as u64
     }
 
+    /// A loaded state brought into the range calls store: the window index of an i64 instant
+    /// (identity on every such state; counts up to MAX_STORED_COUNT are reachable and kept). An
+    /// index before every instant answers as before (a window long past); one after every
+    /// instant, a window that would never begin, becomes the last window.
+    pub(crate) fn normalised(self) -> State {
+        State { index: super::clamp_index(self.index, self.win.window), ..self }
+    }
+
     fn elapsed(&self, now: Nanos) -> i128 {
         (now as i128 - self.index as i128 * self.win.window as i128).clamp(0, self.win.window as i128)
     }
@@ -56,8 +67,14 @@ pub fn check(state: Option<&State>, win: &Window, now: Nanos, req: Request) -> (
     let s = match state {
         None => State { win: *win, index: now.div_euclid(win.window), prev: 0, curr: 0 },
         Some(old) if old.win.window == win.window => State { win: *win, ..old.at(now) },
-        // A new window length: the old estimate is carried into the new current window.
-        Some(old) => State { win: *win, index: now.div_euclid(win.window), prev: 0, curr: old.estimate(now) },
+        // A new window length: the old estimate is carried into the new current window, at most
+        // MAX_STORED_COUNT (prev + curr of an over-full key can exceed what the decoder accepts).
+        Some(old) => State {
+            win: *win,
+            index: now.div_euclid(win.window),
+            prev: 0,
+            curr: old.estimate(now).min(MAX_STORED_COUNT),
+        },
     };
     let elapsed = s.elapsed(now);
     let free = s.free_weighted(elapsed);

@@ -4,7 +4,7 @@
 //! exactly `limit` units per nanosecond: no division, no rounding, no float. It implements the
 //! same admission model as GCRA and answers identically (a property test checks it).
 
-use super::{bucket_decision, rescale_tokens, Decision, Nanos, Rate, Request};
+use super::{bucket_decision, div_ceil_i128, rescale_tokens, Decision, Nanos, Rate, Request};
 
 /// Packed to 8-byte alignment, as gcra::State.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +23,25 @@ impl State {
     pub fn tokens_scaled(&self, now: Nanos) -> i128 {
         let refill = (now as i128 - self.last as i128) * self.rate.limit as i128;
         (self.tokens + refill).min(self.rate.capacity_scaled())
+    }
+
+    /// A loaded state brought into the range calls store: 0 ≤ tokens ≤ capacity (identity on
+    /// every such state; a call never stores a negative balance, a debt exists only while the
+    /// clock is before `last`). A negative balance becomes the same debt counted from a later
+    /// `last`: the
+    /// balance at every instant is unchanged, up to rounding down to the capacity (and a debt
+    /// that outlasts every instant stays one: 0 tokens at the last instant).
+    pub(crate) fn normalised(self) -> State {
+        let (rate, tokens, last) = (self.rate, self.tokens, self.last);
+        if tokens >= 0 {
+            return self;
+        }
+        let l = rate.limit as i128;
+        let k = div_ceil_i128(-tokens, l);
+        match i64::try_from(last as i128 + k) {
+            Ok(last) => State { rate, tokens: (tokens + k * l).min(rate.capacity_scaled()), last },
+            Err(_) => State { rate, tokens: 0, last: Nanos::MAX },
+        }
     }
 }
 

@@ -1,0 +1,152 @@
+//! Every state the module writes loads again, against real redis-servers (issue 17.1): the
+//! reproduction from the issue (a sliding counter set over its limit, then checked under another
+//! window) through DUMP/RESTORE, DEBUG RELOAD, a replica and an AOF restart; forged RL.SETSTATE
+//! payloads brought into range as the core's decoder brings them.
+
+mod common;
+#[path = "common/traffic.rs"]
+mod traffic;
+#[path = "common/values.rs"]
+mod values;
+
+use common::{wait_replica_synced, Opts, Server};
+use redis::{Connection, Value};
+use redis_ratelimit::core::codec::State;
+use redis_ratelimit::core::{fixed, gcra, sliding, token_bucket, Rate, Window, MAX_COUNT, NANOS_PER_SEC};
+use traffic::clock_set;
+use values::{full_error, ints};
+
+/// The issue's instant: 1800000000 s, a multiple of 2 h.
+const T_US: i64 = 1_800_000_000_000_000;
+/// RL.SETSTATE accepted this: a sliding counter, limit 10^15 per 1 h, at the window of T_US,
+/// previous = current = 2·10^15.
+const OVERFULL_SLIDING: &str = "01030080c6a47e8d030000a0b8304603000020a107000000000000008d49fd1a070000008d49fd1a0700";
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+}
+
+fn setstate(c: &mut Connection, key: &str, payload: &[u8]) {
+    let r: redis::RedisResult<String> = redis::cmd("RL.SETSTATE").arg(key).arg(payload).query(c);
+    assert_eq!(r.map_err(|e| full_error(&e)).as_deref(), Ok("OK"), "RL.SETSTATE {key}");
+}
+
+fn dump(c: &mut Connection, key: &str) -> Vec<u8> {
+    let v: Option<Vec<u8>> = redis::cmd("DUMP").arg(key).query(c).unwrap();
+    v.unwrap_or_else(|| panic!("{key} is missing"))
+}
+
+fn restore(c: &mut Connection, key: &str, payload: &[u8]) -> Result<String, String> {
+    redis::cmd("RESTORE").arg(key).arg(0).arg(payload).arg("REPLACE").query(c).map_err(|e| full_error(&e))
+}
+
+/// RL.INFO's integer field.
+fn info_int(c: &mut Connection, key: &str, field: &str) -> i64 {
+    let v: Vec<Value> = redis::cmd("RL.INFO").arg(key).query(c).unwrap();
+    let i = v.iter().position(|x| matches!(x, Value::BulkString(b) if b == field.as_bytes())).expect(field);
+    match &v[i + 1] {
+        Value::Int(n) => *n,
+        other => panic!("{field}: {other:?}"),
+    }
+}
+
+fn limiter(c: &mut Connection, args: &[&str]) -> Vec<i64> {
+    let mut cmd = redis::cmd(args[0]);
+    args[1..].iter().for_each(|a| {
+        cmd.arg(*a);
+    });
+    ints(&cmd.query(c).unwrap_or_else(|e| panic!("{args:?}: {e}")))
+}
+
+#[test]
+fn an_overfull_sliding_counter_under_another_window_stays_loadable() {
+    let mut primary = Server::start_with(Opts { appendonly: true, ..Default::default() });
+    let replica = Server::start_with(Opts { replica_of: Some(primary.port), ..Default::default() });
+    wait_replica_synced(&primary, &replica);
+    let mut p = primary.conn();
+    clock_set(&mut p, T_US);
+    setstate(&mut p, "k", &hex(OVERFULL_SLIDING));
+    // Another window: the estimate (prev + curr = 4·10^15) is carried at most at 2·10^15.
+    let r = limiter(&mut p, &["RL.SLIDING", "k", "1000000000000000", "2h"]);
+    assert_eq!((r[0], r[1], r[2], r[4]), (0, MAX_COUNT as i64, 0, 14_400_000), "{r:?}");
+    assert!(r[3] > 0, "{r:?}");
+    // DUMP / RESTORE: the same state (it used to be `ERR Bad data format`).
+    let d = dump(&mut p, "k");
+    assert_eq!(restore(&mut p, "k2", &d).as_deref(), Ok("OK"), "RESTORE of the key's DUMP");
+    assert_eq!(dump(&mut p, "k2"), d);
+    assert_eq!(info_int(&mut p, "k", "current"), 2 * MAX_COUNT as i64);
+    assert_eq!(info_int(&mut p, "k", "window_us"), 7_200_000_000);
+    // The replica took the replicated state (a refused RL.SETSTATE logs a CRITICAL line and
+    // leaves the replica without the change).
+    wait_replica_synced(&primary, &replica);
+    let mut r = replica.conn();
+    assert_eq!(dump(&mut r, "k"), d, "the replica holds another state");
+    assert_eq!(dump(&mut r, "k2"), d);
+    assert!(!replica.log().contains("CRITICAL"), "replica log:\n{}", replica.log());
+    // DEBUG RELOAD (RDB save and load) keeps both keys.
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut p).unwrap();
+    assert_eq!(dump(&mut p, "k"), d, "DEBUG RELOAD");
+    assert_eq!(dump(&mut p, "k2"), d);
+    // An AOF replay: a restart loads the AOF.
+    primary.restart();
+    let mut p = primary.conn();
+    assert_eq!(dump(&mut p, "k"), d, "after the AOF replay");
+    assert_eq!(dump(&mut p, "k2"), d);
+}
+
+#[test]
+fn setstate_brings_forged_values_into_range_as_loading_does() {
+    let primary = Server::start();
+    let replica = Server::start_with(Opts { replica_of: Some(primary.port), ..Default::default() });
+    wait_replica_synced(&primary, &replica);
+    let mut p = primary.conn();
+    clock_set(&mut p, T_US);
+    let rate = Rate::new(10, 60 * NANOS_PER_SEC, 10).unwrap();
+    let win = Window::new(10, 60 * NANOS_PER_SEC).unwrap();
+    let forged = [
+        ("gcra", State::Gcra(gcra::State { rate, tat: 1 << 115 })),
+        ("tb", State::TokenBucket(token_bucket::State { rate, tokens: -(1 << 100), last: T_US * 1_000 })),
+        ("fixed", State::Fixed(fixed::State { win, index: i64::MAX, count: 2 * MAX_COUNT })),
+        ("sliding", State::Sliding(sliding::State { win, index: i64::MIN, prev: 2 * MAX_COUNT, curr: 1 })),
+    ];
+    for (key, s) in &forged {
+        let payload = s.encode();
+        let loaded = State::decode(&payload).expect("the decoder accepts it");
+        assert_ne!(loaded.encode(), payload, "{key}: the forged value is out of range");
+        setstate(&mut p, key, &payload);
+        // The key holds what the decoder made of the payload: the same DUMP as setting the
+        // in-range state itself.
+        let twin = format!("{key}:in-range");
+        setstate(&mut p, &twin, &loaded.encode());
+        let d = dump(&mut p, key);
+        assert_eq!(d, dump(&mut p, &twin), "{key}");
+        assert_eq!(restore(&mut p, &format!("{key}:restored"), &d).as_deref(), Ok("OK"), "{key}");
+        // Calls on it write loadable states.
+        let algo = match s {
+            State::Gcra(_) => "RL.GCRA",
+            State::TokenBucket(_) => "RL.TOKENBUCKET",
+            State::Fixed(_) => "RL.FIXED",
+            _ => "RL.SLIDING",
+        };
+        for args in [["10", "60s"], ["1000000000000000", "2h"]] {
+            let mut cmd = redis::cmd(algo);
+            cmd.arg(*key).arg(args[0]).arg(args[1]);
+            let _: Value = cmd.query(&mut p).unwrap();
+            let d = dump(&mut p, key);
+            assert_eq!(restore(&mut p, &format!("{key}:after"), &d).as_deref(), Ok("OK"), "{key} after {algo}");
+        }
+    }
+    wait_replica_synced(&primary, &replica);
+    let mut r = replica.conn();
+    for (key, _) in &forged {
+        assert_eq!(dump(&mut r, key), dump(&mut p, key), "replica: {key}");
+    }
+    assert!(!replica.log().contains("CRITICAL"), "replica log:\n{}", replica.log());
+    // The reproduction's sliding counter is in range already: its DUMP is the payload's state.
+    setstate(&mut p, "repro", &hex(OVERFULL_SLIDING));
+    assert_eq!(info_int(&mut p, "repro", "previous"), 2 * MAX_COUNT as i64);
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut p).unwrap();
+    for (key, _) in &forged {
+        dump(&mut p, key);
+    }
+}
