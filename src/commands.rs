@@ -552,6 +552,10 @@ pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         Refusal::SlidingLog => {
             "ERR RL.RETURN does not support the sliding log: its entries cannot be identified".to_string()
         }
+        Refusal::Leaky => {
+            "ERR RL.RETURN does not support the leaky bucket: every queue slot is promised to an admitted request"
+                .to_string()
+        }
         Refusal::AgeRequired => {
             "ERR AGE is required for window limiters (fixed, sliding): the ms since the claim was sent".to_string()
         }

@@ -1,4 +1,5 @@
-//! Every state the core writes can be loaded again (issue 17.1). No Redis needed; run with
+//! Every state the core writes can be loaded again (issue 17.1), and a leaky bucket never hands
+//! one departure slot to two requests (issue 17.4). No Redis needed; run with
 //! `cargo test --release --test core_closure_props`.
 //!
 //! Closure: from any state the decoder accepts (the bytes of an RDB file, a DUMP payload, an AOF
@@ -12,7 +13,7 @@ use proptest::prelude::*;
 use proptest::test_runner::Config;
 
 use redis_ratelimit::core::codec::{Algorithm, State};
-use redis_ratelimit::core::give_back::give_back;
+use redis_ratelimit::core::give_back::{give_back, Refusal};
 use redis_ratelimit::core::spec::{Spec, Update};
 use redis_ratelimit::core::{
     fixed, gcra, leaky, sliding, sliding_log, token_bucket, Nanos, Rate, Request, Window, MAX_COUNT, MAX_PERIOD,
@@ -449,4 +450,106 @@ proptest! {
             prop_assert_eq!(got, want, "{:?} loaded as {:?}", raw, loaded);
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The leaky bucket: no departure slot is ever handed out twice (issue 17.4).
+
+#[derive(Clone, Debug)]
+enum LeakyOp {
+    /// A batch claimed with `COST n PARTIAL`, or one request.
+    Claim(u64, bool),
+    /// RL.RETURN: always refused.
+    Return(u64, Option<Nanos>),
+    /// The clock moves forward, or back.
+    Forward(i64),
+    Back(i64),
+}
+
+fn leaky_op() -> impl Strategy<Value = LeakyOp> {
+    prop_oneof![
+        5 => (1u64..=12, any::<bool>()).prop_map(|(n, p)| LeakyOp::Claim(n, p)),
+        3 => (1u64..=12, age()).prop_map(|(n, a)| LeakyOp::Return(n, a)),
+        3 => (0i64..5 * SEC).prop_map(LeakyOp::Forward),
+        1 => (0i64..5 * SEC).prop_map(LeakyOp::Back),
+    ]
+}
+
+fn queue_rate() -> impl Strategy<Value = Rate> {
+    (1u64..=20, prop_oneof![Just(SEC), Just(7 * SEC), 1i64..=3 * SEC], 1u64..=20)
+        .prop_map(|(l, p, b)| Rate::new(l, p, b).unwrap())
+}
+
+proptest! {
+    #![proptest_config(cfg(3000))]
+
+    /// Claims, single requests, returns and the clock (back too) interleaved: the departures
+    /// (arrival + delay for a request's first unit, one emission interval more for each next
+    /// unit) never come closer than one emission interval (period / limit), up to the 1 ns the
+    /// delay is rounded up by; so no two admitted requests share a slot and the downstream sees
+    /// an even stream. RL.RETURN is refused and leaves the key as it was.
+    #[test]
+    fn leaky_bucket_never_gives_a_slot_twice(
+        rate in queue_rate(), ops in prop::collection::vec(leaky_op(), 1..80), t0 in instant(),
+    ) {
+        let t0 = t0.clamp(10 * SEC * 80, MAX_NOW);
+        let spec = Spec::Leaky(rate);
+        let (l, p) = (rate.limit as i128, rate.period as i128);
+        let mut st: Option<State> = None;
+        let mut now = t0;
+        // The previous admission: its first departure (ns) and units.
+        let mut prev: Option<(i128, u64)> = None;
+        for op in &ops {
+            match *op {
+                LeakyOp::Claim(n, partial) => {
+                    let (d, u) = spec.check(st.as_ref(), now, Request { cost: n, partial }).unwrap();
+                    if let Some(u) = u {
+                        if let Some(new) = u.apply(st.as_mut()).unwrap() {
+                            st = Some(new);
+                        }
+                    }
+                    if d.allowed == 0 {
+                        continue;
+                    }
+                    let dep = now as i128 + d.delay.expect("an admitted leaky call has a delay") as i128;
+                    if let Some((before, units)) = prev {
+                        // Exact departures are ≥ units × p / l apart; each is rounded up by < 1 ns.
+                        prop_assert!(
+                            (dep - before) * l + l > units as i128 * p,
+                            "{:?}: departure at {} after {} units leaving from {}: closer than one interval",
+                            rate, dep, units, before
+                        );
+                    }
+                    prev = Some((dep, d.allowed));
+                }
+                LeakyOp::Return(n, age) => {
+                    if let Some(s) = &st {
+                        prop_assert_eq!(give_back(s, n, age, now), Err(Refusal::Leaky));
+                    }
+                }
+                LeakyOp::Forward(dt) => now += dt,
+                LeakyOp::Back(dt) => now -= dt,
+            }
+        }
+    }
+}
+
+/// The reproduction of issue 17.4: three requests queued 1 s apart, one unit returned, and the
+/// next request used to get the third one's slot (delay 2000 ms twice).
+#[test]
+fn leaky_return_does_not_hand_out_a_promised_slot() {
+    let rate = Rate::new(1, SEC, 10).unwrap();
+    let spec = Spec::Leaky(rate);
+    let now = 1_800_000_000_000_000 * NANOS_PER_MICRO;
+    let mut st: Option<State> = None;
+    let admit = |st: &mut Option<State>| {
+        let (d, u) = spec.check(st.as_ref(), now, Request::new(1)).unwrap();
+        if let Some(new) = u.unwrap().apply(st.as_mut()).unwrap() {
+            *st = Some(new);
+        }
+        d.delay.unwrap()
+    };
+    assert_eq!([admit(&mut st), admit(&mut st), admit(&mut st)], [0, SEC, 2 * SEC]);
+    assert_eq!(give_back(st.as_ref().unwrap(), 1, Some(0), now), Err(Refusal::Leaky));
+    assert_eq!(admit(&mut st), 3 * SEC, "the next request queues after the third");
 }

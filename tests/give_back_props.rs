@@ -10,7 +10,7 @@ use proptest::test_runner::Config;
 
 use redis_ratelimit::core::codec::{Algorithm, State};
 use redis_ratelimit::core::give_back::{give_back, Credit, Refusal};
-use redis_ratelimit::core::{fixed, gcra, leaky, sliding, token_bucket, Nanos, Rate, Request, Window, NANOS_PER_SEC};
+use redis_ratelimit::core::{fixed, gcra, sliding, token_bucket, Nanos, Rate, Request, Window, NANOS_PER_SEC};
 
 #[path = "common/core_dispatch.rs"]
 mod core_dispatch;
@@ -24,7 +24,8 @@ fn cfg(cases: u32) -> Config {
     Config { cases, failure_persistence: None, ..Config::default() }
 }
 
-const BUCKETS: [Algorithm; 3] = [Algorithm::Gcra, Algorithm::TokenBucket, Algorithm::Leaky];
+/// The buckets that take units back (the leaky bucket refuses: see `refusals`).
+const BUCKETS: [Algorithm; 2] = [Algorithm::Gcra, Algorithm::TokenBucket];
 const WINDOWS: [Algorithm; 2] = [Algorithm::Fixed, Algorithm::Sliding];
 
 /// One call of a limiter: the decision's `allowed`, the state updated in place.
@@ -44,7 +45,7 @@ fn peek_remaining(algo: Algorithm, st: &Option<State>, p: &Params, now: Nanos) -
 fn tokens(st: &Option<State>, rate: &Rate, now: Nanos) -> i128 {
     match st {
         None => rate.burst as i128 * rate.period as i128,
-        Some(State::Gcra(s)) | Some(State::Leaky(leaky::State(s))) => s.tokens_scaled(now),
+        Some(State::Gcra(s)) => s.tokens_scaled(now),
         Some(State::TokenBucket(s)) => s.tokens_scaled(now),
         Some(other) => panic!("not a bucket: {other:?}"),
     }
@@ -202,6 +203,14 @@ fn refusals() {
         let mut st = None;
         call(algo, &mut st, &Params::Win(win), T0, Request::new(3));
         assert_eq!(give_back(st.as_ref().unwrap(), 1, None, T0), Err(Refusal::AgeRequired), "{algo:?}");
+    }
+    // A leaky bucket's queue slots are all promised to admitted requests: whatever the age,
+    // even a unit claimed just now (tests/core_closure_props.rs: no slot is given twice).
+    let rate = Rate::new(1, SEC, 10).unwrap();
+    let mut queue = None;
+    call(Algorithm::Leaky, &mut queue, &Params::Rate(rate), T0, Request::new(3));
+    for age in [None, Some(0), Some(SEC)] {
+        assert_eq!(give_back(queue.as_ref().unwrap(), 1, age, T0), Err(Refusal::Leaky));
     }
 }
 

@@ -1,7 +1,8 @@
 //! Every state the module writes loads again, against real redis-servers (issue 17.1): the
 //! reproduction from the issue (a sliding counter set over its limit, then checked under another
 //! window) through DUMP/RESTORE, DEBUG RELOAD, a replica and an AOF restart; forged RL.SETSTATE
-//! payloads brought into range as the core's decoder brings them.
+//! payloads brought into range as the core's decoder brings them. And RL.RETURN on a leaky bucket
+//! (issue 17.4): refused, so no request is handed a slot another already holds.
 
 mod common;
 #[path = "common/traffic.rs"]
@@ -149,4 +150,23 @@ fn setstate_brings_forged_values_into_range_as_loading_does() {
     for (key, _) in &forged {
         dump(&mut p, key);
     }
+}
+
+#[test]
+fn leaky_return_is_refused_and_no_slot_is_given_twice() {
+    let s = Server::start();
+    let mut c = s.conn();
+    clock_set(&mut c, T_US);
+    let delay = |c: &mut Connection| limiter(c, &["RL.LEAKY", "q", "1", "1s", "BURST", "10"])[5];
+    assert_eq!([delay(&mut c), delay(&mut c), delay(&mut c)], [0, 1000, 2000]);
+    let before = dump(&mut c, "q");
+    let r: redis::RedisResult<i64> = redis::cmd("RL.RETURN").arg("q").arg(1).arg("AGE").arg(0).query(&mut c);
+    assert_eq!(
+        r.map_err(|e| full_error(&e)),
+        Err("ERR RL.RETURN does not support the leaky bucket: every queue slot is promised to an admitted request"
+            .to_string())
+    );
+    assert_eq!(dump(&mut c, "q"), before, "a refused return writes nothing");
+    // The next request queues after C (it used to get C's slot: delay 2000 twice).
+    assert_eq!(delay(&mut c), 3000);
 }

@@ -43,9 +43,9 @@ impl Algorithm {
         matches!(self, Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::Leaky)
     }
 
-    /// Whether `RL.RETURN` can give units back (the sliding log refuses it).
+    /// Whether `RL.RETURN` can give units back (the sliding log and the leaky bucket refuse it).
     pub fn supports_return(self) -> bool {
-        self != Algorithm::SlidingLog
+        !matches!(self, Algorithm::SlidingLog | Algorithm::Leaky)
     }
 }
 

@@ -524,6 +524,7 @@ pub fn algorithms_target(data: &[u8]) {
                         }
                         Err(Refusal::AgeRequired) => assert!(windowed && age.is_none()),
                         Err(Refusal::SlidingLog) => panic!("{algo:?} refused as a sliding log"),
+                        Err(Refusal::Leaky) => assert_eq!(algo, Algorithm::Leaky),
                     }
                 }
             }

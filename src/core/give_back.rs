@@ -1,13 +1,16 @@
 //! Giving unused units back to a key (RL.RETURN): the other half of claiming a batch with
 //! `COST b PARTIAL` and serving it locally.
 //!
-//! Buckets (GCRA, token bucket, leaky bucket) take the units back into the balance, less the
-//! refill they received while the units were out, never above the capacity: returning right
-//! after claiming leaves exactly the state of never having claimed them, and no return ever
-//! leaves more than that. Windows (fixed, sliding counter) take them back only into the window
-//! they were counted in, and only when the caller's `age` proves the claim was made in the
-//! current window. The sliding log is refused: its entries carry no owner, so removing "n units"
-//! would remove other callers' entries.
+//! Buckets (GCRA, token bucket) take the units back into the balance, less the refill they
+//! received while the units were out, never above the capacity: returning right after claiming
+//! leaves exactly the state of never having claimed them, and no return ever leaves more than
+//! that. Windows (fixed, sliding counter) take them back only into the window they were counted
+//! in, and only when the caller's `age` proves the claim was made in the current window. The
+//! sliding log is refused: its entries carry no owner, so removing "n units" would remove other
+//! callers' entries. The leaky bucket is refused too: every slot of its queue up to the drain
+//! instant is promised to an admitted request (told its `delay`), and the state does not say
+//! which slots are the returner's; moving the drain instant back frees the last slot, which a
+//! later request may hold, and the next admission would be sent at the same instant.
 
 use super::codec::State;
 use super::spec::Spec;
@@ -18,6 +21,8 @@ use super::{clamp_units, div_floor_i128, fixed, gcra, sliding, token_bucket, Nan
 pub enum Refusal {
     /// A sliding log's entries cannot be told apart from other callers'.
     SlidingLog,
+    /// A leaky bucket's queue slots are all promised: freeing one would give it twice.
+    Leaky,
     /// A window limiter needs the claim's age to know which window the units came from.
     AgeRequired,
 }
@@ -45,7 +50,7 @@ impl Credit {
 pub fn give_back(state: &State, n: u64, age: Option<Nanos>, now: Nanos) -> Result<Credit, Refusal> {
     let (credited, new) = match state {
         State::Gcra(s) => wrap(credit_gcra(s, n, age.unwrap_or(0), now), State::Gcra),
-        State::Leaky(s) => wrap(credit_gcra(&s.0, n, age.unwrap_or(0), now), |g| State::Leaky(super::leaky::State(g))),
+        State::Leaky(_) => return Err(Refusal::Leaky),
         State::TokenBucket(s) => wrap(credit_token_bucket(s, n, age.unwrap_or(0), now), State::TokenBucket),
         State::Fixed(s) => wrap(credit_fixed(s, n, age.ok_or(Refusal::AgeRequired)?, now), State::Fixed),
         State::Sliding(s) => wrap(credit_sliding(s, n, age.ok_or(Refusal::AgeRequired)?, now), State::Sliding),
@@ -95,8 +100,7 @@ fn credit_balance(rate: &Rate, tokens: i128, n: u64, age: Nanos) -> Option<(u64,
     (credited > 0).then_some((credited, tokens + added))
 }
 
-/// GCRA (and the leaky bucket's queue): the arrival time moves back by the credit, never before
-/// now (a full bucket; an empty queue).
+/// GCRA: the arrival time moves back by the credit, never before now (a full bucket).
 pub fn credit_gcra(s: &gcra::State, n: u64, age: Nanos, now: Nanos) -> (u64, Option<gcra::State>) {
     let cap = s.rate.capacity_scaled();
     match credit_balance(&s.rate, s.tokens_scaled(now), n, age) {
