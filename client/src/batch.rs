@@ -30,7 +30,9 @@ pub(crate) fn decay(dt: Nanos, tau: Nanos) -> f64 {
     }
 }
 
-/// Decayed demand of one key.
+/// Decayed demand of one key. The newest observation's units (`last`) are kept by the owner
+/// (a key's state packs them with its other small fields): the rate with it is
+/// `before + last/τ`.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Demand {
     /// Units per ns, as of `at`, without the newest observation: what the traffic said before
@@ -38,25 +40,20 @@ pub struct Demand {
     /// 1/τ).
     before: f64,
     at: Nanos,
-    /// The newest observation's units (the rate with it is `before + last/τ`).
-    last: u32,
 }
 
 impl Demand {
-    /// Records `units` requested at `now` (time constant `tau`).
-    pub fn observe(&mut self, now: Nanos, units: u64, tau: Nanos) {
-        self.before = self.rate_at(now, tau);
-        self.last = units.min(u32::MAX as u64) as u32;
+    /// Records `units` requested at `now` (time constant `tau`); `last` is the previous
+    /// observation's units, and becomes this one's.
+    pub fn observe(&mut self, now: Nanos, units: u64, tau: Nanos, last: &mut u32) {
+        self.before = self.rate_at(now, tau, *last);
+        *last = units.min(u32::MAX as u64) as u32;
         self.at = self.at.max(now);
     }
 
-    fn rate(&self, tau: Nanos) -> f64 {
-        self.before + self.last as f64 / tau.as_f64().max(1.0)
-    }
-
-    /// The decayed rate at `now`, in units per ns.
-    pub fn rate_at(&self, now: Nanos, tau: Nanos) -> f64 {
-        self.rate(tau) * decay(now - self.at, tau)
+    /// The decayed rate at `now`, in units per ns (`last`: the newest observation's units).
+    pub fn rate_at(&self, now: Nanos, tau: Nanos, last: u32) -> f64 {
+        (self.before + last as f64 / tau.as_f64().max(1.0)) * decay(now - self.at, tau)
     }
 
     /// The decayed rate at `now` without the newest observation.
@@ -123,17 +120,17 @@ mod tests {
 
     #[test]
     fn demand_tracks_a_steady_rate_and_decays() {
-        let mut d = Demand::default();
+        let (mut d, mut last) = (Demand::default(), 0);
         for i in 0..10_000u64 {
-            d.observe(MS * i, 1, S); // 1000 per second for 10 s
+            d.observe(MS * i, 1, S, &mut last); // 1000 per second for 10 s
         }
-        let per_s = d.rate_at(S * 10, S) * S.as_f64();
+        let per_s = d.rate_at(S * 10, S, last) * S.as_f64();
         assert!((900.0..1100.0).contains(&per_s), "{per_s}");
-        assert!(d.rate_at(S * 30, S) * S.as_f64() < 1.0);
+        assert!(d.rate_at(S * 30, S, last) * S.as_f64() < 1.0);
         assert_eq!(d.expected(S * 10, S, S / 10), 100);
         // A single arrival says nothing about the rate.
-        let mut cold = Demand::default();
-        cold.observe(S * 5, 1, S);
+        let (mut cold, mut last) = (Demand::default(), 0);
+        cold.observe(S * 5, 1, S, &mut last);
         assert_eq!(cold.expected(S * 5, S, S * 10), 0);
     }
 

@@ -264,6 +264,8 @@ pub struct KeyState {
     /// of this long.
     pace: Nanos,
     demand: Demand,
+    /// The newest observation's units (see [`Demand`]).
+    demand_last: u32,
     /// From the last reply: capacity (0: none yet), remaining (`u64::MAX`: none yet), and the
     /// absolute instant of a fresh state (ZERO: none yet).
     capacity: u64,
@@ -289,6 +291,7 @@ impl Default for KeyState {
             hold_need: 0,
             pace: Nanos::ZERO,
             demand: Demand::default(),
+            demand_last: 0,
             capacity: 0,
             remaining: u64::MAX,
             reset_at: Nanos::ZERO,
@@ -457,6 +460,10 @@ impl KeyState {
             taken.claim_sent_at = taken.claim_sent_at.min(l.claim_sent_at);
         }
         self.leases.retain(|l| l.units > 0);
+        if self.leases.is_empty() {
+            // Give the memory back: a key that holds nothing keeps no allocation.
+            self.leases = ThinVec::new();
+        }
         debug_assert_eq!(units, 0, "took more units than held");
         taken
     }
@@ -588,7 +595,7 @@ impl KeyState {
         self.tally(|t| t.requests += 1);
         self.call_credit = self.call_credit.saturating_add(1);
         self.last_request = self.last_request.max(now);
-        self.demand.observe(now, cost, cfg.demand_tau);
+        self.demand.observe(now, cost, cfg.demand_tau, &mut self.demand_last);
         self.decide(now, cost, cfg, m)
     }
 
@@ -737,7 +744,7 @@ impl KeyState {
             // worth making; the next claims ask for the demand of the pacing interval.
             let retry = d.retry_after.map_or(Nanos::ZERO, Nanos::from);
             let pace = if cfg.batching() {
-                let lease_demand = self.demand.rate_at(now, cfg.demand_tau) * cfg.lease.as_f64();
+                let lease_demand = self.demand.rate_at(now, cfg.demand_tau, self.demand_last) * cfg.lease.as_f64();
                 cfg.dry_hold(lease_demand)
             } else {
                 Nanos::ZERO

@@ -1,0 +1,244 @@
+//! The client's local path against governor's keyed limiter, in the same run (issue 19):
+//!
+//! * `one_key/*`, `keys_1000/*`: one check of a key that holds units, single thread: the
+//!   tokio driver (`Limiter::check`, polled once: a local decision never awaits), the sans-IO
+//!   engine alone, and governor's `RateLimiter::keyed` `check_key`, all with limits far above
+//!   the load (every check admitted);
+//! * `threads_2/*`: the same from 2 threads at once (time per check per thread);
+//! * `cold_key_cpu/*`: the client process's CPU time (CLOCK_PROCESS_CPUTIME_ID) per check of a
+//!   key never seen (a claim round trip) against a direct `commands::check`, against a real
+//!   redis-server with the module.
+//!
+//! `cargo bench -p redis-ratelimit-client --bench local_path` (needs the module built:
+//! `make build`).
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use futures_util::FutureExt;
+use governor::{Quota, RateLimiter};
+use redis_ratelimit_client::commands::{self, Options};
+use redis_ratelimit_client::{
+    Decision, Engine, EngineConfig, Limit, Limiter, LimiterConfig, Nanos, Reconnecting, Step,
+};
+
+fn cpu_now() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_PROCESS_CPUTIME_ID is always available
+    // on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// A limit no benchmark reaches: every check is admitted.
+fn huge() -> Limit {
+    Limit::token_bucket(1_000_000_000, Duration::from_secs(1)).with_burst(1_000_000_000)
+}
+
+fn keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("apikey:{i:08}")).collect()
+}
+
+/// An engine whose claims are answered at once with everything asked (sans IO: no Redis).
+struct Instant_ {
+    engine: Engine<String>,
+    now: u64,
+}
+
+impl Instant_ {
+    fn new() -> Instant_ {
+        let mut c = EngineConfig::new(huge());
+        c.lease.max_batch = 100_000;
+        Instant_ { engine: Engine::new(c), now: 1 }
+    }
+
+    fn check(&mut self, key: &str) -> bool {
+        self.now += 100;
+        let now = Nanos::new(self.now);
+        let mut step = self.engine.check(now, key, 1);
+        loop {
+            step = match step {
+                Step::Done { outcome, refill } => {
+                    if let Some(c) = refill {
+                        let d = Decision::from_fields(c.units() as i64, 1_000_000_000, 500_000_000, -1, 1, None);
+                        let _ = self.engine.on_reply(now, &c, &d);
+                    }
+                    return outcome.allowed;
+                }
+                Step::Send(c) => {
+                    let d = Decision::from_fields(c.units() as i64, 1_000_000_000, 500_000_000, -1, 1, None);
+                    self.engine.on_reply(now, &c, &d).unwrap()
+                }
+                Step::Wait(w) => self.engine.resume(now, key, w),
+            }
+        }
+    }
+}
+
+struct Fixture {
+    _server: common::Server,
+    rt: tokio::runtime::Runtime,
+    limiter: Limiter<Reconnecting>,
+    conn: Reconnecting,
+}
+
+fn fixture() -> Fixture {
+    let server = common::Server::start_with(common::Opts { debug_clock: false, ..Default::default() });
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let conn = rt.block_on(Reconnecting::connect(client, Duration::from_secs(2))).unwrap();
+    let limiter = {
+        let _g = rt.enter();
+        Limiter::new(conn.clone(), LimiterConfig::new(huge()).lease(Duration::from_secs(5)).max_batch(100_000))
+    };
+    Fixture { _server: server, rt, limiter, conn }
+}
+
+/// One driver check polled once (a local decision is ready at once); a check that must wait
+/// for Redis is finished on the runtime.
+fn limiter_check(f: &Fixture, key: &str) -> bool {
+    match f.limiter.check(key, 1).now_or_never() {
+        Some(o) => o.allowed,
+        None => {
+            let l = f.limiter.clone();
+            let k = key.to_owned();
+            f.rt.block_on(async move { l.check(&k, 1).await.allowed })
+        }
+    }
+}
+
+fn single_thread(c: &mut Criterion) {
+    let f = fixture();
+    let _g = f.rt.enter();
+    for n in [1usize, 1000] {
+        let ks = keys(n);
+        let name = if n == 1 { "one_key" } else { "keys_1000" };
+        let mut g = c.benchmark_group(name);
+        // Warm: every key holds a batch.
+        for _ in 0..3 {
+            for k in &ks {
+                limiter_check(&f, k);
+            }
+        }
+        let mut i = 0;
+        g.bench_function(BenchmarkId::new("limiter", n), |b| {
+            b.iter(|| {
+                i = (i + 1) % n;
+                black_box(limiter_check(&f, &ks[i]))
+            })
+        });
+        let mut e = Instant_::new();
+        g.bench_function(BenchmarkId::new("engine", n), |b| {
+            b.iter(|| {
+                i = (i + 1) % n;
+                black_box(e.check(&ks[i]))
+            })
+        });
+        let gov = RateLimiter::keyed(Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()));
+        g.bench_function(BenchmarkId::new("governor", n), |b| {
+            b.iter(|| {
+                i = (i + 1) % n;
+                black_box(gov.check_key(&ks[i]).is_ok())
+            })
+        });
+        g.finish();
+    }
+}
+
+fn two_threads(c: &mut Criterion) {
+    let f = Arc::new(fixture());
+    let ks = Arc::new(keys(1000));
+    let gov = Arc::new(RateLimiter::keyed(Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap())));
+    {
+        let _g = f.rt.enter();
+        for _ in 0..3 {
+            for k in ks.iter() {
+                limiter_check(&f, k);
+            }
+        }
+    }
+    let mut g = c.benchmark_group("threads_2");
+    for n in [1usize, 1000] {
+        let run = |which: &'static str, iters: u64| -> Duration {
+            let start = Instant::now();
+            let hs: Vec<_> = (0..2u64)
+                .map(|t| {
+                    let (f, ks, gov) = (f.clone(), ks.clone(), gov.clone());
+                    std::thread::spawn(move || {
+                        let _g = f.rt.enter();
+                        let mut e = Instant_::new();
+                        for i in 0..iters {
+                            let k = &ks[((i + t * 7) % n as u64) as usize];
+                            match which {
+                                "limiter" => black_box(limiter_check(&f, k)),
+                                "governor" => black_box(gov.check_key(k).is_ok()),
+                                _ => black_box(e.check(k)),
+                            };
+                        }
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().unwrap();
+            }
+            start.elapsed()
+        };
+        for which in ["limiter", "governor"] {
+            g.bench_function(BenchmarkId::new(which, n), |b| b.iter_custom(|iters| run(which, iters)));
+        }
+    }
+    g.finish();
+}
+
+fn cold_keys(c: &mut Criterion) {
+    let f = fixture();
+    let limit = Limit::token_bucket(1000, Duration::from_secs(60));
+    let cold = {
+        let _g = f.rt.enter();
+        Limiter::new(f.conn.clone(), LimiterConfig::new(limit))
+    };
+    let mut g = c.benchmark_group("cold_key_cpu");
+    g.sample_size(20);
+    let mut seq = 0u64;
+    g.bench_function("limiter", |b| {
+        b.iter_custom(|iters| {
+            let (l, start) = (cold.clone(), seq);
+            seq += iters;
+            f.rt.block_on(async move {
+                let t = cpu_now();
+                for i in 0..iters {
+                    black_box(l.check(&format!("cold:{}", start + i), 1).await);
+                }
+                cpu_now() - t
+            })
+        })
+    });
+    g.bench_function("commands_check", |b| {
+        b.iter_custom(|iters| {
+            let (mut conn, start) = (f.conn.clone(), seq);
+            seq += iters;
+            f.rt.block_on(async move {
+                let t = cpu_now();
+                for i in 0..iters {
+                    let key = format!("direct:{}", start + i);
+                    black_box(commands::check(&mut conn, &key, &limit, Options::cost(1)).await.unwrap());
+                }
+                cpu_now() - t
+            })
+        })
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    targets = single_thread, two_threads, cold_keys
+}
+criterion_main!(benches);
