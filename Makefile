@@ -37,6 +37,7 @@ test: build
 	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-sim -- --test-threads=$(TEST_THREADS) || status=1; \
 	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-client -- --test-threads=$(TEST_THREADS) || status=1; \
 	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-tower -- --test-threads=$(TEST_THREADS) || status=1; \
+	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-bench || status=1; \
 	bash scripts/examples.sh || status=1; \
 	exit $$status
 
