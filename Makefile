@@ -62,9 +62,9 @@ fuzz-long:
 
 # Benchmarks: server CPU per op of every RL command against INCR, SET EX, redis-cell (built from
 # ../shared/peers, or BENCH_REDIS_CELL_SRC) and the seeds' Lua scripts, alone and with a replica
-# (target/bench-report.md), then the cores alone (criterion).
+# (target/bench-report.md; knobs: benches/server/main.rs), then the cores alone (criterion).
 bench: build
-	bash scripts/bench.sh
+	$(CARGO) bench --bench server
 	$(CARGO) bench --bench core
 
 # Instructions per call under callgrind (repeatable whatever the machine load).

@@ -1,5 +1,5 @@
 //! The cost of one decision of each algorithm core, with no Redis: parse, key lookup, TTL,
-//! replication and reply are all excluded (scripts/bench.sh measures those, end to end).
+//! replication and reply are all excluded (benches/server measures those, end to end).
 //!
 //!   cargo bench --bench core                        # full run (~20 s after the build)
 //!   cargo bench --bench core -- --quick             # smoke run

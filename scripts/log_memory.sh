@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Memory of RL.SLIDINGLOG's logs, by entries per key and by the time between requests: the
-# method of scripts/bench.sh's "memory of the logs" rows (INFO used_memory before and after
+# method of the server benchmark's "memory of the logs" rows (INFO used_memory before and after
 # loading N keys, FLUSHALL between), extended to 10,000 entries and to wider gaps.
 #
 #   bash scripts/log_memory.sh        (~1 min)

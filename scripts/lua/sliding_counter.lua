@@ -1,5 +1,5 @@
 -- Seed 003 ("... Token Bucket, Leaky Bucket, Sliding Window"), snippet-4: the sliding window
--- counter that seed 001 sketches, adapted for scripts/bench.sh. The seed's Go caller read its
+-- counter that seed 001 sketches, adapted for benches/server. The seed's Go caller read its
 -- own clock, computed window_start and passed the two window keys (sw:<id>:<window_start> and
 -- the previous window's) as KEYS[1], KEYS[2] and now_ms as ARGV[3]. ADAPTED: now_ms comes from
 -- the server's TIME and the two key names are built in the script exactly as the caller built

@@ -1,7 +1,8 @@
--- Seed 000 ("Rate Limiting Is Not Just a Redis INCR Call"), token_bucket.lua, adapted for
--- scripts/bench.sh. The only change: `now` comes from the server's TIME instead of ARGV[3]
--- (lines marked ADAPTED), as the seeds recommend against clock skew. ARGV[3] is still in the
--- argument list (pass any placeholder, e.g. "-") so the other positions are the seed's.
+-- Seed 000 ("Rate Limiting Is Not Just a Redis INCR Call"), token_bucket.lua, adapted for the
+-- server benchmark (benches/server). The only change: `now` comes from the server's TIME
+-- instead of ARGV[3] (lines marked ADAPTED), as the seeds recommend against clock skew. ARGV[3]
+-- is still in the argument list (pass any placeholder, e.g. "-") so the other positions are the
+-- seed's.
 --
 -- KEYS[1] = bucket key
 -- ARGV = capacity, refill_rate (tokens per second), now (ignored), requested

@@ -1,5 +1,5 @@
 -- Seed 002 ("Token Bucket vs Sliding Window in a Distributed System"), the sorted-set sliding
--- window log, adapted for scripts/bench.sh:
+-- window log, adapted for the server benchmark (benches/server):
 --  * ADAPTED: `now` (ms) comes from the server's TIME instead of ARGV[1] (the seed says it
 --    uses TIME "in the script call path"); ARGV[1] stays in the argument list as a placeholder.
 --  * FIXED: the seed calls 'ZREMOVEFRANGEBYSCORE', which does not exist (every call would fail
