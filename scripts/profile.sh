@@ -12,8 +12,8 @@
 # PROFILE_LOG_LIMITS ["10 1000 100000"] (the sliding log at its limit; empty to skip),
 # PROFILE_ONLY [all] (an extended regex: only the commands whose label matches, e.g. 'INCR|RL.GCRA$').
 #
-# For each command: FLUSHALL, one unmeasured call on every key (keys exist, as in the benchmark),
-# counters zeroed, PROFILE_N pipelined calls, counters dumped. Read a dump with
+# For each command: FLUSHALL, one unmeasured call on every key (keys exist, as in the benchmark;
+# a case's third field, when given, is the warm-up command instead), counters zeroed, PROFILE_N pipelined calls, counters dumped. Read a dump with
 #   callgrind_annotate --inclusive=yes target/profile/callgrind.out.<pid>.<n>
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -63,6 +63,9 @@ CASES=(
   "RL.FIXED|RL.FIXED key:__rand_int__ 1000 1d"
   "RL.SLIDINGLOG|RL.SLIDINGLOG key:__rand_int__ 1000 1d"
   "CL.THROTTLE|CL.THROTTLE key:__rand_int__ 999 1000 86400 1"
+  "RL.MULTI (GCRA + FIXED)|RL.MULTI 2 key:__rand_int__ win:__rand_int__ GCRA 1000 1d FIXED 1000 1d"
+  "RL.INFO|RL.INFO key:__rand_int__|RL.GCRA key:__rand_int__ 1000 1d"
+  "RL.RETURN|RL.RETURN key:__rand_int__ 1|RL.GCRA key:__rand_int__ 1000 1d COST 1000"
   "Lua token bucket (seed 000)|EVALSHA $SHA_TB 1 key:__rand_int__ 1000 0.011574074074074073 - 1"
   "Lua sliding counter (seed 003)|EVALSHA $SHA_SW 1 key:__rand_int__ 1000 86400000"
   "Lua sorted-set log (seed 002)|EVALSHA $SHA_ZL 1 key:__rand_int__ - 86400000 1000"
@@ -76,9 +79,10 @@ fi
 declare -A IR FILE
 i=0
 for c in "${CASES[@]}"; do
-  IFS='|' read -r label command <<<"$c"
+  IFS='|' read -r label command warmup <<<"$c"
   read -r -a argv <<<"$command"
   warm=("${argv[@]}")
+  [ -n "$warmup" ] && read -r -a warm <<<"$warmup"
   [ "$label" = "RL.GCRA DRYRUN" ] && warm=("${argv[@]:0:4}")   # warm up with real (stored) calls
   echo "profile: $label" >&2
   cli FLUSHALL >/dev/null

@@ -78,15 +78,19 @@ impl Support {
 pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<Support, String> {
     // SAFETY: the API table is filled in by RedisModule_Init; a function this server does not
     // export stays None.
-    let (Some(set_categories), Some(get_command)) =
-        (unsafe { raw::RedisModule_SetCommandACLCategories }, unsafe { raw::RedisModule_GetCommand })
-    else {
+    let (Some(set_categories), Some(get_command)) = (
+        unsafe { raw::RedisModule_SetCommandACLCategories },
+        // SAFETY: as above.
+        unsafe { raw::RedisModule_GetCommand },
+    ) else {
         return Ok(Support::None);
     };
+    // SAFETY: as above.
     let with_ratelimit = match unsafe { raw::RedisModule_AddACLCategory } {
         None => false,
         Some(add) => {
             let name = c"ratelimit";
+            // SAFETY: OnLoad's context and a NUL-terminated name.
             if unsafe { add(ctx, name.as_ptr()) } == raw::REDISMODULE_OK as c_int {
                 true
             } else {
@@ -105,10 +109,12 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<Support, String> {
             (true, true) => format!("{} {CATEGORY}\0", row.builtin),
             _ => format!("{}\0", row.builtin),
         };
+        // SAFETY: OnLoad's context and a NUL-terminated name.
         let command = unsafe { get_command(ctx, row.command.as_ptr()) };
         if command.is_null() {
             return Err(format!("ACL categories for {}: no such command", row.command.to_string_lossy()));
         }
+        // SAFETY: a command of ours and a NUL-terminated list, which Redis parses during the call.
         if unsafe { set_categories(command, categories.as_ptr().cast()) } != raw::REDISMODULE_OK as c_int {
             return Err(format!(
                 "could not set the ACL categories '{}' of {}",

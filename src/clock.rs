@@ -48,6 +48,7 @@ pub fn source() -> Source {
 
 /// The host's wall clock in µs since the Unix epoch, from `source()`.
 pub fn host_us() -> i64 {
+    // SAFETY: reading the API table filled in at load.
     match unsafe { redis_module::raw::RedisModule_CachedMicroseconds } {
         // SAFETY: a function of the server's API table, callable from any command.
         Some(cached) => unsafe { cached() },

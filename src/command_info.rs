@@ -226,6 +226,8 @@ impl Arena {
         }
         let mut out: Vec<raw::RedisModuleCommandArg> = Vec::with_capacity(args.len() + 1);
         for a in args {
+            // SAFETY: a C struct of integers, pointers and unions of those: all zeroes is a valid
+            // value (null pointers, no flags), the way C callers initialise it.
             let mut c: raw::RedisModuleCommandArg = unsafe { std::mem::zeroed() };
             c.name = self.cstr(a.name);
             c.type_ = match a.kind {
@@ -243,6 +245,7 @@ impl Arena {
             c.subargs = self.args(&a.children);
             out.push(c);
         }
+        // SAFETY: as above; the all-zero entry ends the array.
         out.push(unsafe { std::mem::zeroed() });
         let p = out.as_mut_ptr();
         self.arrays.push(out);
@@ -258,6 +261,8 @@ static INFO_VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleComman
 };
 
 fn key_specs(keys: Keys) -> Vec<raw::RedisModuleCommandKeySpec> {
+    // SAFETY: a C struct of integers, pointers and unions of those: all zeroes is a valid value
+    // (null pointers, no flags), the way C callers initialise it.
     let mut spec: raw::RedisModuleCommandKeySpec = unsafe { std::mem::zeroed() };
     match keys {
         Keys::None => return Vec::new(),
@@ -278,18 +283,22 @@ fn key_specs(keys: Keys) -> Vec<raw::RedisModuleCommandKeySpec> {
                 raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_2 { keynumidx: 0, firstkey: 1, keystep: 1 };
         }
     }
+    // SAFETY: as above; the all-zero spec ends the array.
     vec![spec, unsafe { std::mem::zeroed() }]
 }
 
 /// Registers the docs of every command; a failure is logged, not fatal (the commands work
 /// without docs).
 pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
+    // SAFETY: reading the API table (None before Redis 7.0).
     let Some(set_info) = (unsafe { raw::RedisModule_SetCommandInfo }) else {
         return Ok(());
     };
     for doc in docs() {
         let mut arena = Arena::default();
         let mut specs = key_specs(doc.keys);
+        // SAFETY: a C struct of integers and pointers: all zeroes is a valid value (no fields
+        // set), the way C callers initialise it.
         let mut info: raw::RedisModuleCommandInfo = unsafe { std::mem::zeroed() };
         info.version = &INFO_VERSION;
         info.summary = arena.cstr(doc.summary);
@@ -298,7 +307,10 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
         info.arity = doc.arity;
         info.key_specs = if specs.is_empty() { null_mut() } else { specs.as_mut_ptr() };
         info.args = arena.args(&doc.args);
+        // SAFETY: OnLoad's context and a NUL-terminated name.
         let command = unsafe { raw::RedisModule_GetCommand.unwrap()(ctx, doc.name.as_ptr()) };
+        // SAFETY: a command of ours; `info` and everything it points to (the arena, the key
+        // specs) live until the call returns, and Redis copies them.
         if command.is_null() || unsafe { set_info(command, &info) } != raw::REDISMODULE_OK as c_int {
             return Err(format!("could not set the command info of {}", doc.name.to_string_lossy()));
         }

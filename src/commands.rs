@@ -12,11 +12,34 @@ use crate::core::give_back::{self, Refusal};
 use crate::core::spec::{AlgorithmMismatch, Spec, Update};
 use crate::core::{ceil_ms, Decision, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
 use crate::reply::{self, Field};
-use crate::state::{server_ms, Held, Key, Stored, SETSTATE, WRONGTYPE};
-use crate::value::Loaded;
+use crate::state::{server_ms, Entry, Held, Key, Stored, SETSTATE, WRONGTYPE};
 use crate::{clock, metrics, propagation};
 
-pub type Args<'a> = &'a [*mut RedisModuleString];
+/// One argument of the running command, as Redis passed it. Only `dispatch` makes these (the
+/// field is private and the type neither Clone nor Copy), so an `Arg` is always an element of
+/// the command's argv, alive for the command.
+#[repr(transparent)]
+pub struct Arg(*mut RedisModuleString);
+
+impl Arg {
+    /// The argument's bytes, borrowed from it.
+    pub fn bytes(&self) -> &[u8] {
+        let mut len = 0usize;
+        // SAFETY: self.0 is a live argument of the running command (see the type); its buffer
+        // stays put while the argument lives, and nothing here changes an argument.
+        unsafe {
+            let p = raw::RedisModule_StringPtrLen.unwrap()(self.0, &mut len);
+            std::slice::from_raw_parts(p as *const u8, len)
+        }
+    }
+
+    pub fn as_ptr(&self) -> *mut RedisModuleString {
+        self.0
+    }
+}
+
+/// A command's arguments (the command's name first).
+pub type Args<'a> = &'a [Arg];
 pub type CommandResult = Result<(), String>;
 
 /// Runs a command body behind `catch_unwind`: a panic becomes an error reply, never an abort
@@ -31,8 +54,10 @@ pub fn dispatch(
     let argv: Args = if argv.is_null() || argc <= 0 {
         &[]
     } else {
-        // SAFETY: Redis passes argc valid pointers.
-        unsafe { std::slice::from_raw_parts(argv, argc as usize) }
+        // SAFETY: Redis passes argc valid argument pointers, alive for the call; Arg is a
+        // transparent wrapper of one, and the slice does not outlive the body (whose Args
+        // lifetime is its own).
+        unsafe { std::slice::from_raw_parts(argv as *const Arg, argc as usize) }
     };
     match catch_unwind(AssertUnwindSafe(|| body(ctx, argv))) {
         Ok(Ok(())) => {}
@@ -42,25 +67,17 @@ pub fn dispatch(
     raw::REDISMODULE_OK as c_int
 }
 
-/// The bytes of an argument.
-pub fn bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
-    let mut len = 0usize;
-    // SAFETY: s is a live argument of the running command.
-    let p = unsafe { raw::RedisModule_StringPtrLen.unwrap()(s, &mut len) };
-    unsafe { std::slice::from_raw_parts(p as *const u8, len) }
-}
-
 /// Argument bytes without allocating for the usual short command lines.
 fn with_arg_bytes<T>(argv: Args, f: impl FnOnce(&[&[u8]]) -> T) -> T {
     const INLINE: usize = 16;
     if argv.len() <= INLINE {
         let mut buf: [&[u8]; INLINE] = [&[]; INLINE];
         for (slot, a) in buf.iter_mut().zip(argv) {
-            *slot = bytes(*a);
+            *slot = a.bytes();
         }
         f(&buf[..argv.len()])
     } else {
-        let v: Vec<&[u8]> = argv.iter().map(|a| bytes(*a)).collect();
+        let v: Vec<&[u8]> = argv.iter().map(Arg::bytes).collect();
         f(&v)
     }
 }
@@ -87,21 +104,17 @@ thread_local! {
 /// propagate RL.SETSTATE without PXAT, which keeps the replica's expiry, itself the one the
 /// primary pinned last: replicas and the AOF keep the primary's absolute expiry.
 ///
-/// `prior`: the key's value as read when the command opened it (None: missing).
-fn store(key: &Key, prior: Option<&mut Loaded>, update: &Update, reset_after: Nanos) -> CommandResult {
-    store_with(key, prior, update, reset_after, false)
+/// `entry`: the key's value as read when the command opened it.
+#[inline]
+fn store(entry: Entry<'_>, update: &Update, reset_after: Nanos) -> CommandResult {
+    store_with(entry, update, reset_after, false)
 }
 
 /// `store`; with `exact`, the TTL is set to reset_after itself, shorter or longer (RL.RETURN:
 /// units given back shorten the reset, and a bucket given back full expires at once).
-fn store_with(
-    key: &Key,
-    prior: Option<&mut Loaded>,
-    update: &Update,
-    reset_after: Nanos,
-    exact: bool,
-) -> CommandResult {
-    key.apply_over(prior, update)?.map_err(|e| format!("ERR {e}"))?;
+#[inline]
+fn store_with(entry: Entry<'_>, update: &Update, reset_after: Nanos, exact: bool) -> CommandResult {
+    let key = entry.apply(update)?.map_err(|e| format!("ERR {e}"))?;
     let now_ms = server_ms();
     let reset_ms = ceil_ms(reset_after).max(1);
     let needed = now_ms.saturating_add(reset_ms);
@@ -136,7 +149,11 @@ fn replicate(key: &Key, update: &Update, expire_at: Option<i64>) {
 /// first ask `propagation::needed`.
 fn replicate_payload(ctx: *mut RedisModuleCtx, key: *mut RedisModuleString, payload: &[u8], expire_at: Option<i64>) {
     let (p, len) = (payload.as_ptr() as *const c_char, payload.len());
+    // SAFETY: reading the API table.
     let replicate = unsafe { raw::RedisModule_Replicate.unwrap() };
+    // SAFETY: ctx and key are the command's; the formats match the arguments ("s" a
+    // RedisModuleString, "b" a pointer and length, "c" a C string, "l" a long long), and Redis
+    // copies them.
     unsafe {
         match expire_at {
             Some(at) => replicate(
@@ -161,16 +178,17 @@ pub fn limiter(ctx: *mut RedisModuleCtx, argv: Args, algo: Algorithm, command: &
     }
     let check = with_arg_bytes(&argv[2..], |a| args::check(algo, a, command))?;
     let now = clock::now();
-    let key = Key::open(ctx, argv[1], true);
-    let mut stored = key.state_for(&check.spec)?;
-    let (decision, update) = check.spec.check(stored.as_deref(), now, check.req).map_err(mismatch_error)?;
+    // SAFETY: the command's context and key argument; the only key it opens.
+    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
+    let mut entry = key.entry();
+    let (decision, update) = check.spec.check(entry.state_for(&check.spec)?, now, check.req).map_err(mismatch_error)?;
     if let (Some(u), false) = (&update, check.dryrun) {
-        store(&key, stored.as_mut(), u, decision.reset_after)?;
+        store(entry, u, decision.reset_after)?;
     }
     let limited = decision.limited(&check.req);
     metrics::record(algo, decision.allowed, limited);
     if limited {
-        metrics::notify_limited(ctx, argv[1]);
+        metrics::notify_limited(ctx, argv[1].as_ptr());
     }
     reply::decision(ctx, &decision, algo == Algorithm::Leaky);
     Ok(())
@@ -208,18 +226,19 @@ pub fn cl_throttle(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     }
     let (rate, quantity) = with_arg_bytes(&argv[2..], args::cl_throttle)?;
     let now = clock::now();
-    let key = Key::open(ctx, argv[1], true);
+    // SAFETY: the command's context and key argument; the only key it opens.
+    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
+    let mut entry = key.entry();
     let spec = Spec::Gcra(rate);
-    let mut stored = key.state_for(&spec)?;
     let req = Request::new(quantity);
-    let (d, update) = spec.check(stored.as_deref(), now, req).map_err(mismatch_error)?;
+    let (d, update) = spec.check(entry.state_for(&spec)?, now, req).map_err(mismatch_error)?;
     if let Some(u) = &update {
-        store(&key, stored.as_mut(), u, d.reset_after)?;
+        store(entry, u, d.reset_after)?;
     }
     let limited = d.limited(&req);
     metrics::record(Algorithm::Gcra, d.allowed, limited);
     if limited {
-        metrics::notify_limited(ctx, argv[1]);
+        metrics::notify_limited(ctx, argv[1].as_ptr());
     }
     reply::array(ctx, 5);
     for v in [
@@ -239,8 +258,10 @@ pub fn info(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     if argv.len() != 2 {
         return Err(wrong_arity("rl.info"));
     }
-    let key = Key::open(ctx, argv[1], false);
-    let state = match key.stored()? {
+    // SAFETY: the command's context and key argument; the only key it opens.
+    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), false) };
+    let entry = key.entry();
+    let state = match entry.stored()? {
         Stored::Missing => {
             reply::null(ctx);
             return Ok(());
@@ -255,7 +276,7 @@ pub fn info(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
                     ("algorithm", Field::Text("gcra")),
                     ("source", Field::Text("redis-cell")),
                     ("tat_us", tat_us),
-                    ("ttl_ms", Field::Int(key.ttl_ms())),
+                    ("ttl_ms", Field::Int(entry.key().ttl_ms())),
                 ],
             );
             return Ok(());
@@ -265,7 +286,7 @@ pub fn info(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let us = |ns: i128| Field::Int((ns / 1_000).clamp(i64::MIN as i128, i64::MAX as i128) as i64);
     let int = |v: u64| Field::Int(v.min(i64::MAX as u64) as i64);
     let mut f: Vec<(&str, Field)> = vec![("algorithm", Field::Text(state.algorithm().name()))];
-    match &*state {
+    match state {
         State::Gcra(s) | State::Leaky(crate::core::leaky::State(s)) => {
             let tokens = s.tokens_scaled(now).max(0) / s.rate.period as i128;
             f.extend([
@@ -311,7 +332,7 @@ pub fn info(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
             ("newest_us", Field::Int(s.log.newest().unwrap_or(-1))),
         ]),
     }
-    f.push(("ttl_ms", Field::Int(key.ttl_ms())));
+    f.push(("ttl_ms", Field::Int(entry.key().ttl_ms())));
     reply::fields(ctx, &f);
     Ok(())
 }
@@ -321,12 +342,15 @@ pub fn reset(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     if argv.len() != 2 {
         return Err(wrong_arity("rl.reset"));
     }
-    let key = Key::open(ctx, argv[1], true);
-    let deleted = !matches!(key.stored()?, Stored::Missing);
+    // SAFETY: the command's context and key argument; the only key it opens.
+    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
+    let entry = key.entry();
+    let deleted = !matches!(entry.stored()?, Stored::Missing);
     if deleted {
-        key.delete();
+        entry.delete();
         if propagation::needed(ctx) {
-            unsafe { raw::RedisModule_Replicate.unwrap()(ctx, c"DEL".as_ptr(), c"s".as_ptr(), argv[1]) };
+            // SAFETY: the command's context and key argument ("s": a RedisModuleString).
+            unsafe { raw::RedisModule_Replicate.unwrap()(ctx, c"DEL".as_ptr(), c"s".as_ptr(), argv[1].as_ptr()) };
         }
     }
     reply::integer(ctx, deleted as i64);
@@ -340,23 +364,24 @@ pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     if argv.len() != 3 && argv.len() != 5 {
         return Err(wrong_arity("rl.setstate"));
     }
-    let payload = bytes(argv[2]);
+    let payload = argv[2].bytes();
     let update = Update::decode(payload).map_err(|e| format!("ERR invalid state payload: {e}"))?;
     let expire_at = match argv.get(3) {
         None => None,
-        Some(&t) if bytes(t).eq_ignore_ascii_case(b"PXAT") => Some(args::integer(bytes(argv[4]), "PXAT")?),
-        Some(&t) => return Err(format!("ERR unknown option '{}'", args::shown(bytes(t)))),
+        Some(t) if t.bytes().eq_ignore_ascii_case(b"PXAT") => Some(args::integer(argv[4].bytes(), "PXAT")?),
+        Some(t) => return Err(format!("ERR unknown option '{}'", args::shown(t.bytes()))),
     };
     if let Update::Log(c) = &update {
         if c.units > c.win.limit {
             return Err("ERR invalid state payload: more units than the limit".into());
         }
     }
-    let key = Key::open(ctx, argv[1], true);
+    // SAFETY: the command's context and key argument; the only key it opens.
+    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
     // Replacing another type's value drops its TTL in Redis: without PXAT it is kept.
     let kept_expiry = if expire_at.is_none() { key.expires_at() } else { None };
-    let mut held = key.held();
-    let log_or_missing = match &held {
+    let entry = key.entry();
+    let log_or_missing = match entry.held() {
         Held::Ours(s) => matches!(**s, State::SlidingLog(_)),
         Held::Missing => true,
         // A replacing state takes over any key (as RESTORE REPLACE does): this is how a
@@ -364,11 +389,7 @@ pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         _ if matches!(update, Update::Replace(_)) => false,
         _ => return Err(WRONGTYPE.to_string()),
     };
-    let prior = match held {
-        Held::Ours(ref mut s) => Some(s),
-        _ => None,
-    };
-    key.apply_over(prior, &update)?.map_err(|e| match log_or_missing {
+    let key = entry.apply(&update)?.map_err(|e| match log_or_missing {
         true => format!("ERR invalid state payload: {e}"),
         false => format!("WRONGTYPE {e}"),
     })?;
@@ -376,7 +397,7 @@ pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         key.expire_at(at);
     }
     if propagation::needed(ctx) {
-        replicate_payload(ctx, argv[1], payload, expire_at);
+        replicate_payload(ctx, argv[1].as_ptr(), payload, expire_at);
     }
     reply::simple(ctx, c"OK");
     Ok(())
@@ -408,6 +429,7 @@ pub fn debug(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
 /// Declares the key at `pos` to a getkeys request, with the flags of RL.MULTI's key spec.
 fn report_key(ctx: *mut RedisModuleCtx, pos: usize) {
     let flags = raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE;
+    // SAFETY: the command's context, in a getkeys request; `pos` is an argument's index.
     unsafe {
         match raw::RedisModule_KeyAtPosWithFlags {
             Some(with_flags) => with_flags(ctx, pos as c_int, flags as c_int),
@@ -422,13 +444,14 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     if argv.len() < 2 {
         return Err(wrong_arity("rl.multi"));
     }
-    let numkeys = match args::non_negative(bytes(argv[1]), "numkeys") {
+    let numkeys = match args::non_negative(argv[1].bytes(), "numkeys") {
         Ok(n) if n >= 1 && (n as usize) <= argv.len() - 2 => n as usize,
         _ => return Err("ERR numkeys must be a positive integer no larger than the number of keys given".into()),
     };
     let keys = &argv[2..2 + numkeys];
     // Parse first: the limits must match the keys before any per-key work is done.
     let parsed = with_arg_bytes(&argv[2 + numkeys..], |a| args::multi(a, numkeys));
+    // SAFETY: the command's context.
     if unsafe { raw::RedisModule_IsKeysPositionRequest.unwrap()(ctx) } != 0 {
         // Keys only for a call that parses: a numkeys past the real keys would otherwise name
         // option words as keys (a cluster node then answers CROSSSLOT). With no keys Redis
@@ -440,21 +463,18 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     }
     let m = parsed?;
     let mut seen = std::collections::HashSet::with_capacity(numkeys);
-    if !keys.iter().all(|k| seen.insert(bytes(*k))) {
+    if !keys.iter().all(|k| seen.insert(k.bytes())) {
         return Err("ERR RL.MULTI keys must be distinct".into());
     }
     let now = clock::now();
-    let opened: Vec<Key> = keys.iter().map(|k| Key::open(ctx, *k, true)).collect();
-    let mut states = Vec::with_capacity(numkeys);
-    for (key, spec) in opened.iter().zip(&m.specs) {
-        states.push(key.state_for(spec)?);
+    // SAFETY: the command's context and key arguments, distinct (checked above).
+    let mut opened: Vec<Key> = keys.iter().map(|k| unsafe { Key::open(ctx, k.as_ptr(), true) }).collect();
+    let mut entries: Vec<Entry> = opened.iter_mut().map(Key::entry).collect();
+    for (entry, spec) in entries.iter_mut().zip(&m.specs) {
+        entry.state_for(spec)?;
     }
     let decide = |req: Request| -> Result<Vec<_>, String> {
-        m.specs
-            .iter()
-            .zip(&states)
-            .map(|(spec, st)| spec.check(st.as_deref(), now, req).map_err(mismatch_error))
-            .collect()
+        m.specs.iter().zip(&entries).map(|(spec, e)| spec.check(e.state(), now, req).map_err(mismatch_error)).collect()
     };
     // How many units every limit grants: all of COST, or with PARTIAL the least any grants.
     let first = decide(m.req)?;
@@ -470,11 +490,11 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     // Refused: nothing is consumed; each limit reports its own view with its state unchanged.
     let peeks = if admitted || m.req.cost == 0 { None } else { Some(decide(Request::new(0))?) };
     if !m.dryrun {
-        for ((key, prior), (d, u)) in opened.iter().zip(states.iter_mut()).zip(&outcome) {
+        for (entry, (d, u)) in entries.into_iter().zip(&outcome) {
             // Refused: nothing is consumed, but a limit that refused under new parameters
             // keeps its converted state, exactly as the single-key command does.
             if let (Some(u), true) = (u, admitted || d.allowed == 0) {
-                store(key, prior.as_mut(), u, d.reset_after)?;
+                store(entry, u, d.reset_after)?;
             }
         }
     }
@@ -505,7 +525,7 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         replies.push(d);
     }
     if limited {
-        opened.iter().for_each(|k| metrics::notify_limited(ctx, k.name));
+        keys.iter().for_each(|k| metrics::notify_limited(ctx, k.as_ptr()));
     }
     let retry_ms = if never || !limited { -1 } else { reply::ms_or_minus_one(retry) };
     let allowed = if admitted && m.req.cost > 0 { grant as i64 } else { 0 };
@@ -537,8 +557,10 @@ pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     }
     let req = with_arg_bytes(&argv[2..], args::give_back)?;
     let now = clock::now();
-    let key = Key::open(ctx, argv[1], true);
-    let mut stored = match key.stored()? {
+    // SAFETY: the command's context and key argument; the only key it opens.
+    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
+    let entry = key.entry();
+    let stored = match entry.stored()? {
         Stored::Ours(s) => s,
         Stored::Missing => {
             return Err("ERR no limiter at this key (a limiter that expired is already full: nothing to give back)".into())
@@ -548,7 +570,7 @@ pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
             return Err("ERR RL.RETURN needs the key's rate: it holds a redis-cell arrival time (an admitted CL.THROTTLE or RL.GCRA stores it)".into())
         }
     };
-    let credit = give_back::give_back(&stored, req.n, req.age, now).map_err(|r| match r {
+    let credit = give_back::give_back(stored, req.n, req.age, now).map_err(|r| match r {
         Refusal::SlidingLog => {
             "ERR RL.RETURN does not support the sliding log: its entries cannot be identified".to_string()
         }
@@ -561,7 +583,7 @@ pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         }
     })?;
     if let Some(new) = credit.state {
-        store_with(&key, Some(&mut stored), &Update::Replace(new), credit.reset_after, true)?;
+        store_with(entry, &Update::Replace(new), credit.reset_after, true)?;
     }
     reply::integer(ctx, credit.credited as i64);
     Ok(())

@@ -38,6 +38,7 @@ pub fn watch(ctx: *mut RedisModuleCtx) -> bool {
     check(ctx, "at load");
     crate::defrag_guard::check(ctx, "at load");
     let event = RedisModuleEvent { id: raw::REDISMODULE_EVENT_CONFIG, dataver: 1 };
+    // SAFETY: OnLoad's context; the callback is a plain function that lives as long as the module.
     let subscribed = unsafe { raw::RedisModule_SubscribeToServerEvent.map(|f| f(ctx, event, Some(on_config))) };
     if subscribed != Some(raw::REDISMODULE_OK as c_int) {
         log(
@@ -91,6 +92,8 @@ fn check(ctx: *mut RedisModuleCtx, when: &str) {
 }
 
 fn read(ctx: *mut RedisModuleCtx) -> Option<Setting> {
+    // SAFETY: ctx is a context Redis passed us (OnLoad's or an event's); the info object is ours
+    // until freed below, and its field string is copied before that.
     unsafe {
         let info = raw::RedisModule_GetServerInfo?(ctx, c"memory".as_ptr());
         if info.is_null() {
@@ -107,5 +110,6 @@ fn read(ctx: *mut RedisModuleCtx) -> Option<Setting> {
 
 fn log(ctx: *mut RedisModuleCtx, level: &std::ffi::CStr, msg: &str) {
     let msg = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    // SAFETY: a context Redis passed us; "%s" formats the one NUL-terminated string given.
     unsafe { raw::RedisModule_Log.unwrap()(ctx, level.as_ptr(), c"%s".as_ptr(), msg.as_ptr() as *const c_char) };
 }

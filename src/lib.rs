@@ -1,23 +1,25 @@
 //! redis-ratelimit: native rate-limit commands for Redis. Registration only; see `commands`
 //! for the commands, `core` for the algorithms, `state` for the native type.
 
-// The glue's functions take the context and argument pointers Redis hands to a command, valid
-// for the command's duration; marking each `unsafe` would only move the same contract around.
+// The glue's functions take the context pointer Redis hands to a command (or callback), valid
+// for its duration; marking each `unsafe` would only move the same contract around. Everything
+// else that rests on a contract is `unsafe`, and every unsafe block says why it holds.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
+#![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 pub mod acl;
 pub mod alloc;
 pub mod args;
 pub mod clock;
 pub mod command_info;
-pub mod commands;
+mod commands;
 pub mod core;
 pub mod defrag_guard;
 pub mod eviction;
 pub mod metrics;
 pub mod propagation;
 pub mod reply;
-pub mod state;
+mod state;
 pub mod value;
 
 use std::ffi::CStr;
@@ -56,6 +58,8 @@ fn create_command(
     last: c_int,
     step: c_int,
 ) -> Result<(), String> {
+    // SAFETY: called from OnLoad with its context; the strings are NUL-terminated and Redis
+    // copies them.
     let status = unsafe {
         raw::RedisModule_CreateCommand.unwrap()(ctx, name.as_ptr(), Some(run), flags.as_ptr(), first, last, step)
     };
@@ -98,7 +102,12 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             }
         }
     }
+    if let Err(e) = alloc::check() {
+        ctx.log_warning(&format!("ratelimit: {e}: this module needs 16-byte aligned allocations"));
+        return Status::Err;
+    }
     state::set_module_options(ctx.ctx);
+    // SAFETY: reading the API table RedisModule_Init filled in.
     let replace_value = unsafe { raw::RedisModule_ModuleTypeReplaceValue };
     value::enable_inline(replace_value.is_some());
     if let Err(e) = register_commands(ctx.ctx) {
@@ -116,6 +125,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
+    // SAFETY: OnLoad's context; the callback is a plain function that lives as long as the module.
     unsafe { raw::RedisModule_RegisterInfoFunc.unwrap()(ctx.ctx, Some(metrics::info)) };
     let config_events = eviction::watch(ctx.ctx);
     propagation::watch(ctx.ctx, config_events);

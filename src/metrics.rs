@@ -36,6 +36,7 @@ pub fn record(algo: Algorithm, admitted: u64, limited: bool) {
 /// Publishes `rl.limited` on the key (module event class): operators can watch what would be
 /// blocked without touching the application. Costs a flag test when notifications are off.
 pub fn notify_limited(ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) {
+    // SAFETY: ctx and key are the running command's (lib.rs); the event name is NUL-terminated.
     unsafe {
         raw::RedisModule_NotifyKeyspaceEvent.unwrap()(ctx, raw::REDISMODULE_NOTIFY_MODULE, c"rl.limited".as_ptr(), key);
     }
@@ -43,6 +44,8 @@ pub fn notify_limited(ctx: *mut RedisModuleCtx, key: *mut RedisModuleString) {
 
 /// The `ratelimit` section of INFO.
 pub extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: i32) {
+    // SAFETY: ctx is the INFO context Redis passes to this callback; every name and value is a
+    // NUL-terminated string alive for its call, which Redis copies.
     let _ = std::panic::catch_unwind(|| unsafe {
         raw::RedisModule_InfoAddSection.unwrap()(ctx, c"".as_ptr());
         let version = concat!(env!("CARGO_PKG_VERSION"), "\0");

@@ -49,9 +49,12 @@ const EVENTS: [u64; 5] = [
 /// load; `config_events`: the configuration-change event is subscribed to (by `eviction`,
 /// whose callback calls `forget`).
 pub fn watch(ctx: *mut RedisModuleCtx, config_events: bool) {
+    // SAFETY: reading the API table.
     let Some(subscribe) = (unsafe { raw::RedisModule_SubscribeToServerEvent }) else { return };
     let all = EVENTS.iter().all(|&id| {
         let event = RedisModuleEvent { id, dataver: 1 };
+        // SAFETY: OnLoad's context; the callback is a plain function that lives as long as the
+        // module.
         unsafe { subscribe(ctx, event, Some(on_event)) == raw::REDISMODULE_OK as c_int }
     });
     WATCHING.store(all && config_events, Relaxed);
@@ -76,6 +79,7 @@ pub fn forget() {
 pub fn needed(ctx: *mut RedisModuleCtx) -> bool {
     let needed = effects_have_readers(ctx);
     if !needed {
+        // SAFETY: ctx is the running command's context (lib.rs).
         unsafe { raw::RedisModule_ReplicateVerbatim.unwrap()(ctx) };
     }
     needed
@@ -91,6 +95,7 @@ fn effects_have_readers(ctx: *mut RedisModuleCtx) -> bool {
 }
 
 fn find(ctx: *mut RedisModuleCtx) -> bool {
+    // SAFETY: ctx is the running command's context (lib.rs).
     let flags = unsafe { raw::RedisModule_GetContextFlags.unwrap()(ctx) } as u32;
     if flags & raw::REDISMODULE_CTX_FLAGS_LOADING != 0 {
         return true; // (Redis drops it; found again once loaded.)
@@ -115,6 +120,8 @@ pub fn describe() -> &'static str {
 /// Whether this server keeps a replication backlog, has replicas or is not a primary, from
 /// INFO replication (None when a field cannot be read).
 fn backlog_or_replica(ctx: *mut RedisModuleCtx) -> Option<bool> {
+    // SAFETY: ctx is the running command's context; the info object is ours until freed below,
+    // and its role string is read before that.
     unsafe {
         let info = raw::RedisModule_GetServerInfo?(ctx, c"replication".as_ptr());
         if info.is_null() {

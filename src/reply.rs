@@ -18,32 +18,39 @@ pub fn resp3(ctx: *mut RedisModuleCtx) -> bool {
 }
 
 pub fn integer(ctx: *mut RedisModuleCtx, v: i64) {
+    // SAFETY: ctx is the running command's context (lib.rs).
     unsafe { raw::RedisModule_ReplyWithLongLong.unwrap()(ctx, v) };
 }
 
 pub fn bulk(ctx: *mut RedisModuleCtx, s: &[u8]) {
+    // SAFETY: ctx is the running command's context (lib.rs); Redis copies the bytes.
     unsafe { raw::RedisModule_ReplyWithStringBuffer.unwrap()(ctx, s.as_ptr() as *const c_char, s.len()) };
 }
 
 pub fn simple(ctx: *mut RedisModuleCtx, s: &'static std::ffi::CStr) {
+    // SAFETY: ctx is the running command's context (lib.rs); a NUL-terminated string Redis copies.
     unsafe { raw::RedisModule_ReplyWithSimpleString.unwrap()(ctx, s.as_ptr()) };
 }
 
 pub fn null(ctx: *mut RedisModuleCtx) {
+    // SAFETY: ctx is the running command's context (lib.rs).
     unsafe { raw::RedisModule_ReplyWithNull.unwrap()(ctx) };
 }
 
 pub fn array(ctx: *mut RedisModuleCtx, len: usize) {
+    // SAFETY: ctx is the running command's context (lib.rs).
     unsafe { raw::RedisModule_ReplyWithArray.unwrap()(ctx, len as c_long) };
 }
 
 pub fn map(ctx: *mut RedisModuleCtx, pairs: usize) {
+    // SAFETY: ctx is the running command's context (lib.rs).
     unsafe { raw::RedisModule_ReplyWithMap.unwrap()(ctx, pairs as c_long) };
 }
 
 /// An error reply; `msg` starts with its code (ERR, WRONGTYPE, …).
 pub fn error(ctx: *mut RedisModuleCtx, msg: &str) {
     let msg = CString::new(msg.replace(['\0', '\r', '\n'], " ")).unwrap_or_default();
+    // SAFETY: ctx is the running command's context (lib.rs); a NUL-terminated string Redis copies.
     unsafe { raw::RedisModule_ReplyWithError.unwrap()(ctx, msg.as_ptr()) };
 }
 

@@ -6,7 +6,6 @@
 //! AOF rewrite, free, memory usage, digest and copy; and active defragmentation where the server
 //! can run it. Each runs behind `catch_unwind`: a panic must never reach redis-server.
 
-use std::cell::Cell;
 use std::mem::ManuallyDrop;
 use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -19,7 +18,7 @@ use crate::core::codec::{State, ENCODING_VERSION};
 use crate::core::gcra;
 use crate::core::spec::{Spec, Update};
 use crate::core::Rate;
-use crate::value::{self, Loaded};
+use crate::value::{self, Loaded, Word};
 
 /// The type name identifies the RDB payload for life: never change it.
 pub static RL_TYPE: RedisType = RedisType::new(
@@ -60,6 +59,7 @@ pub const SETSTATE: &std::ffi::CStr = c"RL.SETSTATE";
 ///   invalidations for calls that write nothing); `Key` signals only real writes.
 pub fn set_module_options(ctx: *mut RedisModuleCtx) {
     let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
+    // SAFETY: called from OnLoad with its context, after RedisModule_Init filled the API table.
     unsafe { raw::RedisModule_SetModuleOptions.unwrap()(ctx, options as c_int) };
 }
 
@@ -78,63 +78,84 @@ unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *m
             return std::ptr::null_mut();
         }
         let mut len = 0usize;
-        let buf = raw::RedisModule_LoadStringBuffer.unwrap()(rdb, &mut len);
-        let failed = raw::RedisModule_IsIOError.unwrap()(rdb) != 0;
-        if buf.is_null() || failed {
-            if !buf.is_null() {
-                raw::RedisModule_Free.unwrap()(buf as *mut c_void);
-            }
-            return std::ptr::null_mut();
+        // SAFETY: `rdb` is the IO handle Redis passes to this callback; LoadStringBuffer returns
+        // a buffer of `len` bytes we own (freed below) or null.
+        let buf = unsafe { raw::RedisModule_LoadStringBuffer.unwrap()(rdb, &mut len) };
+        // SAFETY: as above.
+        let failed = unsafe { raw::RedisModule_IsIOError.unwrap()(rdb) } != 0;
+        let state = if buf.is_null() || failed {
+            None
+        } else {
+            // SAFETY: a non-null buffer of `len` bytes, alive until it is freed below.
+            Some(State::decode(unsafe { std::slice::from_raw_parts(buf as *const u8, len) }))
+        };
+        if !buf.is_null() {
+            // SAFETY: the buffer LoadStringBuffer allocated, no longer borrowed (decode copies).
+            unsafe { raw::RedisModule_Free.unwrap()(buf as *mut c_void) };
         }
-        let bytes = std::slice::from_raw_parts(buf as *const u8, len);
-        let state = State::decode(bytes);
-        raw::RedisModule_Free.unwrap()(buf as *mut c_void);
         match state {
-            Ok(s) => value::into_word(s, None),
-            Err(_) => std::ptr::null_mut(),
+            Some(Ok(s)) => value::into_word(s, None),
+            _ => std::ptr::null_mut(),
         }
     })
 }
 
-/// The state behind a value word (boxed or inline).
-unsafe fn loaded(value: *const c_void) -> Option<Loaded> {
-    Loaded::from_word(value as *mut c_void)
+/// The state behind a value word Redis lends a callback.
+///
+/// # Safety
+/// `value` is a live value of this type, lent to the callback (nothing else uses it meanwhile),
+/// and the result is dropped before the callback returns.
+unsafe fn loaded<'a>(value: *const c_void) -> Option<Loaded<'a>> {
+    // SAFETY: the caller's contract.
+    unsafe { Loaded::from_word(value as *mut c_void) }
 }
 
 unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     guarded((), || {
-        let Some(state) = loaded(value) else { return };
+        // SAFETY: Redis lends the key's value to this callback.
+        let Some(state) = (unsafe { loaded(value) }) else { return };
         let bytes = state.encode();
-        raw::RedisModule_SaveStringBuffer.unwrap()(rdb, bytes.as_ptr() as *const c_char, bytes.len());
+        // SAFETY: `rdb` is this callback's IO handle; Redis copies the buffer.
+        unsafe { raw::RedisModule_SaveStringBuffer.unwrap()(rdb, bytes.as_ptr() as *const c_char, bytes.len()) };
     })
 }
 
 unsafe extern "C" fn aof_rewrite(aof: *mut raw::RedisModuleIO, key: *mut RedisModuleString, value: *mut c_void) {
     guarded((), || {
         // The TTL is written by Redis itself (PEXPIREAT) after the value.
-        let Some(state) = loaded(value) else { return };
+        // SAFETY: Redis lends the key's value to this callback.
+        let Some(state) = (unsafe { loaded(value) }) else { return };
         let bytes = state.encode();
-        raw::RedisModule_EmitAOF.unwrap()(
-            aof,
-            SETSTATE.as_ptr(),
-            c"sb".as_ptr(),
-            key,
-            bytes.as_ptr() as *const c_char,
-            bytes.len(),
-        );
+        // SAFETY: `aof` and `key` are this callback's; the format "sb" takes a RedisModuleString
+        // and a (pointer, length) buffer, which Redis copies.
+        unsafe {
+            raw::RedisModule_EmitAOF.unwrap()(
+                aof,
+                SETSTATE.as_ptr(),
+                c"sb".as_ptr(),
+                key,
+                bytes.as_ptr() as *const c_char,
+                bytes.len(),
+            )
+        };
     })
 }
 
 unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
-    guarded(0, || loaded(value).map_or(0, |s| value::value_bytes(&s, value::form(value))))
+    // SAFETY: Redis lends the key's value to this callback.
+    guarded(0, || unsafe { loaded(value) }.map_or(0, |s| value::value_bytes(&s, value::form(value))))
 }
 
 unsafe extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     guarded((), || {
-        let Some(state) = loaded(value) else { return };
+        // SAFETY: Redis lends the key's value to this callback.
+        let Some(state) = (unsafe { loaded(value) }) else { return };
         let bytes = state.encode();
-        raw::RedisModule_DigestAddStringBuffer.unwrap()(md, bytes.as_ptr() as *const c_char, bytes.len());
-        raw::RedisModule_DigestEndSequence.unwrap()(md);
+        // SAFETY: `md` is this callback's digest; Redis reads the buffer during the call.
+        unsafe {
+            raw::RedisModule_DigestAddStringBuffer.unwrap()(md, bytes.as_ptr() as *const c_char, bytes.len());
+            raw::RedisModule_DigestEndSequence.unwrap()(md);
+        }
     })
 }
 
@@ -153,14 +174,19 @@ unsafe extern "C" fn defrag(
 ) -> c_int {
     guarded(0, || {
         DEFRAG_VISITS.fetch_add(1, Relaxed);
-        let Some(defrag_alloc) = raw::RedisModule_DefragAlloc else { return 0 };
-        let Some(allocation) = value::allocation(*value) else {
+        // SAFETY: reading the API table (None where the server cannot defragment).
+        let Some(defrag_alloc) = (unsafe { raw::RedisModule_DefragAlloc }) else { return 0 };
+        // SAFETY: `value` points to the key's value word, lent to this callback.
+        let word = unsafe { *value };
+        let Some(allocation) = value::allocation(word) else {
             return 0; // an inline state owns no allocation
         };
         // DefragAlloc copies the allocation, frees the old one and returns the copy, or null
         // when it leaves it where it is.
         let moved = |p: *mut c_void| -> *mut c_void {
-            let new = defrag_alloc(ctx, p);
+            // SAFETY: `p` is an allocation of this value, made by Redis's allocator (alloc.rs),
+            // and nothing else refers to it while the callback runs.
+            let new = unsafe { defrag_alloc(ctx, p) };
             if new.is_null() {
                 p
             } else {
@@ -168,33 +194,44 @@ unsafe extern "C" fn defrag(
                 new
             }
         };
-        let compact = value::form(*value) == value::Form::Compact;
-        *value = value::moved_word(*value, moved(allocation));
+        let compact = value::form(word) == value::Form::Compact;
+        // SAFETY: the word now names the moved allocation, with the same tag.
+        unsafe { *value = value::moved_word(word, moved(allocation)) };
         if compact {
             return 0; // a compact token bucket is one allocation
         }
-        if let State::SlidingLog(log) = &mut *(*value as *mut State) {
-            // Nothing between the read and the write can unwind.
-            let inner = Box::into_raw(std::ptr::read(log));
-            std::ptr::write(log, Box::from_raw(moved(inner.cast()).cast()));
-            defrag_vec(log.log.buffer_mut(), &moved);
+        // SAFETY: an untagged, non-inline word is a `Box<State>` (value.rs), just moved.
+        if let State::SlidingLog(log) = unsafe { &mut *(*value as *mut State) } {
+            // SAFETY: the log's box is read out and written back at once, moved (nothing between
+            // the read and the write can unwind); no copy of it is used after `read`.
+            unsafe {
+                let inner = Box::into_raw(std::ptr::read(log));
+                std::ptr::write(log, Box::from_raw(moved(inner.cast()).cast()));
+                defrag_vec(log.log.buffer_mut(), &moved);
+            }
         }
         0
     })
 }
 
 /// Moves a Vec's buffer, by its raw parts (no reallocation).
+///
+/// # Safety
+/// `moved` returns an allocation holding the same bytes as the one it is given, of the same
+/// size, from the same allocator (DefragAlloc), and frees the old one when it moves it.
 unsafe fn defrag_vec<T>(vec: &mut Vec<T>, moved: &impl Fn(*mut c_void) -> *mut c_void) {
     if vec.capacity() == 0 {
         return; // no allocation (a dangling pointer)
     }
     let mut v = ManuallyDrop::new(std::mem::take(vec));
     let (ptr, len, cap) = (v.as_mut_ptr(), v.len(), v.capacity());
-    *vec = Vec::from_raw_parts(moved(ptr.cast()).cast::<T>(), len, cap);
+    // SAFETY: the same buffer, moved (the caller's contract): its length and capacity hold.
+    *vec = unsafe { Vec::from_raw_parts(moved(ptr.cast()).cast::<T>(), len, cap) };
 }
 
 unsafe extern "C" fn free(value: *mut c_void) {
-    guarded((), || value::free(value))
+    // SAFETY: Redis frees a value it no longer holds anywhere.
+    guarded((), || unsafe { value::free(value) })
 }
 
 unsafe extern "C" fn copy(
@@ -202,26 +239,33 @@ unsafe extern "C" fn copy(
     _to: *mut RedisModuleString,
     value: *const c_void,
 ) -> *mut c_void {
-    guarded(std::ptr::null_mut(), || match loaded(value) {
-        Some(s) => value::into_word((*s).clone(), value::table_id(value)),
+    // SAFETY: Redis lends the source key's value to this callback.
+    guarded(std::ptr::null_mut(), || match unsafe { loaded(value) } {
+        Some(s) => value::into_word((*s).clone(), s.table_id()),
         None => std::ptr::null_mut(),
     })
 }
 
 /// What a key holds.
-pub enum Held {
+pub enum Held<'k> {
     Missing,
-    Ours(Loaded),
+    Ours(Loaded<'k>),
     /// A string (redis-cell keeps its state in one).
     String,
+    /// A string holding a redis-cell arrival time, and the state a check decides against it
+    /// (`Entry::state_for`).
+    Cell {
+        tat_ns: i64,
+        state: State,
+    },
     Other,
 }
 
 /// What a key holds as the commands see it: a ratelimit state, or a key redis-cell left (a
 /// string holding the theoretical arrival time in ns, in decimal).
-pub enum Stored {
+pub enum Stored<'a> {
     Missing,
-    Ours(Loaded),
+    Ours(&'a State),
     Cell { tat_ns: i64 },
 }
 
@@ -242,26 +286,40 @@ pub fn cell_state(tat_ns: i64, spec: &Spec) -> State {
 }
 
 /// An open key, closed on drop. Keys are opened for writing by the commands that may write,
-/// but with `NO_IMPLICIT_SIGNAL_MODIFIED` closing one is not a modification: only `set`,
+/// but with `NO_IMPLICIT_SIGNAL_MODIFIED` closing one is not a modification: only writes,
 /// `delete` and `expire_at` mark the key, and a marked key is signalled (WATCH, CLIENT
-/// TRACKING) once when it is closed.
+/// TRACKING) once when it is closed. Its value is reached through `entry`.
 pub struct Key {
     ctx: *mut RedisModuleCtx,
     key: *mut RedisModuleKey,
     pub name: *mut RedisModuleString,
-    modified: Cell<bool>,
+    modified: bool,
 }
 
 impl Key {
-    pub fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, write: bool) -> Key {
+    /// Opens `name` for reading (and writing with `write`).
+    ///
+    /// # Safety
+    /// `ctx` is the running command's context and `name` a string alive while the key is
+    /// (one of the command's arguments), and no other `Key` on the same name is open while
+    /// this one is: two would lend out the same value twice (`entry`).
+    pub unsafe fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, write: bool) -> Key {
         let mode = if write { raw::REDISMODULE_READ | raw::REDISMODULE_WRITE } else { raw::REDISMODULE_READ };
-        // SAFETY: ctx and name come from the command invocation.
+        // SAFETY: ctx and name are the command's (the caller's contract).
         let key = unsafe { raw::RedisModule_OpenKey.unwrap()(ctx, name, mode as c_int) };
-        Key { ctx, key, name, modified: Cell::new(false) }
+        Key { ctx, key, name, modified: false }
     }
 
-    pub fn held(&self) -> Held {
-        unsafe {
+    /// The key's value, lent until the entry is written or dropped (the key is borrowed
+    /// meanwhile, so nothing else reaches the value).
+    #[inline]
+    pub fn entry(&mut self) -> Entry<'_> {
+        // SAFETY: self.key is open (until drop); the type is compared with ours before the
+        // value is read as ours. from_word's contract: the value is the key's live value, and
+        // for the entry's lifetime this key is borrowed by it alone, no other Key on the name
+        // is open (`open`'s contract), and Redis runs nothing else on its main thread during a
+        // command (the lazy-free thread only frees values already out of the keyspace).
+        let held = unsafe {
             match raw::RedisModule_KeyType.unwrap()(self.key) as isize {
                 raw::REDISMODULE_KEYTYPE_EMPTY => Held::Missing,
                 raw::REDISMODULE_KEYTYPE_STRING => Held::String,
@@ -275,38 +333,89 @@ impl Key {
                 }
                 _ => Held::Other,
             }
-        }
+        };
+        Entry { key: self, held }
     }
 
-    /// The one place that decides what a key holds for the commands: a ratelimit state, a
-    /// redis-cell string, or WRONGTYPE for anything else (a string that is not an arrival
-    /// time included).
-    pub fn stored(&self) -> Result<Stored, String> {
-        match self.held() {
-            Held::Missing => Ok(Stored::Missing),
-            Held::Ours(s) => Ok(Stored::Ours(s)),
-            Held::String => match self.string().and_then(|b| std::str::from_utf8(&b).ok()?.parse::<i64>().ok()) {
-                Some(tat_ns) => Ok(Stored::Cell { tat_ns }),
-                None => Err(format!("{WRONGTYPE} (not a redis-cell arrival time)")),
-            },
-            Held::Other => Err(WRONGTYPE.to_string()),
+    /// Stores a new value, replacing whatever the key held (Redis drops the key's TTL).
+    fn set(&mut self, state: State) -> Result<(), String> {
+        let word = Word::new(state, None);
+        // SAFETY: an open key and our type; on success Redis owns the word (and frees the
+        // value it replaces, which no Loaded borrows: the entry was consumed).
+        let status = unsafe {
+            raw::RedisModule_ModuleTypeSetValue.unwrap()(self.key, *RL_TYPE.raw_type.borrow(), word.as_ptr())
+        };
+        if status != raw::REDISMODULE_OK as c_int {
+            return Err("ERR could not store the value".into()); // (the word is freed on drop)
         }
+        word.into_raw();
+        self.modified = true;
+        Ok(())
     }
 
-    /// The state a check of `spec` decides against (a redis-cell key read as `cell_state`);
-    /// None for a missing key.
-    pub fn state_for(&self, spec: &Spec) -> Result<Option<Loaded>, String> {
-        Ok(match self.stored()? {
-            Stored::Missing => None,
-            Stored::Ours(s) => Some(s),
-            Stored::Cell { tat_ns } => Some(Loaded::Foreign(cell_state(tat_ns, spec))),
-        })
+    /// Writes `state` over `prior`, the key's value of ours: in place, or by swapping in a new
+    /// word and freeing the old one (the key and its TTL stay).
+    fn rewrite(&mut self, prior: Loaded<'_>, state: State) -> Result<(), String> {
+        if let Some(word) = prior.rewrite(state) {
+            let mut old: *mut c_void = std::ptr::null_mut();
+            // SAFETY: an open key holding our type. (Inline words and compact boxes, the only
+            // forms that are swapped, are made only where this function exists:
+            // value::enable_inline.)
+            let status = unsafe {
+                raw::RedisModule_ModuleTypeReplaceValue.unwrap()(
+                    self.key,
+                    *RL_TYPE.raw_type.borrow(),
+                    word.as_ptr(),
+                    &mut old,
+                )
+            };
+            if status != raw::REDISMODULE_OK as c_int {
+                return Err("ERR could not store the value".into()); // (the word is freed on drop)
+            }
+            word.into_raw();
+            // SAFETY: the value Redis handed back is out of the keyspace, and the only borrow of
+            // it, `prior`, was consumed by `rewrite`.
+            unsafe { value::free(old) };
+        }
+        self.modified = true;
+        Ok(())
+    }
+
+    /// Expires the key at `at_ms` (unix ms on the server's clock).
+    pub fn expire_at(&mut self, at_ms: i64) {
+        // SAFETY: an open key.
+        unsafe { raw::RedisModule_SetAbsExpire.unwrap()(self.key, at_ms) };
+        self.modified = true;
+    }
+
+    /// The absolute expiry in unix ms, None without one.
+    pub fn expires_at(&self) -> Option<i64> {
+        let at = self.abs_expire_ms();
+        (at != raw::REDISMODULE_NO_EXPIRE as i64).then_some(at)
+    }
+
+    /// The absolute expiry in unix ms, -1 without one.
+    pub fn abs_expire_ms(&self) -> i64 {
+        // SAFETY: an open key; reads its expiry only.
+        unsafe { raw::RedisModule_GetAbsExpire.unwrap()(self.key) }
+    }
+
+    /// Remaining TTL in ms, -1 without one.
+    pub fn ttl_ms(&self) -> i64 {
+        // SAFETY: an open key; reads its expiry only.
+        unsafe { raw::RedisModule_GetExpire.unwrap()(self.key) }
+    }
+
+    pub fn ctx(&self) -> *mut RedisModuleCtx {
+        self.ctx
     }
 
     /// A string value's bytes, read through `GET`: `RedisModule_StringDMA` would convert an
     /// int-encoded string (redis-cell's) to raw, a visible change (`OBJECT ENCODING`) made by
     /// a call that writes nothing. Only keys redis-cell left take this path.
     fn string(&self) -> Option<Vec<u8>> {
+        // SAFETY: ctx and name are the command's (`open`); the reply is ours until freed below,
+        // and its string is copied before that.
         unsafe {
             let reply = raw::RedisModule_Call.unwrap()(self.ctx, c"GET".as_ptr(), c"s".as_ptr(), self.name);
             if reply.is_null() {
@@ -322,84 +431,98 @@ impl Key {
             value
         }
     }
+}
 
-    /// Stores a new value, replacing whatever the key held (Redis drops the key's TTL).
-    pub fn set(&self, state: State) -> Result<(), String> {
-        self.put_over(None, state)
-    }
-
-    /// Stores a new value given what the key held (`prior`: as read since the key was opened).
-    /// A value of ours is swapped in place (the key and its TTL stay); anything else is
-    /// replaced, as by `set`.
-    pub fn put_over(&self, prior: Option<&Loaded>, state: State) -> Result<(), String> {
-        let ty = *RL_TYPE.raw_type.borrow();
-        let hint = match prior {
-            None | Some(Loaded::Foreign(_)) => {
-                let word = value::into_word(state, None);
-                let status = unsafe { raw::RedisModule_ModuleTypeSetValue.unwrap()(self.key, ty, word) };
-                if status != raw::REDISMODULE_OK as c_int {
-                    unsafe { value::free(word) };
-                    return Err("ERR could not store the value".into());
-                }
-                self.modified.set(true);
-                return Ok(());
+impl Drop for Key {
+    fn drop(&mut self) {
+        // SAFETY: ctx and name are the command's (`open`); the key is open and closed once.
+        unsafe {
+            if self.modified {
+                raw::RedisModule_SignalModifiedKey.unwrap()(self.ctx, self.name);
             }
-            Some(Loaded::Inline(_, id)) => Some(*id),
-            // A compact token bucket stays in its box when its rate has a table id.
-            Some(Loaded::Compact(old, p)) => {
-                if unsafe { value::overwrite_compact(*p, old, &state) } {
-                    self.modified.set(true);
-                    return Ok(());
-                }
-                None
-            }
-            Some(Loaded::Boxed(_)) => None,
-        };
-        let word = match (value::small_word(&state, hint), prior) {
-            (Some(w), _) => w,
-            // Boxed before and after: overwrite the box.
-            (None, Some(Loaded::Boxed(p))) => {
-                unsafe { **p = state };
-                self.modified.set(true);
-                return Ok(());
-            }
-            (None, _) => Box::into_raw(Box::new(state)) as *mut c_void,
-        };
-        let mut old: *mut c_void = std::ptr::null_mut();
-        // (Inline words and compact boxes are only made when this function exists:
-        // value::enable_inline.)
-        let replace = unsafe { raw::RedisModule_ModuleTypeReplaceValue.unwrap() };
-        if unsafe { replace(self.key, ty, word, &mut old) } != raw::REDISMODULE_OK as c_int {
-            unsafe { value::free(word) };
-            return Err("ERR could not store the value".into());
+            raw::RedisModule_CloseKey.unwrap()(self.key);
         }
-        unsafe { value::free(old) };
-        self.modified.set(true);
-        Ok(())
+    }
+}
+
+/// An open key's value, lent by `Key::entry`: read it with `held`, `stored` or `state_for`,
+/// write it with `apply` or `delete`, which consume the entry (so nothing reads a value
+/// after it was replaced or freed) and hand the key back for its TTL.
+pub struct Entry<'k> {
+    key: &'k mut Key,
+    held: Held<'k>,
+}
+
+impl<'k> Entry<'k> {
+    pub fn held(&self) -> &Held<'k> {
+        &self.held
     }
 
-    /// Applies an update to the key (see `Update::apply`): a whole state replaces the value, a
-    /// sliding-log commit changes the boxed log in place. The outer error: the value could not
-    /// be stored; the inner one: the update does not apply to what the key holds.
-    pub fn apply(&self, update: &Update) -> Result<Result<(), &'static str>, String> {
-        match self.held() {
-            Held::Ours(mut prior) => self.apply_over(Some(&mut prior), update),
-            _ => self.apply_over(None, update),
+    /// The key, for what is not its value (its TTL, its name).
+    pub fn key(&self) -> &Key {
+        self.key
+    }
+
+    /// The one place that decides what a key holds for the commands: a ratelimit state, a
+    /// redis-cell string, or WRONGTYPE for anything else (a string that is not an arrival
+    /// time included).
+    pub fn stored(&self) -> Result<Stored<'_>, String> {
+        match &self.held {
+            Held::Missing => Ok(Stored::Missing),
+            Held::Ours(s) => Ok(Stored::Ours(s)),
+            Held::String => match self.key.string().and_then(|b| std::str::from_utf8(&b).ok()?.parse::<i64>().ok()) {
+                Some(tat_ns) => Ok(Stored::Cell { tat_ns }),
+                None => Err(format!("{WRONGTYPE} (not a redis-cell arrival time)")),
+            },
+            Held::Cell { tat_ns, .. } => Ok(Stored::Cell { tat_ns: *tat_ns }),
+            Held::Other => Err(WRONGTYPE.to_string()),
         }
     }
 
-    /// `apply`, given what the key held (as for `put_over`).
-    pub fn apply_over(&self, prior: Option<&mut Loaded>, update: &Update) -> Result<Result<(), &'static str>, String> {
-        let prior = prior.filter(|p| !matches!(p, Loaded::Foreign(_)));
+    /// The state a check of `spec` decides against (a redis-cell key read as `cell_state`,
+    /// kept in the entry: `state` returns it again); None for a missing key.
+    #[inline]
+    pub fn state_for(&mut self, spec: &Spec) -> Result<Option<&State>, String> {
+        if matches!(self.held, Held::String | Held::Other) {
+            if let Stored::Cell { tat_ns } = self.stored()? {
+                self.held = Held::Cell { tat_ns, state: cell_state(tat_ns, spec) };
+            }
+        }
+        Ok(self.state())
+    }
+
+    /// The state as `state_for` last found it (None: missing, or not read as a state).
+    #[inline]
+    pub fn state(&self) -> Option<&State> {
+        match &self.held {
+            Held::Ours(s) => Some(s),
+            Held::Cell { state, .. } => Some(state),
+            Held::Missing | Held::String | Held::Other => None,
+        }
+    }
+
+    /// Applies an update to the key (see `Update::apply`): a whole state replaces the value
+    /// (written over ours in place where it can be; anything else the key held is replaced,
+    /// and Redis drops its TTL), a sliding-log commit changes the boxed log in place. The
+    /// outer error: the value could not be stored; the inner one: the update does not apply
+    /// to what the key holds.
+    #[inline]
+    pub fn apply(self, update: &Update) -> Result<Result<&'k mut Key, &'static str>, String> {
+        let Entry { key, held } = self;
+        let prior = match held {
+            Held::Ours(v) => Some(v),
+            Held::Missing | Held::String | Held::Cell { .. } | Held::Other => None,
+        };
         let replaced = match (update, prior) {
-            (Update::Replace(s), prior) => return self.put_over(prior.map(|p| &*p), s.clone()).map(Ok),
-            (Update::Log(_), Some(v)) => {
+            (Update::Replace(s), Some(v)) => return key.rewrite(v, s.clone()).map(|()| Ok(key)),
+            (Update::Replace(s), None) => return key.set(s.clone()).map(|()| Ok(key)),
+            (Update::Log(_), Some(mut v)) => {
                 // A log is always boxed; any other state refuses the commit (checked by apply).
                 let mut copy;
                 let slot = match v.boxed() {
                     Some(b) => b,
                     None => {
-                        copy = (**v).clone();
+                        copy = (*v).clone();
                         &mut copy
                     }
                 };
@@ -409,63 +532,25 @@ impl Key {
         };
         match replaced {
             Err(e) => Ok(Err(e)),
-            Ok(Some(new)) => self.put_over(None, new).map(Ok),
+            Ok(Some(new)) => key.set(new).map(|()| Ok(key)),
             Ok(None) => {
-                self.modified.set(true);
-                Ok(Ok(()))
+                key.modified = true;
+                Ok(Ok(key))
             }
         }
     }
 
-    /// Marks a state changed in place (through `held`/`stored`) as a modification.
-    pub fn changed_in_place(&self) {
-        self.modified.set(true);
-    }
-
-    /// Expires the key at `at_ms` (unix ms on the server's clock).
-    pub fn expire_at(&self, at_ms: i64) {
-        unsafe { raw::RedisModule_SetAbsExpire.unwrap()(self.key, at_ms) };
-        self.modified.set(true);
-    }
-
-    /// The absolute expiry in unix ms, None without one.
-    pub fn expires_at(&self) -> Option<i64> {
-        let at = unsafe { raw::RedisModule_GetAbsExpire.unwrap()(self.key) };
-        (at != raw::REDISMODULE_NO_EXPIRE as i64).then_some(at)
-    }
-
-    /// The absolute expiry in unix ms, -1 without one.
-    pub fn abs_expire_ms(&self) -> i64 {
-        unsafe { raw::RedisModule_GetAbsExpire.unwrap()(self.key) }
-    }
-
-    /// Remaining TTL in ms, -1 without one.
-    pub fn ttl_ms(&self) -> i64 {
-        unsafe { raw::RedisModule_GetExpire.unwrap()(self.key) }
-    }
-
-    pub fn delete(&self) {
-        unsafe { raw::RedisModule_DeleteKey.unwrap()(self.key) };
-        self.modified.set(true);
-    }
-
-    pub fn ctx(&self) -> *mut RedisModuleCtx {
-        self.ctx
-    }
-}
-
-impl Drop for Key {
-    fn drop(&mut self) {
-        unsafe {
-            if self.modified.get() {
-                raw::RedisModule_SignalModifiedKey.unwrap()(self.ctx, self.name);
-            }
-            raw::RedisModule_CloseKey.unwrap()(self.key);
-        }
+    /// Deletes the key.
+    pub fn delete(self) -> &'k mut Key {
+        // SAFETY: an open key; the entry, the value's only borrow, is consumed.
+        unsafe { raw::RedisModule_DeleteKey.unwrap()(self.key.key) };
+        self.key.modified = true;
+        self.key
     }
 }
 
 /// The server's wall clock in ms (TTLs are the server's business, whatever the module clock).
 pub fn server_ms() -> i64 {
+    // SAFETY: a function of the API table, callable from any command.
     unsafe { raw::RedisModule_Milliseconds.unwrap()() }
 }

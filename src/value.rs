@@ -216,19 +216,19 @@ fn compact_of(s: &State, hint: Option<u16>) -> Option<CompactBucket> {
 /// A compact word for `s` (allocates), or None when `s` does not fit one.
 fn compact(s: &State, hint: Option<u16>) -> Option<*mut c_void> {
     let p = Box::into_raw(Box::new(compact_of(s, hint)?));
-    debug_assert_eq!(p as usize & TAG_MASK, 0);
     Some((p as usize | COMPACT_TAG) as *mut c_void)
 }
 
+// The tags live in the low bits of a box's address: every box the words point to is aligned
+// to at least 4 (the allocator honours alignment: alloc.rs).
+const _: () = assert!(std::mem::align_of::<CompactBucket>() > TAG_MASK && std::mem::align_of::<State>() > TAG_MASK);
+
 /// Writes `s` over a compact box in place, when it fits one. `prior`: the state decoded from
 /// the box (the same rate needs no table lookup).
-///
-/// # Safety
-/// `p` is the live compact box of a value of this type.
-pub unsafe fn overwrite_compact(p: *mut CompactBucket, prior: &State, s: &State) -> bool {
+fn overwrite_compact(p: &mut CompactBucket, prior: &State, s: &State) -> bool {
     let c = match (prior, s) {
-        (State::TokenBucket(old), State::TokenBucket(tb)) if old.rate == tb.rate => CompactBucket::new(tb, (*p).id()),
-        _ => compact_of(s, Some((*p).id())),
+        (State::TokenBucket(old), State::TokenBucket(tb)) if old.rate == tb.rate => CompactBucket::new(tb, p.id()),
+        _ => compact_of(s, Some(p.id())),
     };
     match c {
         Some(c) => {
@@ -305,21 +305,53 @@ pub fn inline(s: &State, hint: Option<u16>) -> Option<usize> {
     Some(((p as usize) << PAYLOAD_SHIFT) | ((id as usize) << 1) | 1)
 }
 
-/// The word for `s` when it needs no general box: inline, or a compact token bucket (which
-/// allocates; free it with `free`).
-pub fn small_word(s: &State, hint: Option<u16>) -> Option<*mut c_void> {
+/// The word for `s` when it needs no general box: inline, or a compact token bucket.
+fn small_word(s: &State, hint: Option<u16>) -> Option<Word> {
     match s {
-        State::TokenBucket(_) => compact(s, hint),
-        _ => inline(s, hint).map(|w| w as *mut c_void),
+        State::TokenBucket(_) => compact(s, hint).map(Word),
+        _ => inline(s, hint).map(|w| Word(w as *mut c_void)),
     }
 }
 
-/// The word for `s`: inline if it fits, a compact box for a token bucket, boxed otherwise.
-pub fn into_word(s: State, hint: Option<u16>) -> *mut c_void {
-    match small_word(&s, hint) {
-        Some(w) => w,
-        None => Box::into_raw(Box::new(s)) as *mut c_void,
+fn boxed_word(s: State) -> Word {
+    Word(Box::into_raw(Box::new(s)) as *mut c_void)
+}
+
+/// A value word this module made and still owns (not yet handed to Redis): dropping it frees
+/// it. `into_raw` hands it over.
+pub struct Word(*mut c_void);
+
+impl Word {
+    /// The word for `s`: inline if it fits, a compact box for a token bucket, boxed otherwise.
+    /// `hint`: a table id the state's parameters may have (skips the table's hash lookup).
+    pub fn new(s: State, hint: Option<u16>) -> Word {
+        match small_word(&s, hint) {
+            Some(w) => w,
+            None => boxed_word(s),
+        }
     }
+
+    pub fn as_ptr(&self) -> *mut c_void {
+        self.0
+    }
+
+    /// Gives the word up (to Redis, which frees it through the type's `free`).
+    pub fn into_raw(self) -> *mut c_void {
+        std::mem::ManuallyDrop::new(self).0
+    }
+}
+
+impl Drop for Word {
+    fn drop(&mut self) {
+        // SAFETY: the word was made by `Word::new`/`small_word` and never given up (`into_raw`
+        // forgets it), so nothing else holds it.
+        unsafe { free(self.0) }
+    }
+}
+
+/// The word for `s`, given up at once (for Redis's callbacks that return a new value).
+pub fn into_word(s: State, hint: Option<u16>) -> *mut c_void {
+    Word::new(s, hint).into_raw()
 }
 
 pub fn is_inline(word: *const c_void) -> bool {
@@ -331,62 +363,96 @@ pub fn inline_id(word: *const c_void) -> Option<u16> {
     is_inline(word).then_some(((word as usize >> 1) & ((1 << ID_BITS) - 1)) as u16)
 }
 
-/// The table id an inline word or a compact box uses (a hint for the next word).
-///
-/// # Safety
-/// `word` is a live value of this module's type.
-pub unsafe fn table_id(word: *const c_void) -> Option<u16> {
-    inline_id(word).or_else(|| compact_ptr(word).map(|p| (*p).id()))
-}
+/// A value's state, read in place: the state in its box, or decoded from an inline word or a
+/// compact box. Borrowed for `'k` from what holds the value (`state::Entry`, or a type
+/// callback for its duration): its forms are private, so safe code cannot make one from an
+/// arbitrary pointer, and writing over it (`rewrite`) consumes it, so nothing can read a value
+/// through it after the value was replaced or freed.
+pub struct Loaded<'k>(Repr<'k>);
 
-/// A key's state: in its box, decoded from the word, or (`Foreign`) read from a value that is
-/// not of this type (a key redis-cell left).
-pub enum Loaded {
-    Boxed(*mut State),
+enum Repr<'k> {
+    Boxed(&'k mut State),
+    /// The decoded state and the table id of its parameters.
     Inline(State, u16),
-    /// A token bucket decoded from its compact box.
-    Compact(State, *mut CompactBucket),
-    Foreign(State),
+    /// A token bucket decoded from its compact box, and the box.
+    Compact(State, &'k mut CompactBucket),
 }
 
-impl Loaded {
+impl<'k> Loaded<'k> {
     /// Reads a word Redis holds for this type. None: an inline word naming no table entry
     /// (cannot happen: words are only made from entries, which are never removed).
     ///
     /// # Safety
-    /// `word` is a value of this module's type, alive for as long as the result is used.
-    pub unsafe fn from_word(word: *mut c_void) -> Option<Loaded> {
+    /// `word` is a live value of this module's type, and for `'k` nothing else reads, writes,
+    /// replaces or frees it (the result is its only way in).
+    pub unsafe fn from_word(word: *mut c_void) -> Option<Loaded<'k>> {
         if word.is_null() {
             return None;
         }
         if let Some(p) = compact_ptr(word) {
-            let Params::TokenBucket(rate) = entry((*p).id())?.params else { return None };
-            return Some(Loaded::Compact((*p).state(rate), p));
+            // SAFETY: a compact word is the tagged pointer to a live `CompactBucket` (`compact`),
+            // and the caller lends it to us alone for 'k.
+            let p = unsafe { &mut *p };
+            let Params::TokenBucket(rate) = entry(p.id())?.params else { return None };
+            return Some(Loaded(Repr::Compact(p.state(rate), p)));
         }
         match inline_id(word) {
-            None => Some(Loaded::Boxed(word as *mut State)),
+            // SAFETY: an untagged word is a `Box<State>` given up by `Word::into_raw`; lent to
+            // us alone for 'k, as above.
+            None => Some(Loaded(Repr::Boxed(unsafe { &mut *(word as *mut State) }))),
             Some(id) => {
                 let e = entry(id)?;
-                Some(Loaded::Inline(unpack(&e, (word as usize >> PAYLOAD_SHIFT) as u64)?, id))
+                Some(Loaded(Repr::Inline(unpack(&e, (word as usize >> PAYLOAD_SHIFT) as u64)?, id)))
             }
         }
     }
 
     /// The box, for in-place changes (a sliding log is always boxed).
     pub fn boxed(&mut self) -> Option<&mut State> {
-        match self {
-            Loaded::Boxed(p) => Some(unsafe { &mut **p }),
-            Loaded::Inline(..) | Loaded::Compact(..) | Loaded::Foreign(_) => None,
+        match &mut self.0 {
+            Repr::Boxed(s) => Some(s),
+            Repr::Inline(..) | Repr::Compact(..) => None,
+        }
+    }
+
+    /// The table id the value's parameters use (a hint for a copy's word).
+    pub fn table_id(&self) -> Option<u16> {
+        match &self.0 {
+            Repr::Inline(_, id) => Some(*id),
+            Repr::Compact(_, p) => Some(p.id()),
+            Repr::Boxed(_) => None,
+        }
+    }
+
+    /// Writes `s` over the value: in place where its form allows (a box over a box, a compact
+    /// token bucket over one), else the word to swap in for it, after which the old word is
+    /// the caller's to free (this borrow, its only way in, is gone).
+    pub fn rewrite(self, s: State) -> Option<Word> {
+        match self.0 {
+            Repr::Inline(_, id) => Some(small_word(&s, Some(id)).unwrap_or_else(|| boxed_word(s))),
+            // A compact token bucket stays in its box when its rate has a table id.
+            Repr::Compact(old, p) => match overwrite_compact(p, &old, &s) {
+                true => None,
+                false => Some(small_word(&s, None).unwrap_or_else(|| boxed_word(s))),
+            },
+            Repr::Boxed(b) => match small_word(&s, None) {
+                Some(w) => Some(w),
+                // Boxed before and after: overwrite the box.
+                None => {
+                    *b = s;
+                    None
+                }
+            },
         }
     }
 }
 
-impl std::ops::Deref for Loaded {
+impl std::ops::Deref for Loaded<'_> {
     type Target = State;
     fn deref(&self) -> &State {
-        match self {
-            Loaded::Boxed(p) => unsafe { &**p },
-            Loaded::Inline(s, _) | Loaded::Compact(s, _) | Loaded::Foreign(s) => s,
+        match &self.0 {
+            Repr::Boxed(s) => s,
+            Repr::Inline(s, _) | Repr::Compact(s, _) => s,
         }
     }
 }
@@ -401,8 +467,11 @@ pub unsafe fn free(word: *mut c_void) {
         return;
     }
     match compact_ptr(word) {
-        Some(p) => drop(Box::from_raw(p)),
-        None => drop(Box::from_raw(word as *mut State)),
+        // SAFETY: a compact word tags a `Box<CompactBucket>` (`compact`), any other a
+        // `Box<State>` (`boxed_word`); the caller gives up the last use of it.
+        Some(p) => drop(unsafe { Box::from_raw(p) }),
+        // SAFETY: as above.
+        None => drop(unsafe { Box::from_raw(word as *mut State) }),
     }
 }
 
@@ -470,6 +539,7 @@ mod tests {
         match inline(&s, None) {
             None => false,
             Some(w) => {
+                // SAFETY: a live word made above, used by nothing else meanwhile.
                 let back = unsafe { Loaded::from_word(w as *mut c_void) }.expect("entry");
                 assert_eq!(*back, s, "inline word {w:#x} decodes to another state");
                 true
@@ -532,24 +602,31 @@ mod tests {
             let w = into_word(s.clone(), None);
             assert_eq!(w as usize & TAG_MASK, COMPACT_TAG);
             assert_eq!(form(w), Form::Compact);
+            // SAFETY: a live word made above, used by nothing else meanwhile.
             let back = unsafe { Loaded::from_word(w) }.expect("entry");
             assert_eq!(*back, s);
             assert_eq!(back.encode(), s.encode());
             assert_eq!(value_bytes(&back, form(w)), 16);
             // Rewritten in place, same word.
-            let Loaded::Compact(_, p) = back else { panic!("not compact") };
             let next = State::TokenBucket(token_bucket::State { rate, tokens: tokens / 2 - 7, last: now + 5_000 });
-            assert!(unsafe { overwrite_compact(p, &s, &next) });
-            assert_eq!(*unsafe { Loaded::from_word(w) }.unwrap(), next);
+            assert!(back.rewrite(next.clone()).is_none());
+            // SAFETY: a live word made above, used by nothing else meanwhile.
+            let back = unsafe { Loaded::from_word(w) }.unwrap();
+            assert_eq!(*back, next);
             // A state of another algorithm is never written into a compact box.
+            let Repr::Compact(_, p) = back.0 else { panic!("not compact") };
             let g = State::Gcra(gcra::State { rate, tat: now as i128 * 1000 });
-            assert!(!unsafe { overwrite_compact(p, &next, &g) });
+            assert!(!overwrite_compact(p, &next, &g));
             // Another rate: rewritten in place with that rate's id.
             let other = Rate::new(999, 86_400 * NANOS_PER_SEC, 1000).unwrap();
             let moved = State::TokenBucket(token_bucket::State { rate: other, tokens: 5, last: now });
-            assert!(unsafe { overwrite_compact(p, &next, &moved) });
-            assert_eq!(*unsafe { Loaded::from_word(w) }.unwrap(), moved);
-            assert_eq!(unsafe { table_id(w) }, Some(unsafe { (*p).id() }));
+            assert!(overwrite_compact(p, &next, &moved));
+            let id = p.id();
+            // SAFETY: a live word made above, used by nothing else meanwhile.
+            let back = unsafe { Loaded::from_word(w) }.unwrap();
+            assert_eq!(*back, moved);
+            assert_eq!(back.table_id(), Some(id));
+            // SAFETY: the word made above, not used after.
             unsafe { free(w) };
         }
         // What a compact box cannot hold exactly keeps the general box, and decodes the same.
@@ -569,7 +646,9 @@ mod tests {
             assert_eq!(form_of(&s) == Form::Compact, fits, "{s:?}");
             let w = into_word(s.clone(), None);
             assert_eq!(form(w) == Form::Compact, fits);
+            // SAFETY: a live word made above, used by nothing else meanwhile.
             assert_eq!(*unsafe { Loaded::from_word(w) }.unwrap(), s);
+            // SAFETY: the word made above, not used after.
             unsafe { free(w) };
         }
     }
