@@ -6,51 +6,29 @@
 //! module's own `@ratelimit`, so `ACL SETUSER app +@ratelimit` grants exactly the application
 //! commands. Whatever the server offers is used at load; on 7.0 nothing is done.
 //!
+//! Each command's categories are in its table entry beside its body (`commands`).
+//!
 //! RL.SETSTATE (stores any valid state it is given) and RL.DEBUG (moves the module clock when
 //! loaded with DEBUG_CLOCK) are not application commands: they are not in `@ratelimit`, and are
 //! in `@dangerous` like RESTORE and DEBUG, so `-@dangerous` removes them (docs/operations.md).
 
-use std::ffi::CStr;
 use std::os::raw::c_int;
 
 use redis_module::raw;
 
+use crate::commands::Command;
+
 /// The module's own category.
 pub const CATEGORY: &str = "ratelimit";
 
-/// One command's categories.
-pub struct Row {
-    pub command: &'static CStr,
+/// One command's categories (its `acl` in its table entry, `commands`).
+#[derive(Clone, Copy, Debug)]
+pub struct Acl {
     /// Built-in categories implied by what the command does.
     pub builtin: &'static str,
     /// Also in `@ratelimit`: what an application needs.
     pub ratelimit: bool,
 }
-
-const fn row(command: &'static CStr, builtin: &'static str, ratelimit: bool) -> Row {
-    Row { command, builtin, ratelimit }
-}
-
-/// Every command registered in lib.rs: a new command needs a row here (a test checks that
-/// every module command has one).
-pub const TABLE: &[Row] = &[
-    row(c"rl.gcra", "write fast", true),
-    row(c"rl.tokenbucket", "write fast", true),
-    row(c"rl.leaky", "write fast", true),
-    row(c"rl.sliding", "write fast", true),
-    row(c"rl.fixed", "write fast", true),
-    row(c"rl.slidinglog", "write fast", true),
-    row(c"cl.throttle", "write fast", true),
-    row(c"rl.multi", "write fast", true),
-    row(c"rl.info", "read fast", true),
-    row(c"rl.reset", "write fast", true),
-    // Gives back claimed units: for the services that enforce the limit, like the checks.
-    row(c"rl.return", "write fast", true),
-    // Like RESTORE: writes whatever valid state it is handed.
-    row(c"rl.setstate", "write slow dangerous", false),
-    // Like DEBUG: changes the clock every limiter reads (only loaded with DEBUG_CLOCK).
-    row(c"rl.debug", "admin slow dangerous", false),
-];
 
 /// What the server let us do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +53,7 @@ impl Support {
 
 /// Puts every registered command in its categories. Called once from the module's OnLoad,
 /// after the commands are registered (both APIs only work during OnLoad).
-pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<Support, String> {
+pub fn register(ctx: *mut raw::RedisModuleCtx, commands: &[Command]) -> Result<Support, String> {
     // SAFETY: the API table is filled in by RedisModule_Init; a function this server does not
     // export stays None.
     let (Some(set_categories), Some(get_command)) = (
@@ -104,22 +82,22 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<Support, String> {
             }
         }
     };
-    for row in TABLE {
-        let categories = match (with_ratelimit, row.ratelimit) {
-            (true, true) => format!("{} {CATEGORY}\0", row.builtin),
-            _ => format!("{}\0", row.builtin),
+    for c in commands {
+        let categories = match (with_ratelimit, c.acl.ratelimit) {
+            (true, true) => format!("{} {CATEGORY}\0", c.acl.builtin),
+            _ => format!("{}\0", c.acl.builtin),
         };
         // SAFETY: OnLoad's context and a NUL-terminated name.
-        let command = unsafe { get_command(ctx, row.command.as_ptr()) };
+        let command = unsafe { get_command(ctx, c.name.as_ptr()) };
         if command.is_null() {
-            return Err(format!("ACL categories for {}: no such command", row.command.to_string_lossy()));
+            return Err(format!("ACL categories for {}: no such command", c.name.to_string_lossy()));
         }
         // SAFETY: a command of ours and a NUL-terminated list, which Redis parses during the call.
         if unsafe { set_categories(command, categories.as_ptr().cast()) } != raw::REDISMODULE_OK as c_int {
             return Err(format!(
                 "could not set the ACL categories '{}' of {}",
                 categories.trim_end_matches('\0'),
-                row.command.to_string_lossy()
+                c.name.to_string_lossy()
             ));
         }
     }

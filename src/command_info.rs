@@ -1,16 +1,19 @@
 //! Command documentation and key specs, registered with `RedisModule_SetCommandInfo` (Redis
 //! 7.0+): `COMMAND DOCS`, `COMMAND INFO`, redis-cli's argument hints, ACL key checks and
-//! cluster routing all read them. Redis copies everything it is given, so the structures here
-//! only live for the call.
+//! cluster routing all read them. Each command's docs, arity and keys are in its table entry
+//! beside its body (`commands`); this module has their vocabulary and registers them. Redis
+//! copies everything it is given, so the C structures here only live for the call.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::os::raw::{c_char, c_int};
 use std::ptr::{null, null_mut};
 
 use redis_module::raw;
 
+use crate::commands::Command;
+
 #[derive(Clone, Copy)]
-enum Kind {
+pub enum Kind {
     Key,
     Integer,
     Text,
@@ -19,47 +22,47 @@ enum Kind {
     Block,
 }
 
-/// One argument: name, kind, token, optional/multiple, children.
-#[derive(Clone)]
-struct Arg {
+/// One argument in a command's docs: name, kind, token, optional/multiple, children.
+pub struct ArgDoc {
     name: &'static str,
     kind: Kind,
     token: Option<&'static str>,
     optional: bool,
     multiple: bool,
-    children: Vec<Arg>,
+    children: &'static [ArgDoc],
 }
 
-fn arg(name: &'static str, kind: Kind) -> Arg {
-    Arg { name, kind, token: None, optional: false, multiple: false, children: Vec::new() }
+pub const fn arg(name: &'static str, kind: Kind) -> ArgDoc {
+    ArgDoc { name, kind, token: None, optional: false, multiple: false, children: &[] }
 }
 
-impl Arg {
-    fn token(mut self, t: &'static str) -> Arg {
+impl ArgDoc {
+    pub const fn token(mut self, t: &'static str) -> ArgDoc {
         self.token = Some(t);
         self
     }
-    fn optional(mut self) -> Arg {
+    pub const fn optional(mut self) -> ArgDoc {
         self.optional = true;
         self
     }
-    fn multiple(mut self) -> Arg {
+    pub const fn multiple(mut self) -> ArgDoc {
         self.multiple = true;
         self
     }
-    fn of(mut self, children: Vec<Arg>) -> Arg {
+    pub const fn of(mut self, children: &'static [ArgDoc]) -> ArgDoc {
         self.children = children;
         self
     }
 }
 
-fn flag(name: &'static str, token: &'static str) -> Arg {
+/// An optional pure token (DRYRUN, PARTIAL).
+pub const fn flag(name: &'static str, token: &'static str) -> ArgDoc {
     arg(name, Kind::Token).token(token).optional()
 }
 
-/// Which keys a command touches and how.
+/// Which keys a command touches and how (the flags of its key spec).
 #[derive(Clone, Copy)]
-enum Keys {
+pub enum Keys {
     None,
     /// The key at position 1.
     First(u64),
@@ -67,143 +70,19 @@ enum Keys {
     Numkeys(u64),
 }
 
-struct Doc {
-    name: &'static CStr,
-    summary: &'static str,
-    complexity: &'static str,
-    arity: c_int,
-    keys: Keys,
-    args: Vec<Arg>,
+/// A command's docs for `COMMAND DOCS` and redis-cli.
+pub struct Doc {
+    pub summary: &'static str,
+    pub complexity: &'static str,
+    pub args: &'static [ArgDoc],
 }
 
-const RW_UPDATE: u64 =
+/// Key spec flags: read-write access + update (the checks), read-only access (RL.INFO), and a
+/// delete (RL.RESET).
+pub const RW_UPDATE: u64 =
     (raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE) as u64;
-
-fn limiter_args(with_burst: bool, period_name: &'static str) -> Vec<Arg> {
-    let mut v = vec![arg("key", Kind::Key), arg("limit", Kind::Integer), arg(period_name, Kind::Text)];
-    if with_burst {
-        v.push(arg("burst", Kind::Integer).token("BURST").optional());
-    }
-    v.push(arg("cost", Kind::Integer).token("COST").optional());
-    v.push(flag("dryrun", "DRYRUN"));
-    v.push(flag("partial", "PARTIAL"));
-    v
-}
-
-fn docs() -> Vec<Doc> {
-    let limiter = |name, summary, complexity, burst, period| Doc {
-        name,
-        summary,
-        complexity,
-        arity: -4,
-        keys: Keys::First(RW_UPDATE),
-        args: limiter_args(burst, period),
-    };
-    let algorithms = ["GCRA", "TOKENBUCKET", "LEAKY", "SLIDING", "FIXED", "SLIDINGLOG"];
-    vec![
-        limiter(c"rl.gcra", "Rate-limits with GCRA: limit per period sustained, up to BURST at once", "O(1)", true, "period"),
-        limiter(c"rl.tokenbucket", "Rate-limits with a token bucket of BURST tokens refilled at limit per period", "O(1)", true, "period"),
-        limiter(c"rl.leaky", "Leaky bucket as a queue: admits up to BURST queued requests and replies how long to wait", "O(1)", true, "period"),
-        limiter(c"rl.sliding", "Rate-limits with a sliding window counter (two weighted window counts)", "O(1)", false, "window"),
-        limiter(c"rl.fixed", "Rate-limits with an epoch-aligned fixed window counter (quotas, daily caps)", "O(1)", false, "window"),
-        limiter(
-            c"rl.slidinglog",
-            "Exact sliding window: admits when the units in the trailing window plus COST fit the limit",
-            "O(1) amortized for admitted calls",
-            false,
-            "window",
-        ),
-        Doc {
-            name: c"rl.multi",
-            summary: "Checks several limits atomically, all or nothing (one limit spec per key)",
-            complexity: "O(N) for N limits",
-            arity: -6,
-            // VARIABLE_FLAGS: Redis then asks the getkeys callback rather than the key spec,
-            // so a malformed call declares no keys (and gets its own error, not CROSSSLOT);
-            // clients still route by the spec.
-            keys: Keys::Numkeys(RW_UPDATE | raw::REDISMODULE_CMD_KEY_VARIABLE_FLAGS as u64),
-            args: vec![
-                arg("numkeys", Kind::Integer),
-                arg("key", Kind::Key).multiple(),
-                arg("limit", Kind::Block).multiple().of(vec![
-                    arg("algorithm", Kind::OneOf).of(algorithms.iter().map(|a| arg(a, Kind::Token).token(a)).collect()),
-                    arg("limit", Kind::Integer),
-                    arg("period", Kind::Text),
-                    arg("burst", Kind::Integer).token("BURST").optional(),
-                ]),
-                arg("cost", Kind::Integer).token("COST").optional(),
-                flag("dryrun", "DRYRUN"),
-                flag("partial", "PARTIAL"),
-            ],
-        },
-        Doc {
-            name: c"rl.info",
-            summary: "Returns a ratelimit key's algorithm, parameters, state and TTL",
-            complexity: "O(1)",
-            arity: 2,
-            keys: Keys::First((raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS) as u64),
-            args: vec![arg("key", Kind::Key)],
-        },
-        Doc {
-            name: c"rl.reset",
-            summary: "Deletes a ratelimit key",
-            complexity: "O(1)",
-            arity: 2,
-            keys: Keys::First((raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE) as u64),
-            args: vec![arg("key", Kind::Key)],
-        },
-        Doc {
-            name: c"cl.throttle",
-            summary: "redis-cell compatible GCRA check: [limited, limit, remaining, retry_after_s, reset_after_s]",
-            complexity: "O(1)",
-            arity: -5,
-            keys: Keys::First(RW_UPDATE),
-            args: vec![
-                arg("key", Kind::Key),
-                arg("max_burst", Kind::Integer),
-                arg("count_per_period", Kind::Integer),
-                arg("period", Kind::Integer),
-                arg("quantity", Kind::Integer).optional(),
-            ],
-        },
-        Doc {
-            name: c"rl.setstate",
-            summary: "Internal: stores a limiter state as computed by the primary (replication, AOF)",
-            complexity: "O(N) for a payload of N bytes",
-            arity: -3,
-            keys: Keys::First(RW_UPDATE),
-            args: vec![
-                arg("key", Kind::Key),
-                arg("payload", Kind::Text),
-                arg("unix-time-milliseconds", Kind::Integer).token("PXAT").optional(),
-            ],
-        },
-        Doc {
-            name: c"rl.debug",
-            summary: "Test clock (only when loaded with DEBUG_CLOCK): SET, ADVANCE, REAL, GET",
-            complexity: "O(1)",
-            arity: -3,
-            keys: Keys::None,
-            args: vec![
-                arg("clock", Kind::Token).token("CLOCK"),
-                arg("action", Kind::OneOf).of(vec![
-                    arg("unix-us", Kind::Integer).token("SET"),
-                    arg("us", Kind::Integer).token("ADVANCE"),
-                    arg("real", Kind::Token).token("REAL"),
-                    arg("get", Kind::Token).token("GET"),
-                ]),
-            ],
-        },
-        Doc {
-            name: c"rl.return",
-            summary: "Gives unused units back to a limiter: never above its capacity, only into the window they were taken from",
-            complexity: "O(1)",
-            arity: -3,
-            keys: Keys::First(RW_UPDATE),
-            args: vec![arg("key", Kind::Key), arg("n", Kind::Integer), arg("ms", Kind::Integer).token("AGE").optional()],
-        },
-    ]
-}
+pub const RO_ACCESS: u64 = (raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS) as u64;
+pub const RW_DELETE: u64 = (raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE) as u64;
 
 /// Keeps the C strings and arrays alive while Redis copies them.
 #[derive(Default)]
@@ -220,7 +99,7 @@ impl Arena {
         p
     }
 
-    fn args(&mut self, args: &[Arg]) -> *mut raw::RedisModuleCommandArg {
+    fn args(&mut self, args: &[ArgDoc]) -> *mut raw::RedisModuleCommandArg {
         if args.is_empty() {
             return null_mut();
         }
@@ -242,7 +121,7 @@ impl Arena {
             c.token = a.token.map_or(null(), |t| self.cstr(t));
             c.flags = (if a.optional { raw::REDISMODULE_CMD_ARG_OPTIONAL } else { 0 }
                 | if a.multiple { raw::REDISMODULE_CMD_ARG_MULTIPLE } else { 0 }) as c_int;
-            c.subargs = self.args(&a.children);
+            c.subargs = self.args(a.children);
             out.push(c);
         }
         // SAFETY: as above; the all-zero entry ends the array.
@@ -287,16 +166,17 @@ fn key_specs(keys: Keys) -> Vec<raw::RedisModuleCommandKeySpec> {
     vec![spec, unsafe { std::mem::zeroed() }]
 }
 
-/// Registers the docs of every command; a failure is logged, not fatal (the commands work
-/// without docs).
-pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
+/// Registers the docs and key specs of every command; a failure is logged, not fatal (the
+/// commands work without docs).
+pub fn register(ctx: *mut raw::RedisModuleCtx, commands: &[Command]) -> Result<(), String> {
     // SAFETY: reading the API table (None before Redis 7.0).
     let Some(set_info) = (unsafe { raw::RedisModule_SetCommandInfo }) else {
         return Ok(());
     };
-    for doc in docs() {
+    for command in commands {
+        let (name, doc) = (command.name, &command.doc);
         let mut arena = Arena::default();
-        let mut specs = key_specs(doc.keys);
+        let mut specs = key_specs(command.keys);
         // SAFETY: a C struct of integers and pointers: all zeroes is a valid value (no fields
         // set), the way C callers initialise it.
         let mut info: raw::RedisModuleCommandInfo = unsafe { std::mem::zeroed() };
@@ -304,15 +184,15 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
         info.summary = arena.cstr(doc.summary);
         info.complexity = arena.cstr(doc.complexity);
         info.since = arena.cstr("0.1.0");
-        info.arity = doc.arity;
+        info.arity = command.arity;
         info.key_specs = if specs.is_empty() { null_mut() } else { specs.as_mut_ptr() };
-        info.args = arena.args(&doc.args);
+        info.args = arena.args(doc.args);
         // SAFETY: OnLoad's context and a NUL-terminated name.
-        let command = unsafe { raw::RedisModule_GetCommand.unwrap()(ctx, doc.name.as_ptr()) };
+        let registered = unsafe { raw::RedisModule_GetCommand.unwrap()(ctx, name.as_ptr()) };
         // SAFETY: a command of ours; `info` and everything it points to (the arena, the key
         // specs) live until the call returns, and Redis copies them.
-        if command.is_null() || unsafe { set_info(command, &info) } != raw::REDISMODULE_OK as c_int {
-            return Err(format!("could not set the command info of {}", doc.name.to_string_lossy()));
+        if registered.is_null() || unsafe { set_info(registered, &info) } != raw::REDISMODULE_OK as c_int {
+            return Err(format!("could not set the command info of {}", name.to_string_lossy()));
         }
     }
     Ok(())

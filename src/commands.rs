@@ -1,17 +1,22 @@
-//! The commands: parse → open key → core → store + TTL → replicate → reply.
+//! The commands: parse → open key → core → store + TTL → replicate → reply. Each command's
+//! facts (name, body, flags, arity, keys, ACL categories, docs) are one `Command` beside its
+//! body; `ALL` lists them for registration (lib.rs), acl.rs and command_info.rs.
 
 use std::cell::RefCell;
+use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
+use crate::acl::Acl;
 use crate::args::{self, wrong_arity};
+use crate::command_info::{arg, flag, ArgDoc, Doc, Keys, Kind, RO_ACCESS, RW_DELETE, RW_UPDATE};
 use crate::core::codec::{Algorithm, State};
 use crate::core::give_back::{self, Refusal};
 use crate::core::spec::{AlgorithmMismatch, Spec, Update};
-use crate::core::{ceil_ms, Decision, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
-use crate::reply::{self, Field};
+use crate::core::{ceil_ms, info as state_info, multi as multi_limits, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
+use crate::reply;
 use crate::state::{server_ms, Entry, Held, Key, Stored, SETSTATE, WRONGTYPE};
 use crate::{clock, metrics, propagation};
 
@@ -41,16 +46,59 @@ impl Arg {
 /// A command's arguments (the command's name first).
 pub type Args<'a> = &'a [Arg];
 pub type CommandResult = Result<(), String>;
+pub type Body = fn(*mut RedisModuleCtx, Args) -> CommandResult;
+/// The entry point Redis calls.
+pub type EntryPoint = extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int;
+
+/// One command: everything registration, ACL categories and docs need, beside its body.
+pub struct Command {
+    /// Its name, lower case.
+    pub name: &'static CStr,
+    pub body: Body,
+    /// `dispatch` of this command (made by `entry_point!`).
+    pub run: EntryPoint,
+    /// RedisModule_CreateCommand's flags.
+    pub flags: &'static CStr,
+    /// Arguments, the name included: N exactly, or -N for at least N.
+    pub arity: c_int,
+    pub keys: Keys,
+    pub acl: Acl,
+    pub doc: Doc,
+}
+
+/// The entry point of the command `$command` (a const `Command`): `dispatch` with its entry.
+macro_rules! entry_point {
+    ($command:ident) => {{
+        extern "C" fn run(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
+            dispatch(ctx, argv, argc, &$command)
+        }
+        run
+    }};
+}
+
+/// Every command, in registration order.
+pub const ALL: &[Command] = &[
+    GCRA,
+    TOKENBUCKET,
+    SLIDING,
+    SLIDINGLOG,
+    FIXED,
+    LEAKY,
+    CL_THROTTLE,
+    MULTI,
+    INFO,
+    RESET,
+    SETSTATE_COMMAND,
+    DEBUG,
+    RETURN,
+];
 
 /// Runs a command body behind `catch_unwind`: a panic becomes an error reply, never an abort
-/// of redis-server. Errors are replied here; successful bodies reply themselves.
-pub fn dispatch(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-    name: &str,
-    body: fn(*mut RedisModuleCtx, Args) -> CommandResult,
-) -> c_int {
+/// of redis-server. Errors are replied here; successful bodies reply themselves. A call with
+/// the wrong number of arguments (Redis checks the arity it was given first) is refused.
+/// Inlined into each command's entry point, where `command` is a constant.
+#[inline(always)]
+fn dispatch(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int, command: &Command) -> c_int {
     let argv: Args = if argv.is_null() || argc <= 0 {
         &[]
     } else {
@@ -59,13 +107,25 @@ pub fn dispatch(
         // lifetime is its own).
         unsafe { std::slice::from_raw_parts(argv as *const Arg, argc as usize) }
     };
-    match catch_unwind(AssertUnwindSafe(|| body(ctx, argv))) {
+    let name = || command.name.to_str().unwrap_or("?");
+    let arity_ok = match command.arity {
+        n if n >= 0 => argv.len() == n as usize,
+        n => argv.len() >= n.unsigned_abs() as usize,
+    };
+    if !arity_ok {
+        reply::error(ctx, &wrong_arity(name()));
+        return raw::REDISMODULE_OK as c_int;
+    }
+    match catch_unwind(AssertUnwindSafe(|| (command.body)(ctx, argv))) {
         Ok(Ok(())) => {}
         Ok(Err(msg)) => reply::error(ctx, &msg),
-        Err(_) => reply::error(ctx, &format!("ERR internal error in {name}; the server is fine, please report it")),
+        Err(_) => reply::error(ctx, &format!("ERR internal error in {}; the server is fine, please report it", name())),
     }
     raw::REDISMODULE_OK as c_int
 }
+
+/// ACL categories: the checks (an application's commands) …
+const APP_WRITE: Acl = Acl { builtin: "write fast", ratelimit: true };
 
 /// Argument bytes without allocating for the usual short command lines.
 fn with_arg_bytes<T>(argv: Args, f: impl FnOnce(&[&[u8]]) -> T) -> T {
@@ -173,9 +233,6 @@ fn replicate_payload(ctx: *mut RedisModuleCtx, key: *mut RedisModuleString, payl
 
 /// RL.GCRA, RL.TOKENBUCKET, RL.SLIDING, RL.SLIDINGLOG, RL.FIXED, RL.LEAKY.
 pub fn limiter(ctx: *mut RedisModuleCtx, argv: Args, algo: Algorithm, command: &str) -> CommandResult {
-    if argv.len() < 4 {
-        return Err(wrong_arity(command));
-    }
     let check = with_arg_bytes(&argv[2..], |a| args::check(algo, a, command))?;
     let now = clock::now();
     // SAFETY: the command's context and key argument; the only key it opens.
@@ -194,20 +251,105 @@ pub fn limiter(ctx: *mut RedisModuleCtx, argv: Args, algo: Algorithm, command: &
     Ok(())
 }
 
+/// A limiter's arguments: `key limit period [BURST n] [COST n] [DRYRUN] [PARTIAL]`.
+const RATE_ARGS: &[ArgDoc] = &[
+    arg("key", Kind::Key),
+    arg("limit", Kind::Integer),
+    arg("period", Kind::Text),
+    arg("burst", Kind::Integer).token("BURST").optional(),
+    arg("cost", Kind::Integer).token("COST").optional(),
+    flag("dryrun", "DRYRUN"),
+    flag("partial", "PARTIAL"),
+];
+/// A window limiter's arguments: `key limit window [COST n] [DRYRUN] [PARTIAL]`.
+const WINDOW_ARGS: &[ArgDoc] = &[
+    arg("key", Kind::Key),
+    arg("limit", Kind::Integer),
+    arg("window", Kind::Text),
+    arg("cost", Kind::Integer).token("COST").optional(),
+    flag("dryrun", "DRYRUN"),
+    flag("partial", "PARTIAL"),
+];
+
 macro_rules! limiter_command {
-    ($fn_name:ident, $algo:expr, $command:literal) => {
+    ($table:ident, $fn_name:ident, $algo:expr, $command:literal, $name:literal, $args:expr, $complexity:literal, $summary:literal) => {
         pub fn $fn_name(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
             limiter(ctx, argv, $algo, $command)
         }
+
+        pub const $table: Command = Command {
+            name: $name,
+            body: $fn_name,
+            run: entry_point!($table),
+            flags: c"write deny-oom fast",
+            arity: -4,
+            keys: Keys::First(RW_UPDATE),
+            acl: APP_WRITE,
+            doc: Doc { summary: $summary, complexity: $complexity, args: $args },
+        };
     };
 }
 
-limiter_command!(gcra_command, Algorithm::Gcra, "RL.GCRA");
-limiter_command!(token_bucket_command, Algorithm::TokenBucket, "RL.TOKENBUCKET");
-limiter_command!(sliding_command, Algorithm::Sliding, "RL.SLIDING");
-limiter_command!(sliding_log_command, Algorithm::SlidingLog, "RL.SLIDINGLOG");
-limiter_command!(fixed_command, Algorithm::Fixed, "RL.FIXED");
-limiter_command!(leaky_command, Algorithm::Leaky, "RL.LEAKY");
+limiter_command!(
+    GCRA,
+    gcra_command,
+    Algorithm::Gcra,
+    "RL.GCRA",
+    c"rl.gcra",
+    RATE_ARGS,
+    "O(1)",
+    "Rate-limits with GCRA: limit per period sustained, up to BURST at once"
+);
+limiter_command!(
+    TOKENBUCKET,
+    token_bucket_command,
+    Algorithm::TokenBucket,
+    "RL.TOKENBUCKET",
+    c"rl.tokenbucket",
+    RATE_ARGS,
+    "O(1)",
+    "Rate-limits with a token bucket of BURST tokens refilled at limit per period"
+);
+limiter_command!(
+    SLIDING,
+    sliding_command,
+    Algorithm::Sliding,
+    "RL.SLIDING",
+    c"rl.sliding",
+    WINDOW_ARGS,
+    "O(1)",
+    "Rate-limits with a sliding window counter (two weighted window counts)"
+);
+limiter_command!(
+    SLIDINGLOG,
+    sliding_log_command,
+    Algorithm::SlidingLog,
+    "RL.SLIDINGLOG",
+    c"rl.slidinglog",
+    WINDOW_ARGS,
+    "O(1) amortized for admitted calls",
+    "Exact sliding window: admits when the units in the trailing window plus COST fit the limit"
+);
+limiter_command!(
+    FIXED,
+    fixed_command,
+    Algorithm::Fixed,
+    "RL.FIXED",
+    c"rl.fixed",
+    WINDOW_ARGS,
+    "O(1)",
+    "Rate-limits with an epoch-aligned fixed window counter (quotas, daily caps)"
+);
+limiter_command!(
+    LEAKY,
+    leaky_command,
+    Algorithm::Leaky,
+    "RL.LEAKY",
+    c"rl.leaky",
+    RATE_ARGS,
+    "O(1)",
+    "Leaky bucket as a queue: admits up to BURST queued requests and replies how long to wait"
+);
 
 /// redis-cell's seconds: whole seconds, plus one when at least a full millisecond is left.
 fn cell_seconds(ns: Option<Nanos>) -> i64 {
@@ -221,9 +363,6 @@ fn cell_seconds(ns: Option<Nanos>) -> i64 {
 /// reply, on this module's exact GCRA. A key redis-cell left (a string holding the arrival
 /// time in ns) is read, and taken over by the first call that writes (as by every command).
 pub fn cl_throttle(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
-    if argv.len() < 5 {
-        return Err(wrong_arity("cl.throttle"));
-    }
     let (rate, quantity) = with_arg_bytes(&argv[2..], args::cl_throttle)?;
     let now = clock::now();
     // SAFETY: the command's context and key argument; the only key it opens.
@@ -253,95 +392,62 @@ pub fn cl_throttle(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     Ok(())
 }
 
-/// RL.INFO key: algorithm, parameters, state and TTL; nil for a missing key.
+pub const CL_THROTTLE: Command = Command {
+    name: c"cl.throttle",
+    body: cl_throttle,
+    run: entry_point!(CL_THROTTLE),
+    flags: c"write deny-oom fast",
+    arity: -5,
+    keys: Keys::First(RW_UPDATE),
+    acl: APP_WRITE,
+    doc: Doc {
+        summary: "redis-cell compatible GCRA check: [limited, limit, remaining, retry_after_s, reset_after_s]",
+        complexity: "O(1)",
+        args: &[
+            arg("key", Kind::Key),
+            arg("max_burst", Kind::Integer),
+            arg("count_per_period", Kind::Integer),
+            arg("period", Kind::Integer),
+            arg("quantity", Kind::Integer).optional(),
+        ],
+    },
+};
+
+/// RL.INFO key: algorithm, parameters, state and TTL (core::info); nil for a missing key.
 pub fn info(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
-    if argv.len() != 2 {
-        return Err(wrong_arity("rl.info"));
-    }
     // SAFETY: the command's context and key argument; the only key it opens.
     let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), false) };
     let entry = key.entry();
-    let state = match entry.stored()? {
+    let mut fields = match entry.stored()? {
         Stored::Missing => {
             reply::null(ctx);
             return Ok(());
         }
-        Stored::Ours(s) => s,
-        Stored::Cell { tat_ns } => {
-            // redis-cell stores only the arrival time: the parameters come with each call.
-            let tat_us = Field::Int(tat_ns.div_euclid(1_000) + (tat_ns.rem_euclid(1_000) != 0) as i64);
-            reply::fields(
-                ctx,
-                &[
-                    ("algorithm", Field::Text("gcra")),
-                    ("source", Field::Text("redis-cell")),
-                    ("tat_us", tat_us),
-                    ("ttl_ms", Field::Int(entry.key().ttl_ms())),
-                ],
-            );
-            return Ok(());
-        }
+        Stored::Ours(s) => state_info::fields(s, clock::now()),
+        Stored::Cell { tat_ns } => state_info::cell_fields(tat_ns).to_vec(),
     };
-    let now = clock::now();
-    let us = |ns: i128| Field::Int((ns / 1_000).clamp(i64::MIN as i128, i64::MAX as i128) as i64);
-    let int = |v: u64| Field::Int(v.min(i64::MAX as u64) as i64);
-    let mut f: Vec<(&str, Field)> = vec![("algorithm", Field::Text(state.algorithm().name()))];
-    match state {
-        State::Gcra(s) | State::Leaky(crate::core::leaky::State(s)) => {
-            let tokens = s.tokens_scaled(now).max(0) / s.rate.period as i128;
-            f.extend([
-                ("limit", int(s.rate.limit)),
-                ("period_us", us(s.rate.period as i128)),
-                ("burst", int(s.rate.burst)),
-                ("tat_us", us(s.tat_nanos())),
-                ("available", int(tokens as u64)),
-            ]);
-        }
-        State::TokenBucket(s) => {
-            let tokens = s.tokens_scaled(now).max(0) / s.rate.period as i128;
-            f.extend([
-                ("limit", int(s.rate.limit)),
-                ("period_us", us(s.rate.period as i128)),
-                ("burst", int(s.rate.burst)),
-                ("tokens", int((s.tokens.max(0) / s.rate.period as i128) as u64)),
-                ("last_us", us(s.last as i128)),
-                ("available", int(tokens as u64)),
-            ]);
-        }
-        State::Sliding(s) => f.extend([
-            ("limit", int(s.win.limit)),
-            ("window_us", us(s.win.window as i128)),
-            ("window_start_us", us(s.index as i128 * s.win.window as i128)),
-            ("previous", int(s.prev)),
-            ("current", int(s.curr)),
-            ("estimate", int(s.estimate(now))),
-        ]),
-        State::Fixed(s) => f.extend([
-            ("limit", int(s.win.limit)),
-            ("window_us", us(s.win.window as i128)),
-            ("window_start_us", us(s.index as i128 * s.win.window as i128)),
-            ("count", int(s.count)),
-        ]),
-        State::SlidingLog(s) => f.extend([
-            ("limit", int(s.win.limit)),
-            ("window_us", us(s.win.window as i128)),
-            ("entries", int(s.log.len() as u64)),
-            ("units", int(s.log.total)),
-            ("in_window", int(s.in_window(now))),
-            ("oldest_us", Field::Int(s.log.oldest().unwrap_or(-1))),
-            ("newest_us", Field::Int(s.log.newest().unwrap_or(-1))),
-        ]),
-    }
-    f.push(("ttl_ms", Field::Int(entry.key().ttl_ms())));
-    reply::fields(ctx, &f);
+    fields.push(("ttl_ms", state_info::Field::Int(entry.key().ttl_ms())));
+    reply::fields(ctx, &fields);
     Ok(())
 }
 
+pub const INFO: Command = Command {
+    name: c"rl.info",
+    body: info,
+    run: entry_point!(INFO),
+    flags: c"readonly fast",
+    arity: 2,
+    keys: Keys::First(RO_ACCESS),
+    acl: Acl { builtin: "read fast", ratelimit: true },
+    doc: Doc {
+        summary: "Returns a ratelimit key's algorithm, parameters, state and TTL",
+        complexity: "O(1)",
+        args: &[arg("key", Kind::Key)],
+    },
+};
+
 /// RL.RESET key: deletes a ratelimit key (or a key redis-cell left).
 pub fn reset(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
-    if argv.len() != 2 {
-        return Err(wrong_arity("rl.reset"));
-    }
     // SAFETY: the command's context and key argument; the only key it opens.
     let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
     let entry = key.entry();
@@ -356,6 +462,17 @@ pub fn reset(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     reply::integer(ctx, deleted as i64);
     Ok(())
 }
+
+pub const RESET: Command = Command {
+    name: c"rl.reset",
+    body: reset,
+    run: entry_point!(RESET),
+    flags: c"write fast",
+    arity: 2,
+    keys: Keys::First(RW_DELETE),
+    acl: APP_WRITE,
+    doc: Doc { summary: "Deletes a ratelimit key", complexity: "O(1)", args: &[arg("key", Kind::Key)] },
+};
 
 /// RL.SETSTATE key payload [PXAT ms]: internal. Stores a state (or applies a sliding-log
 /// change) exactly as the primary computed it; this is what replicas and the AOF receive.
@@ -403,6 +520,26 @@ pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     Ok(())
 }
 
+pub const SETSTATE_COMMAND: Command = Command {
+    name: c"rl.setstate",
+    body: set_state,
+    run: entry_point!(SETSTATE_COMMAND),
+    flags: c"write deny-oom",
+    arity: -3,
+    keys: Keys::First(RW_UPDATE),
+    // Like RESTORE: writes whatever valid state it is handed.
+    acl: Acl { builtin: "write slow dangerous", ratelimit: false },
+    doc: Doc {
+        summary: "Internal: stores a limiter state as computed by the primary (replication, AOF)",
+        complexity: "O(N) for a payload of N bytes",
+        args: &[
+            arg("key", Kind::Key),
+            arg("payload", Kind::Text),
+            arg("unix-time-milliseconds", Kind::Integer).token("PXAT").optional(),
+        ],
+    },
+};
+
 /// RL.DEBUG CLOCK SET <unix_us> | ADVANCE <us> | REAL | GET — only with DEBUG_CLOCK.
 pub fn debug(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     if !clock::debug_enabled() {
@@ -426,6 +563,30 @@ pub fn debug(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     })
 }
 
+pub const DEBUG: Command = Command {
+    name: c"rl.debug",
+    body: debug,
+    run: entry_point!(DEBUG),
+    flags: c"fast",
+    arity: -3,
+    keys: Keys::None,
+    // Like DEBUG: changes the clock every limiter reads (only loaded with DEBUG_CLOCK).
+    acl: Acl { builtin: "admin slow dangerous", ratelimit: false },
+    doc: Doc {
+        summary: "Test clock (only when loaded with DEBUG_CLOCK): SET, ADVANCE, REAL, GET",
+        complexity: "O(1)",
+        args: &[
+            arg("clock", Kind::Token).token("CLOCK"),
+            arg("action", Kind::OneOf).of(&[
+                arg("unix-us", Kind::Integer).token("SET"),
+                arg("us", Kind::Integer).token("ADVANCE"),
+                arg("real", Kind::Token).token("REAL"),
+                arg("get", Kind::Token).token("GET"),
+            ]),
+        ],
+    },
+};
+
 /// Declares the key at `pos` to a getkeys request, with the flags of RL.MULTI's key spec.
 fn report_key(ctx: *mut RedisModuleCtx, pos: usize) {
     let flags = raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE;
@@ -439,11 +600,8 @@ fn report_key(ctx: *mut RedisModuleCtx, pos: usize) {
 }
 
 /// RL.MULTI numkeys key [key ...] ALGO args [ALGO args ...] [COST n] [DRYRUN] [PARTIAL]:
-/// several limits in one atomic call, all or nothing.
+/// several limits in one atomic call, all or nothing (core::multi decides).
 pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
-    if argv.len() < 2 {
-        return Err(wrong_arity("rl.multi"));
-    }
     let numkeys = match args::non_negative(argv[1].bytes(), "numkeys") {
         Ok(n) if n >= 1 && (n as usize) <= argv.len() - 2 => n as usize,
         _ => return Err("ERR numkeys must be a positive integer no larger than the number of keys given".into()),
@@ -473,88 +631,83 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     for (entry, spec) in entries.iter_mut().zip(&m.specs) {
         entry.state_for(spec)?;
     }
-    let decide = |req: Request| -> Result<Vec<_>, String> {
-        m.specs.iter().zip(&entries).map(|(spec, e)| spec.check(e.state(), now, req).map_err(mismatch_error)).collect()
-    };
-    // How many units every limit grants: all of COST, or with PARTIAL the least any grants.
-    let first = decide(m.req)?;
-    let grant = if m.req.partial {
-        first.iter().map(|(d, _)| d.allowed).min().unwrap_or(0)
-    } else if first.iter().all(|(d, _)| d.allowed == m.req.cost) {
-        m.req.cost
-    } else {
-        0
-    };
-    let admitted = grant > 0;
-    let outcome = if admitted && grant != m.req.cost { decide(Request::new(grant))? } else { first };
-    // Refused: nothing is consumed; each limit reports its own view with its state unchanged.
-    let peeks = if admitted || m.req.cost == 0 { None } else { Some(decide(Request::new(0))?) };
+    let o = multi_limits::check(&m.specs, entries.iter().map(Entry::state), now, m.req).map_err(mismatch_error)?;
     if !m.dryrun {
-        for (entry, (d, u)) in entries.into_iter().zip(&outcome) {
-            // Refused: nothing is consumed, but a limit that refused under new parameters
-            // keeps its converted state, exactly as the single-key command does.
-            if let (Some(u), true) = (u, admitted || d.allowed == 0) {
-                store(entry, u, d.reset_after)?;
+        for (entry, limit) in entries.into_iter().zip(&o.limits) {
+            if let Some(s) = &limit.store {
+                store(entry, &s.update, s.reset_after)?;
             }
         }
     }
-    let limited = m.req.cost > 0 && !admitted;
-    let mut retry: Option<i64> = None;
-    let mut never = false;
-    let mut replies = Vec::with_capacity(numkeys);
-    for (i, (d, _)) in outcome.iter().enumerate() {
-        let mut d = *d;
-        if let Some(p) = &peeks {
-            let refused = d.allowed == 0 || (!m.req.partial && d.allowed < m.req.cost);
-            if refused {
-                match d.retry_after {
-                    Some(r) => retry = Some(retry.map_or(r, |x| x.max(r))),
-                    None => never = true,
-                }
-            }
-            let unchanged = p[i].0;
-            d = Decision {
-                allowed: 0,
-                remaining: unchanged.remaining,
-                reset_after: unchanged.reset_after,
-                delay: None,
-                ..d
-            };
-        }
-        metrics::record(m.specs[i].algorithm(), if admitted { grant } else { 0 }, limited);
-        replies.push(d);
+    for spec in &m.specs {
+        metrics::record(spec.algorithm(), o.allowed, o.limited);
     }
-    if limited {
+    if o.limited {
         keys.iter().for_each(|k| metrics::notify_limited(ctx, k.as_ptr()));
     }
-    let retry_ms = if never || !limited { -1 } else { reply::ms_or_minus_one(retry) };
-    let allowed = if admitted && m.req.cost > 0 { grant as i64 } else { 0 };
-    let resp3 = reply::resp3(ctx);
-    if resp3 {
+    let retry_ms = reply::ms_or_minus_one(o.retry_after);
+    let allowed = o.allowed as i64;
+    if reply::resp3(ctx) {
         reply::map(ctx, 3);
         reply::bulk(ctx, b"allowed");
         reply::integer(ctx, allowed);
         reply::bulk(ctx, b"retry_after_ms");
         reply::integer(ctx, retry_ms);
         reply::bulk(ctx, b"limits");
-        reply::array(ctx, replies.len());
+        reply::array(ctx, o.limits.len());
     } else {
-        reply::array(ctx, 2 + replies.len());
+        reply::array(ctx, 2 + o.limits.len());
         reply::integer(ctx, allowed);
         reply::integer(ctx, retry_ms);
     }
-    for (d, spec) in replies.iter().zip(&m.specs) {
-        reply::decision(ctx, d, spec.algorithm() == Algorithm::Leaky);
+    for (limit, spec) in o.limits.iter().zip(&m.specs) {
+        reply::decision(ctx, &limit.decision, spec.algorithm() == Algorithm::Leaky);
     }
     Ok(())
 }
 
+const ALGORITHM_WORDS: &[ArgDoc] = &[
+    arg("GCRA", Kind::Token).token("GCRA"),
+    arg("TOKENBUCKET", Kind::Token).token("TOKENBUCKET"),
+    arg("LEAKY", Kind::Token).token("LEAKY"),
+    arg("SLIDING", Kind::Token).token("SLIDING"),
+    arg("FIXED", Kind::Token).token("FIXED"),
+    arg("SLIDINGLOG", Kind::Token).token("SLIDINGLOG"),
+];
+
+pub const MULTI: Command = Command {
+    name: c"rl.multi",
+    body: multi,
+    run: entry_point!(MULTI),
+    flags: c"write deny-oom fast getkeys-api",
+    arity: -6,
+    // VARIABLE_FLAGS: Redis then asks the getkeys callback rather than the key spec, so a
+    // malformed call declares no keys (and gets its own error, not CROSSSLOT); clients still
+    // route by the spec.
+    keys: Keys::Numkeys(RW_UPDATE | raw::REDISMODULE_CMD_KEY_VARIABLE_FLAGS as u64),
+    acl: APP_WRITE,
+    doc: Doc {
+        summary: "Checks several limits atomically, all or nothing (one limit spec per key)",
+        complexity: "O(N) for N limits",
+        args: &[
+            arg("numkeys", Kind::Integer),
+            arg("key", Kind::Key).multiple(),
+            arg("limit", Kind::Block).multiple().of(&[
+                arg("algorithm", Kind::OneOf).of(ALGORITHM_WORDS),
+                arg("limit", Kind::Integer),
+                arg("period", Kind::Text),
+                arg("burst", Kind::Integer).token("BURST").optional(),
+            ]),
+            arg("cost", Kind::Integer).token("COST").optional(),
+            flag("dryrun", "DRYRUN"),
+            flag("partial", "PARTIAL"),
+        ],
+    },
+};
+
 /// RL.RETURN key n [AGE ms]: gives unused units back to a limiter (see core::give_back);
 /// replies the units credited. Crediting nothing writes and replicates nothing.
 pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
-    if argv.len() < 3 {
-        return Err(wrong_arity("rl.return"));
-    }
     let req = with_arg_bytes(&argv[2..], args::give_back)?;
     let now = clock::now();
     // SAFETY: the command's context and key argument; the only key it opens.
@@ -588,3 +741,20 @@ pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     reply::integer(ctx, credit.credited as i64);
     Ok(())
 }
+
+pub const RETURN: Command = Command {
+    name: c"rl.return",
+    body: give_back,
+    run: entry_point!(RETURN),
+    flags: c"write deny-oom fast",
+    arity: -3,
+    keys: Keys::First(RW_UPDATE),
+    // Gives back claimed units: for the services that enforce the limit, like the checks.
+    acl: APP_WRITE,
+    doc: Doc {
+        summary:
+            "Gives unused units back to a limiter: never above its capacity, only into the window they were taken from",
+        complexity: "O(1)",
+        args: &[arg("key", Kind::Key), arg("n", Kind::Integer), arg("ms", Kind::Integer).token("AGE").optional()],
+    },
+};

@@ -1,5 +1,5 @@
 //! redis-ratelimit: native rate-limit commands for Redis. Registration only; see `commands`
-//! for the commands, `core` for the algorithms, `state` for the native type.
+//! for the commands (and their table), `core` for the algorithms, `state` for the native type.
 
 // The glue's functions take the context pointer Redis hands to a command (or callback), valid
 // for its duration; marking each `unsafe` would only move the same contract around. Everything
@@ -22,67 +22,41 @@ pub mod reply;
 mod state;
 pub mod value;
 
-use std::ffi::CStr;
 use std::os::raw::c_int;
 
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 
-use commands::Args;
 use state::RL_TYPE;
 
-type Body = fn(*mut raw::RedisModuleCtx, Args) -> commands::CommandResult;
+/// The commands' table (each command's facts beside its body, in `commands`).
+pub use commands::{Command, ALL as COMMANDS};
 
-macro_rules! register {
-    ($ctx:expr, $name:literal, $body:path, $flags:literal, $first:expr, $last:expr, $step:expr) => {{
-        extern "C" fn run(ctx: *mut raw::RedisModuleCtx, argv: *mut *mut raw::RedisModuleString, argc: c_int) -> c_int {
-            commands::dispatch(ctx, argv, argc, $name, $body as Body)
-        }
-        create_command(
-            $ctx,
-            CStr::from_bytes_with_nul(concat!($name, "\0").as_bytes()).unwrap(),
-            run,
-            $flags,
-            $first,
-            $last,
-            $step,
-        )?;
-    }};
-}
-
-fn create_command(
-    ctx: *mut raw::RedisModuleCtx,
-    name: &CStr,
-    run: extern "C" fn(*mut raw::RedisModuleCtx, *mut *mut raw::RedisModuleString, c_int) -> c_int,
-    flags: &CStr,
-    first: c_int,
-    last: c_int,
-    step: c_int,
-) -> Result<(), String> {
-    // SAFETY: called from OnLoad with its context; the strings are NUL-terminated and Redis
-    // copies them.
-    let status = unsafe {
-        raw::RedisModule_CreateCommand.unwrap()(ctx, name.as_ptr(), Some(run), flags.as_ptr(), first, last, step)
-    };
-    if status != raw::REDISMODULE_OK as c_int {
-        return Err(format!("failed to register {}", name.to_string_lossy()));
-    }
-    Ok(())
-}
-
+/// Registers every command of the table: its entry point and flags. The first, last and step
+/// of its keys: the key at position 1, or none declared by position (RL.MULTI finds its keys
+/// with the getkeys API, RL.DEBUG has none).
 fn register_commands(ctx: *mut raw::RedisModuleCtx) -> Result<(), String> {
-    register!(ctx, "rl.gcra", commands::gcra_command, c"write deny-oom fast", 1, 1, 1);
-    register!(ctx, "rl.tokenbucket", commands::token_bucket_command, c"write deny-oom fast", 1, 1, 1);
-    register!(ctx, "rl.sliding", commands::sliding_command, c"write deny-oom fast", 1, 1, 1);
-    register!(ctx, "rl.slidinglog", commands::sliding_log_command, c"write deny-oom fast", 1, 1, 1);
-    register!(ctx, "rl.fixed", commands::fixed_command, c"write deny-oom fast", 1, 1, 1);
-    register!(ctx, "rl.leaky", commands::leaky_command, c"write deny-oom fast", 1, 1, 1);
-    register!(ctx, "cl.throttle", commands::cl_throttle, c"write deny-oom fast", 1, 1, 1);
-    register!(ctx, "rl.multi", commands::multi, c"write deny-oom fast getkeys-api", 0, 0, 0);
-    register!(ctx, "rl.info", commands::info, c"readonly fast", 1, 1, 1);
-    register!(ctx, "rl.reset", commands::reset, c"write fast", 1, 1, 1);
-    register!(ctx, "rl.setstate", commands::set_state, c"write deny-oom", 1, 1, 1);
-    register!(ctx, "rl.debug", commands::debug, c"fast", 0, 0, 0);
-    register!(ctx, "rl.return", commands::give_back, c"write deny-oom fast", 1, 1, 1);
+    for c in COMMANDS {
+        let (first, last, step) = match c.keys {
+            command_info::Keys::First(_) => (1, 1, 1),
+            command_info::Keys::Numkeys(_) | command_info::Keys::None => (0, 0, 0),
+        };
+        // SAFETY: called from OnLoad with its context; the strings are NUL-terminated and Redis
+        // copies them; the entry point is a plain function that lives as long as the module.
+        let status = unsafe {
+            raw::RedisModule_CreateCommand.unwrap()(
+                ctx,
+                c.name.as_ptr(),
+                Some(c.run),
+                c.flags.as_ptr(),
+                first,
+                last,
+                step,
+            )
+        };
+        if status != raw::REDISMODULE_OK as c_int {
+            return Err(format!("failed to register {}", c.name.to_string_lossy()));
+        }
+    }
     Ok(())
 }
 
@@ -114,11 +88,11 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         ctx.log_warning(&format!("ratelimit: {e}"));
         return Status::Err;
     }
-    if let Err(e) = command_info::register(ctx.ctx) {
+    if let Err(e) = command_info::register(ctx.ctx, COMMANDS) {
         ctx.log_warning(&format!("ratelimit: {e}"));
         return Status::Err;
     }
-    match acl::register(ctx.ctx) {
+    match acl::register(ctx.ctx, COMMANDS) {
         Ok(support) => ctx.log_notice(&format!("ratelimit: ACL categories: {}", support.describe())),
         Err(e) => {
             ctx.log_warning(&format!("ratelimit: {e}"));

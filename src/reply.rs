@@ -5,6 +5,7 @@ use std::os::raw::{c_char, c_long};
 
 use redis_module::raw::{self, RedisModuleCtx};
 
+use crate::core::info::Field;
 use crate::core::{ceil_ms, Decision};
 
 /// Field names of a limiter reply, in order.
@@ -91,12 +92,6 @@ pub fn named_integers(ctx: *mut RedisModuleCtx, names: &[&str], values: &[i64]) 
         array(ctx, values.len());
         values.iter().for_each(|v| integer(ctx, *v));
     }
-}
-
-/// A value in a field/value reply (RL.INFO).
-pub enum Field {
-    Int(i64),
-    Text(&'static str),
 }
 
 /// Field/value pairs: a map under RESP3, a flat array under RESP2.

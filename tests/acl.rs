@@ -9,8 +9,8 @@ mod common;
 
 use common::{Opts, Server};
 use redis::{Connection, Value};
-use redis_ratelimit::acl;
 use redis_ratelimit::core::{codec::State, gcra, Rate, Request, NANOS_PER_MICRO, NANOS_PER_SEC};
+use redis_ratelimit::{acl, COMMANDS};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 fn now_us() -> i64 {
@@ -247,9 +247,9 @@ fn module_commands_are_granted_by_name() {
 fn acl_cat(con: &mut Connection, category: &str) -> Vec<String> {
     let want = Value::SimpleString(format!("@{category}"));
     let want_bulk = Value::BulkString(format!("@{category}").into_bytes());
-    let mut v: Vec<String> = acl::TABLE
+    let mut v: Vec<String> = COMMANDS
         .iter()
-        .map(|r| r.command.to_str().unwrap().to_string())
+        .map(|c| c.name.to_str().unwrap().to_string())
         .filter(|name| {
             let Value::Array(entries) = run(con, &["COMMAND", "INFO", name]) else { panic!("COMMAND INFO {name}") };
             let Some(Value::Array(entry)) = entries.first() else { panic!("COMMAND INFO {name}: {entries:?}") };
@@ -263,12 +263,13 @@ fn acl_cat(con: &mut Connection, category: &str) -> Vec<String> {
     v
 }
 
-/// The module commands the table of src/acl.rs puts in `category` (on a server that has it).
+/// The module commands the command table (src/commands.rs) puts in `category` (on a server
+/// that has it).
 fn expected_in(category: &str) -> Vec<String> {
-    let mut v: Vec<String> = acl::TABLE
+    let mut v: Vec<String> = COMMANDS
         .iter()
-        .filter(|r| r.builtin.split(' ').any(|c| c == category) || (category == acl::CATEGORY && r.ratelimit))
-        .map(|r| r.command.to_str().unwrap().to_string())
+        .filter(|c| c.acl.builtin.split(' ').any(|b| b == category) || (category == acl::CATEGORY && c.acl.ratelimit))
+        .map(|c| c.name.to_str().unwrap().to_string())
         .collect();
     v.sort();
     v
@@ -289,9 +290,9 @@ fn acl_categories_where_the_server_has_them() {
     let mut listed: Vec<String> =
         redis::cmd("COMMAND").arg("LIST").arg("FILTERBY").arg("MODULE").arg("ratelimit").query(&mut admin).unwrap();
     listed.sort();
-    let mut rows: Vec<String> = acl::TABLE.iter().map(|r| r.command.to_str().unwrap().to_string()).collect();
+    let mut rows: Vec<String> = COMMANDS.iter().map(|c| c.name.to_str().unwrap().to_string()).collect();
     rows.sort();
-    assert_eq!(listed, rows, "src/acl.rs TABLE must list every module command");
+    assert_eq!(listed, rows, "the command table (src/commands.rs) must list every module command");
 
     let all_cats: Vec<String> = redis::cmd("ACL").arg("CAT").query(&mut admin).unwrap();
     assert_eq!(
