@@ -1,0 +1,596 @@
+//! The Redis side: connections (one server or a Redis Cluster), the commands a request's
+//! checks become, and the protocol that keeps a request all-or-nothing across cluster slots.
+//!
+//! A request's checks (one per descriptor with a limit) are decided together: admitted only if
+//! every enforced check admits, and a refused request consumes nothing. Shadow-mode checks
+//! ("soft") never veto: each consumes only when the request is admitted and it admits itself.
+//!
+//! * **One group** (a single server, or every key in one cluster slot): exactly one command.
+//!   All checks enforced with one cost: the limiter command itself for one check, `RL.MULTI`
+//!   for several. Otherwise (shadow-mode checks, or different `hits_addend`s): one `EVALSHA` of
+//!   [`SCRIPT`], which dry-runs every enforced check, then, if all admit, runs them and the soft
+//!   ones for real, atomically (a script runs alone on the server).
+//! * **Several slots** (Redis Cluster, keys in different slots): check, then commit. Phase 1
+//!   dry-runs each slot's group (in parallel); any refusal refuses the request and nothing was
+//!   written anywhere. Phase 2 commits each group for real: first the groups whose limits all
+//!   accept `RL.RETURN` (every algorithm but the sliding log), in parallel, then the groups
+//!   holding a sliding log. A group can still refuse in phase 2 when another request took the
+//!   last units between the phases; the groups already committed are then given back with
+//!   `RL.RETURN key cost AGE ms` (AGE: the time since their commit was sent, so a bucket credits
+//!   `cost − rate × AGE`: it never ends above the state where the units were never taken) and
+//!   the request is refused. docs/service.md ("Redis Cluster") states what holds.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{get_slot, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, FromRedisValue, Value};
+use redis_ratelimit_client::breaker::{Breaker, BreakerConfig, Permit};
+use redis_ratelimit_client::commands::{limit_cmd, Options};
+use redis_ratelimit_client::spec::{Algorithm, Limit};
+use redis_ratelimit_client::{Decision, MultiDecision};
+use tokio::sync::Mutex;
+
+use crate::metrics::{Metrics, RedisOp};
+
+/// The script for a group that cannot be one `RL.MULTI` (see the module docs).
+pub const SCRIPT: &str = r#"
+-- redis-ratelimit-service: checks that cannot share one RL.MULTI (shadow-mode checks, or
+-- different costs), decided atomically. KEYS: the limiter keys. ARGV[1]: '1' for a dry run;
+-- then per key: the command, soft ('1': shadow mode, never vetoes), the cost, the number of
+-- limit arguments, the limit arguments. Enforced checks: all or nothing. A soft check
+-- consumes only when the request is admitted and it admits.
+local dry = ARGV[1] == '1'
+local specs, pos = {}, 2
+for i = 1, #KEYS do
+  local n = tonumber(ARGV[pos + 3])
+  local s = {cmd = ARGV[pos], soft = ARGV[pos + 1] == '1', cost = ARGV[pos + 2], args = {}}
+  for j = 1, n do s.args[j] = ARGV[pos + 3 + j] end
+  specs[i] = s
+  pos = pos + 4 + n
+end
+local function call(i, real)
+  local s = specs[i]
+  local a = {s.cmd, KEYS[i]}
+  for _, v in ipairs(s.args) do a[#a + 1] = v end
+  a[#a + 1] = 'COST'
+  a[#a + 1] = s.cost
+  if not real then a[#a + 1] = 'DRYRUN' end
+  return redis.call(unpack(a))
+end
+local function admits(i, r) return r[1] == tonumber(specs[i].cost) end
+local out, ok = {}, true
+for i = 1, #KEYS do
+  if not specs[i].soft then
+    out[i] = call(i, false)
+    if not admits(i, out[i]) then ok = false end
+  end
+end
+local real = ok and not dry
+for i = 1, #KEYS do
+  if specs[i].soft or real then out[i] = call(i, real) end
+end
+local reply = {ok and 1 or 0, real and 1 or 0}
+for i = 1, #KEYS do
+  reply[#reply + 1] = admits(i, out[i]) and 1 or 0
+  reply[#reply + 1] = out[i]
+end
+return reply
+"#;
+
+/// One descriptor's check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Check {
+    pub key: String,
+    pub limit: Limit,
+    /// Units (hits_addend; 0 peeks). Never above the limit's capacity (decided locally).
+    pub cost: u64,
+    /// Shadow mode: never vetoes the request.
+    pub soft: bool,
+}
+
+/// A check's result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The limiter's reply; `remaining` is what is left after this request's outcome (unchanged
+    /// when nothing was consumed).
+    pub decision: Decision,
+    /// This check admits (or would have, in a refused request).
+    pub admitted: bool,
+    /// Its units were taken.
+    pub consumed: bool,
+}
+
+/// A request's result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Every enforced check admitted (and, unless a dry run, consumed).
+    pub admitted: bool,
+    pub verdicts: Vec<Verdict>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackendError {
+    /// No answer: connection refused or lost, timeout, breaker open.
+    Unavailable(String),
+    /// Redis answered an error (OOM at maxmemory, a script error, an ACL refusal).
+    Reply(String),
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackendError::Unavailable(m) => write!(f, "redis unavailable: {m}"),
+            BackendError::Reply(m) => write!(f, "redis error: {m}"),
+        }
+    }
+}
+
+fn classify(e: redis::RedisError) -> BackendError {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+        BackendError::Unavailable(e.to_string())
+    } else {
+        match e.kind() {
+            redis::ErrorKind::ClusterDown | redis::ErrorKind::MasterDown | redis::ErrorKind::TryAgain => {
+                BackendError::Unavailable(e.to_string())
+            }
+            redis::ErrorKind::NoScriptError => BackendError::Reply(format!("NOSCRIPT {e}")),
+            _ => BackendError::Reply(e.to_string()),
+        }
+    }
+}
+
+/// Where Redis is.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// One server (a redis:// or unix:// URL).
+    Single(String),
+    /// Redis Cluster seed nodes (redis:// URLs).
+    Cluster(Vec<String>),
+}
+
+#[derive(Clone, Debug)]
+pub struct BackendConfig {
+    pub target: Target,
+    /// Connections to a single server (each multiplexed).
+    pub pool_size: usize,
+    /// Per call (and per connection attempt).
+    pub timeout: Duration,
+    pub breaker: BreakerConfig,
+}
+
+/// A lazily (re)connected ConnectionManager: Redis may be down when the service starts.
+struct Lazy {
+    client: redis::Client,
+    conn: Mutex<Option<ConnectionManager>>,
+    timeout: Duration,
+}
+
+impl Lazy {
+    async fn get(&self) -> Result<ConnectionManager, BackendError> {
+        let mut g = self.conn.lock().await;
+        if let Some(c) = g.as_ref() {
+            return Ok(c.clone());
+        }
+        // Reconnect backoff of at most 200 ms: redis-rs's default waits minutes after the
+        // first retries, long after Redis is back.
+        let cfg = ConnectionManagerConfig::new()
+            .set_factor(10)
+            .set_exponent_base(2)
+            .set_max_delay(200)
+            .set_number_of_retries(2)
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout);
+        let fut = ConnectionManager::new_with_config(self.client.clone(), cfg);
+        match tokio::time::timeout(self.timeout.saturating_mul(4), fut).await {
+            Ok(Ok(c)) => {
+                *g = Some(c.clone());
+                Ok(c)
+            }
+            Ok(Err(e)) => Err(BackendError::Unavailable(e.to_string())),
+            Err(_) => Err(BackendError::Unavailable("connect timed out".into())),
+        }
+    }
+}
+
+enum Conns {
+    Single { pool: Vec<Lazy>, next: AtomicUsize },
+    Cluster { client: redis::cluster::ClusterClient, conn: Mutex<Option<ClusterConnection>>, timeout: Duration },
+}
+
+/// A connection for one call: routed to a slot's primary on a cluster.
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    async fn query(&mut self, cmd: &Cmd, slot: Option<u16>) -> redis::RedisResult<Value> {
+        match (self, slot) {
+            (Conn::Single(c), _) => c.req_packed_command(cmd).await,
+            (Conn::Cluster(c), Some(s)) => {
+                c.route_command(
+                    cmd,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(s, SlotAddr::Master))),
+                )
+                .await
+            }
+            (Conn::Cluster(c), None) => c.req_packed_command(cmd).await,
+        }
+    }
+}
+
+/// The Redis backend of the service.
+pub struct Backend {
+    conns: Conns,
+    timeout: Duration,
+    pub breaker: Breaker,
+    metrics: Arc<Metrics>,
+    sha: String,
+    epoch: Instant,
+    /// Cluster: keys carry a `{domain}` hash tag (set by the service), so this is informative.
+    pub cluster: bool,
+}
+
+/// The limiter command's arguments after the key (`limit period [BURST b]`).
+fn limit_args(l: &Limit) -> Vec<String> {
+    l.args()
+}
+
+impl Backend {
+    pub fn new(cfg: &BackendConfig, metrics: Arc<Metrics>) -> Result<Backend, String> {
+        let conns = match &cfg.target {
+            Target::Single(url) => {
+                let client =
+                    redis::Client::open(url.as_str()).map_err(|e| format!("invalid Redis URL '{url}': {e}"))?;
+                let pool = (0..cfg.pool_size.max(1))
+                    .map(|_| Lazy { client: client.clone(), conn: Mutex::new(None), timeout: cfg.timeout })
+                    .collect();
+                Conns::Single { pool, next: AtomicUsize::new(0) }
+            }
+            Target::Cluster(nodes) => {
+                let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                    .connection_timeout(cfg.timeout)
+                    .response_timeout(cfg.timeout)
+                    .retries(2)
+                    .min_retry_wait(5)
+                    .max_retry_wait(100)
+                    .build()
+                    .map_err(|e| format!("invalid Redis Cluster nodes {nodes:?}: {e}"))?;
+                Conns::Cluster { client, conn: Mutex::new(None), timeout: cfg.timeout }
+            }
+        };
+        let cluster = matches!(conns, Conns::Cluster { .. });
+        Ok(Backend {
+            conns,
+            timeout: cfg.timeout,
+            breaker: Breaker::new(cfg.breaker),
+            metrics,
+            sha: redis::Script::new(SCRIPT).get_hash().to_string(),
+            epoch: Instant::now(),
+            cluster,
+        })
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos().min(u64::MAX as u128) as u64
+    }
+
+    async fn conn(&self) -> Result<Conn, BackendError> {
+        match &self.conns {
+            Conns::Single { pool, next } => {
+                let i = next.fetch_add(1, Ordering::Relaxed) % pool.len();
+                pool[i].get().await.map(Conn::Single)
+            }
+            Conns::Cluster { client, conn, timeout } => {
+                let mut g = conn.lock().await;
+                if let Some(c) = g.as_ref() {
+                    return Ok(Conn::Cluster(c.clone()));
+                }
+                match tokio::time::timeout(timeout.saturating_mul(4), client.get_async_connection()).await {
+                    Ok(Ok(c)) => {
+                        *g = Some(c.clone());
+                        Ok(Conn::Cluster(c))
+                    }
+                    Ok(Err(e)) => Err(BackendError::Unavailable(e.to_string())),
+                    Err(_) => Err(BackendError::Unavailable("cluster connect timed out".into())),
+                }
+            }
+        }
+    }
+
+    /// Is the breaker letting calls through (for /healthcheck)?
+    pub fn healthy(&self) -> bool {
+        !self.breaker.is_open()
+    }
+
+    /// One command, with the timeout, the breaker and the metrics.
+    async fn call(&self, op: RedisOp, cmd: &Cmd, slot: Option<u16>) -> Result<Value, BackendError> {
+        if let Permit::Reject { .. } = self.breaker.permit(self.now_ns()) {
+            self.metrics.breaker_rejects.fetch_add(1, Ordering::Relaxed);
+            return Err(BackendError::Unavailable("circuit breaker open".into()));
+        }
+        let started = Instant::now();
+        let result = async {
+            let mut c = self.conn().await?;
+            self.metrics.redis_call(op, 1);
+            match tokio::time::timeout(self.timeout, c.query(cmd, slot)).await {
+                Ok(Ok(v)) => v.extract_error().map_err(classify),
+                Ok(Err(e)) => Err(classify(e)),
+                Err(_) => Err(BackendError::Unavailable(format!("timed out after {:?}", self.timeout))),
+            }
+        }
+        .await;
+        self.metrics.redis_latency.observe(started.elapsed());
+        match &result {
+            Ok(_) | Err(BackendError::Reply(_)) => self.breaker.on_success(),
+            Err(BackendError::Unavailable(_)) => {
+                self.metrics.redis_failures.fetch_add(1, Ordering::Relaxed);
+                if self.breaker.on_failure(self.now_ns()) {
+                    self.metrics.breaker_opens.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        "redis circuit breaker opened: {}",
+                        result.as_ref().err().map(|e| e.to_string()).unwrap_or_default()
+                    );
+                }
+            }
+        }
+        result
+    }
+
+    fn slot_of(&self, key: &str) -> Option<u16> {
+        self.cluster.then(|| get_slot(key.as_bytes()))
+    }
+
+    /// Decides `checks` (see the module docs): one command when they share a slot.
+    pub async fn decide(&self, checks: &[Check], dry_run: bool) -> Result<Outcome, BackendError> {
+        if checks.is_empty() {
+            return Ok(Outcome { admitted: true, verdicts: Vec::new() });
+        }
+        // Group by slot, keeping request order inside a group.
+        let mut groups: Vec<(Option<u16>, Vec<usize>)> = Vec::new();
+        for (i, c) in checks.iter().enumerate() {
+            let s = self.slot_of(&c.key);
+            match groups.iter_mut().find(|(gs, _)| *gs == s) {
+                Some((_, v)) => v.push(i),
+                None => groups.push((s, vec![i])),
+            }
+        }
+        if groups.len() == 1 {
+            let (slot, idx) = &groups[0];
+            let (ok, verdicts) = self.exec_group(checks, idx, *slot, dry_run).await?;
+            return Ok(Outcome { admitted: ok, verdicts });
+        }
+        self.decide_across_slots(checks, &groups, dry_run).await
+    }
+
+    async fn decide_across_slots(
+        &self,
+        checks: &[Check],
+        groups: &[(Option<u16>, Vec<usize>)],
+        dry_run: bool,
+    ) -> Result<Outcome, BackendError> {
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; checks.len()];
+        // Phase 1: dry-run every group.
+        let phase1 = join_all(groups.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, true))).await;
+        let mut all_ok = true;
+        for ((_, idx), r) in groups.iter().zip(phase1) {
+            let (ok, vs) = r?;
+            all_ok &= ok;
+            for (i, v) in idx.iter().zip(vs) {
+                verdicts[*i] = Some(v);
+            }
+        }
+        if !all_ok || dry_run {
+            return Ok(Outcome {
+                admitted: all_ok,
+                verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect(),
+            });
+        }
+        // Phase 2: commit, returnable groups first.
+        let returnable = |idx: &Vec<usize>| idx.iter().all(|i| checks[*i].limit.algorithm.supports_return());
+        let mut committed: Vec<(Instant, &Vec<usize>)> = Vec::new();
+        let mut refused = false;
+        let mut failure: Option<BackendError> = None;
+        for pass in [true, false] {
+            let batch: Vec<&(Option<u16>, Vec<usize>)> =
+                groups.iter().filter(|(_, idx)| returnable(idx) == pass).collect();
+            if batch.is_empty() {
+                continue;
+            }
+            let sent = Instant::now();
+            let results = join_all(batch.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, false))).await;
+            for ((_, idx), r) in batch.iter().zip(results) {
+                match r {
+                    Ok((ok, vs)) => {
+                        if ok {
+                            committed.push((sent, idx));
+                        } else {
+                            refused = true;
+                        }
+                        for (i, v) in idx.iter().zip(vs) {
+                            verdicts[*i] = Some(v);
+                        }
+                    }
+                    Err(e) => failure = Some(e),
+                }
+            }
+            if refused || failure.is_some() {
+                break;
+            }
+        }
+        if refused || failure.is_some() {
+            self.compensate(checks, &committed, &mut verdicts).await;
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            return Ok(Outcome {
+                admitted: false,
+                verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect(),
+            });
+        }
+        Ok(Outcome { admitted: true, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() })
+    }
+
+    /// Gives back what the committed groups of a refused request took (`RL.RETURN … AGE`).
+    async fn compensate(
+        &self,
+        checks: &[Check],
+        committed: &[(Instant, &Vec<usize>)],
+        verdicts: &mut [Option<Verdict>],
+    ) {
+        if committed.is_empty() {
+            return;
+        }
+        self.metrics.cluster_compensations.fetch_add(1, Ordering::Relaxed);
+        let mut calls = Vec::new();
+        for (sent, idx) in committed {
+            for i in idx.iter() {
+                let v = verdicts[*i].as_mut().expect("filled");
+                if !v.consumed || !checks[*i].limit.algorithm.supports_return() {
+                    continue;
+                }
+                v.consumed = false;
+                v.decision.remaining = (v.decision.remaining + checks[*i].cost).min(v.decision.limit);
+                let age_ms = (sent.elapsed().as_nanos().div_ceil(1_000_000) as u64).max(1);
+                let mut cmd = redis::cmd("RL.RETURN");
+                cmd.arg(&checks[*i].key).arg(checks[*i].cost).arg("AGE").arg(age_ms);
+                calls.push((cmd, self.slot_of(&checks[*i].key)));
+            }
+        }
+        let results = join_all(calls.iter().map(|(c, s)| self.call(RedisOp::Return, c, *s))).await;
+        for r in results {
+            if let Err(e) = r {
+                if !e.to_string().contains("no limiter at this key") {
+                    tracing::warn!("RL.RETURN after a cross-slot refusal failed: {e}");
+                }
+            }
+        }
+    }
+
+    /// One group (one slot) in one command.
+    async fn exec_group(
+        &self,
+        checks: &[Check],
+        idx: &[usize],
+        slot: Option<u16>,
+        dry: bool,
+    ) -> Result<(bool, Vec<Verdict>), BackendError> {
+        let group: Vec<&Check> = idx.iter().map(|i| &checks[*i]).collect();
+        let cost = group[0].cost;
+        let simple = group.iter().all(|c| !c.soft && c.cost == cost);
+        if simple && group.len() == 1 {
+            let c = group[0];
+            let opts = Options { cost: Some(c.cost), dry_run: dry, partial: false };
+            let v = self.call(RedisOp::Check, &limit_cmd(&c.key, &c.limit, opts), slot).await?;
+            let d = Decision::from_redis_value(&v).map_err(|e| BackendError::Reply(e.to_string()))?;
+            let admitted = d.allowed == c.cost;
+            return Ok((admitted, vec![verdict(d, c.cost, admitted, admitted && !dry)]));
+        }
+        if simple {
+            let mut cmd = redis::cmd("RL.MULTI");
+            cmd.arg(group.len());
+            for c in &group {
+                cmd.arg(&c.key);
+            }
+            for c in &group {
+                cmd.arg(c.limit.algorithm.multi_name()).arg(limit_args(&c.limit));
+            }
+            cmd.arg("COST").arg(cost);
+            if dry {
+                cmd.arg("DRYRUN");
+            }
+            let v = self.call(RedisOp::Multi, &cmd, slot).await?;
+            let m = MultiDecision::from_redis_value(&v).map_err(|e| BackendError::Reply(e.to_string()))?;
+            if m.limits.len() != group.len() {
+                return Err(BackendError::Reply(format!(
+                    "RL.MULTI answered {} limits for {}",
+                    m.limits.len(),
+                    group.len()
+                )));
+            }
+            let ok = m.allowed == cost;
+            let vs = m
+                .limits
+                .iter()
+                .map(|d| {
+                    // On a refusal each limit reports its own retry (None: it would have admitted,
+                    // since no cost here is above a capacity) and its unchanged remaining.
+                    let admitted = if ok { true } else { d.retry_after.is_none() };
+                    if ok {
+                        verdict(*d, cost, true, !dry)
+                    } else {
+                        Verdict { decision: *d, admitted, consumed: false }
+                    }
+                })
+                .collect();
+            return Ok((ok, vs));
+        }
+        // numkeys, keys, then the script's ARGV.
+        let mut args: Vec<String> = vec![group.len().to_string()];
+        args.extend(group.iter().map(|c| c.key.clone()));
+        args.push(if dry { "1" } else { "0" }.to_string());
+        for c in &group {
+            let la = limit_args(&c.limit);
+            args.push(c.limit.algorithm.command().to_string());
+            args.push(if c.soft { "1" } else { "0" }.to_string());
+            args.push(c.cost.to_string());
+            args.push(la.len().to_string());
+            args.extend(la);
+        }
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.sha).arg(&args);
+        let v = match self.call(RedisOp::Script, &cmd, slot).await {
+            Err(BackendError::Reply(m)) if m.contains("NOSCRIPT") => {
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(SCRIPT).arg(&args);
+                self.call(RedisOp::Script, &eval, slot).await?
+            }
+            r => r?,
+        };
+        parse_script_reply(&v, &group)
+    }
+}
+
+fn verdict(mut d: Decision, cost: u64, admitted: bool, consumed: bool) -> Verdict {
+    if admitted && !consumed {
+        // A dry run reports what would remain after taking `cost`; nothing was taken.
+        d.remaining = d.remaining.saturating_add(cost).min(d.limit);
+    }
+    Verdict { decision: d, admitted, consumed }
+}
+
+fn parse_script_reply(v: &Value, group: &[&Check]) -> Result<(bool, Vec<Verdict>), BackendError> {
+    let bad = || BackendError::Reply(format!("unexpected script reply {v:?}"));
+    let items = match v {
+        Value::Array(a) if a.len() == 2 + 2 * group.len() => a,
+        _ => return Err(bad()),
+    };
+    let int = |x: &Value| match x {
+        Value::Int(i) => Ok(*i),
+        _ => Err(bad()),
+    };
+    let ok = int(&items[0])? == 1;
+    let real = int(&items[1])? == 1;
+    let mut vs = Vec::with_capacity(group.len());
+    for (k, c) in group.iter().enumerate() {
+        let admitted = int(&items[2 + 2 * k])? == 1;
+        let d = Decision::from_redis_value(&items[3 + 2 * k]).map_err(|e| BackendError::Reply(e.to_string()))?;
+        let consumed = real && admitted && c.cost > 0;
+        if admitted && !consumed {
+            vs.push(verdict(d, c.cost, true, false));
+        } else {
+            vs.push(Verdict { decision: d, admitted, consumed });
+        }
+    }
+    Ok((ok, vs))
+}
+
+/// Algorithms whose units can be given back (all but the sliding log).
+pub fn returnable(a: Algorithm) -> bool {
+    a.supports_return()
+}

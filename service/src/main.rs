@@ -1,0 +1,34 @@
+//! `redis-ratelimit-service`: see docs/service.md.
+
+use clap::Parser;
+use redis_ratelimit_service::settings::Settings;
+
+fn main() {
+    let settings = Settings::parse();
+    let filter = match settings.log_level.to_ascii_lowercase().as_str() {
+        "debug" | "info" | "warn" | "error" | "trace" => {
+            format!("{},h2=warn,tower=warn,hyper=warn", settings.log_level.to_ascii_lowercase())
+        }
+        "warning" => "warn".to_string(),
+        other => other.to_string(),
+    };
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(filter)).with_ansi(false);
+    if settings.log_format.eq_ignore_ascii_case("json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("redis-ratelimit-service: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(redis_ratelimit_service::server::run(settings)) {
+        tracing::error!("{e}");
+        eprintln!("redis-ratelimit-service: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,209 @@
+//! The listeners: gRPC (`envoy.service.ratelimit.v3.RateLimitService`) and HTTP (`/json`,
+//! `/healthcheck`, `/metrics`, `/rlconfig`), and the process around them.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use tonic::{Request, Status};
+
+use crate::config::LoadOptions;
+use crate::metrics::Metrics;
+use crate::pb::{Code, RateLimitRequest, RateLimitResponse, RateLimitService, RateLimitServiceServer};
+use crate::reload::Reloader;
+use crate::service::{RequestError, Service};
+use crate::settings::Settings;
+
+/// Health as envoyproxy/ratelimit reports it: unhealthy after SIGTERM, and (when asked) until a
+/// configuration with a domain is loaded.
+pub struct Health {
+    pub terminating: AtomicBool,
+    pub need_config: bool,
+}
+
+#[derive(Clone)]
+pub struct App {
+    pub service: Arc<Service>,
+    pub health: Arc<Health>,
+}
+
+pub struct Grpc(pub Arc<Service>);
+
+fn status_of(e: RequestError) -> Status {
+    match e {
+        RequestError::Invalid(m) => Status::invalid_argument(m),
+        RequestError::Unavailable(m) => Status::unavailable(m),
+        RequestError::Internal(m) => Status::internal(m),
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Grpc {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, Status> {
+        self.0.should_rate_limit(request.get_ref()).await.map(tonic::Response::new).map_err(status_of)
+    }
+}
+
+async fn json(State(app): State<App>, body: Bytes) -> Response {
+    app.service.metrics.json_requests.fetch_add(1, Ordering::Relaxed);
+    let req = match crate::json::parse_request(&body) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
+    };
+    match app.service.should_rate_limit(&req).await {
+        Ok(r) => {
+            let status =
+                if r.overall_code == Code::OverLimit as i32 { StatusCode::TOO_MANY_REQUESTS } else { StatusCode::OK };
+            (status, [(header::CONTENT_TYPE, "application/json")], crate::json::render_response(&r)).into_response()
+        }
+        Err(RequestError::Invalid(m)) => (StatusCode::BAD_REQUEST, m).into_response(),
+        Err(RequestError::Unavailable(m)) => (StatusCode::SERVICE_UNAVAILABLE, m).into_response(),
+        Err(RequestError::Internal(m)) => (StatusCode::INTERNAL_SERVER_ERROR, m).into_response(),
+    }
+}
+
+async fn healthcheck(State(app): State<App>) -> Response {
+    let mut problems = Vec::new();
+    if app.health.terminating.load(Ordering::Relaxed) {
+        problems.push("terminating");
+    }
+    let config = app.service.config();
+    if app.health.need_config && config.as_ref().is_none_or(|c| c.is_empty()) {
+        problems.push("no configuration with a domain loaded");
+    }
+    if problems.is_empty() {
+        let redis = if app.service.backend().healthy() { "redis ok" } else { "redis unavailable (breaker open)" };
+        (StatusCode::OK, format!("OK\n{redis}\n")).into_response()
+    } else {
+        (StatusCode::INTERNAL_SERVER_ERROR, problems.join("; ")).into_response()
+    }
+}
+
+async fn metrics(State(app): State<App>) -> Response {
+    let m: &Metrics = &app.service.metrics;
+    let loaded = app.service.config().map(|c| c.rules as u64).unwrap_or(0);
+    let breaker = u64::from(!app.service.backend().healthy());
+    let text = m.render(&[
+        ("ratelimit_service_config_rules", "Rules in the configuration being served", loaded),
+        ("ratelimit_service_redis_breaker_open", "1 while the Redis circuit breaker is open", breaker),
+    ]);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn rlconfig(State(app): State<App>) -> Response {
+    match app.service.config() {
+        Some(c) => (StatusCode::OK, c.dump() + "\n").into_response(),
+        None => (StatusCode::OK, "no configuration loaded\n").into_response(),
+    }
+}
+
+pub fn http_router(app: App) -> Router {
+    Router::new()
+        .route("/json", post(json))
+        .route("/healthcheck", get(healthcheck))
+        .route("/metrics", get(metrics))
+        .route("/rlconfig", get(rlconfig))
+        .with_state(app)
+}
+
+/// Runs the service until SIGTERM / SIGINT.
+pub async fn run(settings: Settings) -> Result<(), String> {
+    let metrics = Arc::new(Metrics::new(settings.stats_max_keys));
+    let backend = Arc::new(crate::backend::Backend::new(&settings.backend()?, metrics.clone())?);
+    let service = Arc::new(Service::new(backend, metrics.clone(), settings.service()?));
+    let reloader = Reloader {
+        path: settings.config_path(),
+        ignore_dotfiles: settings.runtime_ignore_dotfiles,
+        opts: LoadOptions { merge_domains: settings.merge_domain_config },
+        interval: settings.config_poll_interval,
+    };
+    tracing::info!("reading the rate limit configuration from {}", reloader.path.display());
+    let first = reloader.check(&service, &None);
+    tokio::spawn(reloader.run(service.clone(), first));
+
+    let health = Arc::new(Health {
+        terminating: AtomicBool::new(false),
+        need_config: settings.healthy_with_at_least_one_config_loaded,
+    });
+    let grpc_addr: SocketAddr = format!("{}:{}", settings.grpc_host, settings.grpc_port)
+        .parse()
+        .map_err(|e| format!("invalid gRPC address: {e}"))?;
+    let http_addr: SocketAddr =
+        format!("{}:{}", settings.host, settings.port).parse().map_err(|e| format!("invalid HTTP address: {e}"))?;
+    let grpc_listener =
+        tokio::net::TcpListener::bind(grpc_addr).await.map_err(|e| format!("gRPC bind {grpc_addr}: {e}"))?;
+    let http_listener =
+        tokio::net::TcpListener::bind(http_addr).await.map_err(|e| format!("HTTP bind {http_addr}: {e}"))?;
+    tracing::info!("listening for gRPC on {}", grpc_listener.local_addr().map_err(|e| e.to_string())?);
+    tracing::info!("listening for HTTP on {}", http_listener.local_addr().map_err(|e| e.to_string())?);
+    match &settings.backend()?.target {
+        crate::backend::Target::Single(u) => tracing::info!("redis: single server {}", mask(u)),
+        crate::backend::Target::Cluster(n) => {
+            tracing::info!("redis: cluster, seeds {}", n.iter().map(|u| mask(u)).collect::<Vec<_>>().join(","))
+        }
+    }
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let h = health.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        h.terminating.store(true, Ordering::Relaxed);
+        let _ = stop_tx.send(true);
+    });
+    let mut rx1 = stop_rx.clone();
+    let mut rx2 = stop_rx;
+    let app = App { service: service.clone(), health };
+    let http = axum::serve(http_listener, http_router(app)).with_graceful_shutdown(async move {
+        let _ = rx1.wait_for(|v| *v).await;
+    });
+    let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+    let grpc = tonic::transport::Server::builder()
+        .add_service(RateLimitServiceServer::new(Grpc(service)))
+        .serve_with_incoming_shutdown(incoming, async move {
+            let _ = rx2.wait_for(|v| *v).await;
+        });
+    let (a, b) = tokio::join!(http, grpc);
+    a.map_err(|e| format!("HTTP server: {e}"))?;
+    b.map_err(|e| format!("gRPC server: {e}"))?;
+    Ok(())
+}
+
+/// A URL without its password, for logs.
+fn mask(u: &str) -> String {
+    match (u.find("://"), u.rfind('@')) {
+        (Some(s), Some(a)) if a > s => format!("{}*****{}", &u[..s + 3], &u[a..]),
+        _ => u.to_string(),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,268 @@
+//! Test support: the service binary started on loopback ports against a redis-server from the
+//! root harness (tests/common), a gRPC client built from Envoy's protos, a minimal HTTP/1.1
+//! client, and helpers. Every wait is a deadline on a condition.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis_ratelimit_service::pb::{
+    Code, Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitServiceClient,
+};
+
+/// A day boundary (unix seconds), so every unit's window starts there.
+pub const T0_S: u64 = 20_834 * 86_400;
+
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64
+}
+
+/// Pins the module's clock (DEBUG_CLOCK) at `us`.
+pub fn set_clock(con: &mut redis::Connection, us: u64) {
+    redis::cmd("RL.DEBUG").arg("CLOCK").arg("SET").arg(us).query::<()>(con).unwrap();
+}
+
+pub fn advance_clock(con: &mut redis::Connection, us: i64) {
+    redis::cmd("RL.DEBUG").arg("CLOCK").arg("ADVANCE").arg(us).query::<()>(con).unwrap();
+}
+
+/// A fresh temporary directory (removed on drop).
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let p = std::env::temp_dir().join(format!("rls-test-{tag}-{}-{n}-{}", std::process::id(), now_us()));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    pub fn write(&self, name: &str, text: &str) {
+        // Write then rename: the reloader never reads half a file.
+        let tmp = self.0.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.0.join(name)).unwrap();
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The service process.
+pub struct ServiceProc {
+    child: Option<Child>,
+    pub grpc: String,
+    pub http: String,
+    log: PathBuf,
+    _dir: TempDir,
+}
+
+impl ServiceProc {
+    /// Starts the service on free ports with the config directory `config` and extra flags
+    /// (`--redis-url …`); waits until it listens.
+    pub fn start(config: &Path, args: &[&str]) -> ServiceProc {
+        let dir = TempDir::new("svc");
+        let log = dir.0.join("service.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_redis-ratelimit-service"))
+            .args(["--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0"])
+            .args(["--config-poll-interval", "100ms", "--log-level", "debug"])
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .env_remove("PORT")
+            .env_remove("HOST")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("start redis-ratelimit-service");
+        let mut p = ServiceProc { child: Some(child), grpc: String::new(), http: String::new(), log, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = p.log();
+            let find = |what: &str| text.lines().find_map(|l| l.split_once(what).map(|(_, a)| a.trim().to_string()));
+            if let (Some(g), Some(h)) = (find("listening for gRPC on "), find("listening for HTTP on ")) {
+                p.grpc = g;
+                p.http = h;
+                return p;
+            }
+            if let Some(c) = p.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    panic!("the service exited ({st}) at start:\n{text}");
+                }
+            }
+            if Instant::now() > deadline {
+                panic!("the service did not listen within 20 s:\n{text}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// A gRPC client (a new connection).
+    pub async fn client(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc)).await.expect("grpc connect")
+    }
+
+    /// An HTTP/1.1 request; returns (status, body).
+    pub fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        http(&self.http, method, path, body)
+    }
+
+    /// The value of a /metrics sample (exact name and labels), 0 when absent.
+    pub fn metric(&self, sample: &str) -> u64 {
+        let (_, text) = self.http("GET", "/metrics", "");
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(sample)
+                    .and_then(|r| r.strip_prefix(' '))
+                    .map(|v| v.trim().parse::<f64>().unwrap_or(0.0) as u64)
+            })
+            .unwrap_or(0)
+    }
+
+    pub fn wait_log(&self, what: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.log().contains(what) {
+            if Instant::now() > deadline {
+                panic!("the service log never said '{what}':\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// How many times the log says `what`.
+    pub fn log_count(&self, what: &str) -> usize {
+        self.log().matches(what).count()
+    }
+}
+
+impl Drop for ServiceProc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("http connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    // Chunked bodies (axum streams): strip the chunk sizes.
+    let body = if text.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(&body) } else { body };
+    (status, body)
+}
+
+fn dechunk(b: &str) -> String {
+    let mut out = String::new();
+    let mut rest = b;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
+    }
+    out
+}
+
+/// A descriptor from `(key, value)` pairs.
+pub fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries.iter().map(|(k, v)| Entry { key: k.to_string(), value: v.to_string() }).collect(),
+        limit: None,
+        hits_addend: None,
+    }
+}
+
+pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest { domain: domain.to_string(), descriptors, hits_addend: 0 }
+}
+
+/// Sends a request; panics on a gRPC error.
+pub async fn ask(c: &mut RateLimitServiceClient<tonic::transport::Channel>, r: RateLimitRequest) -> RateLimitResponse {
+    c.should_rate_limit(r.clone()).await.unwrap_or_else(|e| panic!("ShouldRateLimit({r:?}) failed: {e}")).into_inner()
+}
+
+pub fn ok(r: &RateLimitResponse) -> bool {
+    r.overall_code == Code::Ok as i32
+}
+
+pub fn codes(r: &RateLimitResponse) -> Vec<Code> {
+    r.statuses.iter().map(|s| Code::try_from(s.code).unwrap()).collect()
+}
+
+pub fn remaining(r: &RateLimitResponse) -> Vec<u32> {
+    r.statuses.iter().map(|s| s.limit_remaining).collect()
+}
+
+pub fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    r.response_headers_to_add.iter().find(|h| h.key.eq_ignore_ascii_case(name)).map(|h| h.value.as_str())
+}
+
+/// Calls of every command since the last `CONFIG RESETSTAT` (INFO commandstats), but INFO,
+/// CONFIG and RL.DEBUG themselves.
+pub fn command_calls(con: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let base = name.split('|').next().unwrap_or(name);
+            if ["info", "config", "rl.debug", "ping", "client", "hello"].contains(&base) {
+                return None;
+            }
+            rest.split(',').find_map(|kv| kv.strip_prefix("calls=")).and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// Like [`command_calls`], per command name.
+pub fn command_calls_of(con: &mut redis::Connection, cmd: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+    info.lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix(&format!("cmdstat_{cmd}:"))?;
+            rest.split(',').find_map(|kv| kv.strip_prefix("calls=")).and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+}
+
+pub fn reset_stats(con: &mut redis::Connection) {
+    redis::cmd("CONFIG").arg("RESETSTAT").query::<()>(con).unwrap();
+}
+
+pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        if Instant::now() > deadline {
+            panic!("timed out waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
