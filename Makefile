@@ -7,6 +7,9 @@ MODULE := target/release/libredis_ratelimit.so
 CLUSTER_BASE ?= 7001
 TEST_THREADS ?= 4
 
+SERVICE := target/release/redis-ratelimit-service
+
+.PHONY: run-service bench-service
 .PHONY: all deps build run lint test test-compat test-long examples burst bench profile fuzz fuzz-long cluster cluster-stop clean simulate
 
 all: build
@@ -38,6 +41,7 @@ test: build
 	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-client -- --test-threads=$(TEST_THREADS) || status=1; \
 	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-tower -- --test-threads=$(TEST_THREADS) || status=1; \
 	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-bench || status=1; \
+	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-service -- --test-threads=$(TEST_THREADS) || status=1; \
 	bash scripts/examples.sh || status=1; \
 	exit $$status
 
@@ -79,6 +83,18 @@ burst: build
 # checking); writes target/simulate/summary.json and fails when an invariant is violated.
 simulate:
 	$(CARGO) run --release -p redis-ratelimit-sim -- --out target/simulate
+
+# The rate limit service for Envoy (docs/service.md) with the example configuration in
+# service/config, on the module's `make run` Redis (127.0.0.1:6379; started here, in the
+# background, if nothing answers there). gRPC on :8081, HTTP on :8080.
+run-service: build
+	$(CARGO) build --release -p redis-ratelimit-service
+	@if ! redis-cli -p 6379 ping >/dev/null 2>&1; then \
+	  echo "run-service: starting redis-server with the module on 127.0.0.1:6379 (make run's)"; \
+	  redis-server redis.conf --daemonize yes --pidfile $(CURDIR)/target/run-service-redis.pid --logfile $(CURDIR)/target/run-service-redis.log; \
+	  for i in $$(seq 50); do redis-cli -p 6379 ping >/dev/null 2>&1 && break; sleep 0.1; done; \
+	fi
+	exec $(SERVICE) --config service/config --redis-url 127.0.0.1:6379
 
 cluster: build
 	bash scripts/cluster.sh start $(CLUSTER_BASE) $(CURDIR)/$(MODULE)

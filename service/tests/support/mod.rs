@@ -234,7 +234,7 @@ pub fn command_calls(con: &mut redis::Connection) -> u64 {
         .filter_map(|l| {
             let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
             let base = name.split('|').next().unwrap_or(name);
-            if ["info", "config", "rl.debug", "ping", "client", "hello"].contains(&base) {
+            if ["info", "config", "rl.debug", "ping", "client", "hello", "cluster", "readonly"].contains(&base) {
                 return None;
             }
             rest.split(',').find_map(|kv| kv.strip_prefix("calls=")).and_then(|v| v.parse::<u64>().ok())

@@ -1,0 +1,173 @@
+//! Operations against real processes: hot reload without dropping requests, a broken
+//! configuration refused (named by file, domain and descriptor) while the last good one keeps
+//! serving, and Redis killed and restarted under each failure mode (error, open, closed,
+//! local), one domain per mode in one service.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Server;
+use redis_ratelimit_service::pb::Code;
+use support::*;
+
+fn limit_yaml(domain: &str, n: u32) -> String {
+    format!("domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {n}}}\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_reload_keeps_serving_and_a_broken_config_is_refused() {
+    let redis = Server::start();
+    set_clock(&mut redis.conn(), (T0_S + 1) * 1_000_000);
+    let dir = TempDir::new("reload");
+    dir.write("a.yaml", &limit_yaml("reload", 3));
+    let url = format!("127.0.0.1:{}", redis.port);
+    let svc = ServiceProc::start(dir.path(), &["--redis-url", &url]);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    let r = ask(&mut c, request("reload", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(remaining(&r), [2]);
+
+    // Requests keep flowing during every reload below: none may fail.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let load = {
+        let (stop, sent) = (stop.clone(), sent.clone());
+        let mut c2 = svc.client().await;
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let r = c2.should_rate_limit(request("reload", vec![desc(&[("k", "load")])])).await;
+                if let Err(e) = r {
+                    panic!("a request failed during a reload: {e}");
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+
+    // A new limit: served after the reload; the module carries the count into it.
+    dir.write("a.yaml", &limit_yaml("reload", 10));
+    wait_until(Duration::from_secs(10), "the reload", || svc.log_count("loaded rate limit configuration") >= 2);
+    let r = ask(&mut c, request("reload", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 10);
+    assert_eq!(remaining(&r), [8]);
+
+    // A second file with a new domain.
+    dir.write("b.yaml", &limit_yaml("second", 1));
+    wait_until(Duration::from_secs(10), "the reload of b.yaml", || {
+        svc.log_count("loaded rate limit configuration") >= 3
+    });
+    assert!(ok(&ask(&mut c, request("second", vec![desc(&[("k", "v")])])).await));
+    assert_eq!(codes(&ask(&mut c, request("second", vec![desc(&[("k", "v")])])).await), [Code::OverLimit]);
+
+    // A broken file: refused with its file, domain and descriptor; the last good config serves.
+    dir.write(
+        "b.yaml",
+        "domain: second\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+    );
+    svc.wait_log("refused the new rate limit configuration", Duration::from_secs(10));
+    let log = svc.log();
+    let line = log.lines().find(|l| l.contains("refused the new rate limit configuration")).unwrap();
+    assert!(
+        line.contains("b.yaml: domain 'second': descriptor 'k': invalid rate limit unit 'fortnight'"),
+        "the refusal names file, domain and descriptor: {line}"
+    );
+    let r = ask(&mut c, request("reload", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 10, "the last good config serves");
+    assert_eq!(codes(&ask(&mut c, request("second", vec![desc(&[("k", "v")])])).await), [Code::OverLimit]);
+    assert_eq!(svc.metric("ratelimit_service_config_load_error"), 1);
+    assert_eq!(svc.metric("ratelimit_service_config_load_success"), 3);
+    // Invalid YAML too, then a fix.
+    dir.write("a.yaml", "domain: [reload\n");
+    wait_until(Duration::from_secs(10), "the second refusal", || {
+        svc.metric("ratelimit_service_config_load_error") == 2
+    });
+    dir.write("a.yaml", &limit_yaml("reload", 20));
+    dir.write("b.yaml", &limit_yaml("second", 1));
+    wait_until(Duration::from_secs(10), "the fix", || svc.log_count("loaded rate limit configuration") >= 4);
+    let r = ask(&mut c, request("reload", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 20);
+
+    stop.store(true, Ordering::Relaxed);
+    load.await.expect("no request failed during the reloads");
+    assert!(sent.load(Ordering::Relaxed) > 10, "the load ran");
+}
+
+fn policy_yaml(mode: &str) -> String {
+    format!("domain: p_{mode}\nfailure_mode: {mode}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 4}}\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_under_each_failure_mode() {
+    let mut redis = Server::start();
+    let dir = TempDir::new("failures");
+    for m in ["error", "open", "closed", "local"] {
+        dir.write(&format!("{m}.yaml"), &policy_yaml(m));
+    }
+    let url = format!("127.0.0.1:{}", redis.port);
+    // 2 instances: the local fallback admits 4 / 2 = 2 per second per descriptor.
+    let svc = ServiceProc::start(
+        dir.path(),
+        &["--redis-url", &url, "--instances", "2", "--redis-timeout", "200ms", "--redis-breaker-cool-down", "300ms"],
+    );
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    let req = |m: &str, v: &str| request(&format!("p_{m}"), vec![desc(&[("k", v)])]);
+    for m in ["error", "open", "closed", "local"] {
+        let r = ask(&mut c, req(m, "up")).await;
+        assert!(ok(&r) && remaining(&r) == [3], "{m} with Redis up: {r:?}");
+    }
+
+    redis.kill9();
+    // error: the call fails (UNAVAILABLE) and Envoy's failure_mode_deny decides.
+    for _ in 0..8 {
+        let e = c.should_rate_limit(req("error", "down")).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    }
+    // The breaker is open now: no request waits for Redis.
+    assert!(svc.metric("ratelimit_service_breaker_opens") >= 1);
+    let started = std::time::Instant::now();
+    for _ in 0..5 {
+        let r = ask(&mut c, req("open", "down")).await;
+        assert!(ok(&r), "open admits while Redis is down");
+        let r = ask(&mut c, req("closed", "down")).await;
+        assert_eq!(codes(&r), [Code::OverLimit], "closed refuses while Redis is down");
+    }
+    assert!(started.elapsed() < Duration::from_secs(2), "answers without waiting on Redis: {:?}", started.elapsed());
+    // local: a token bucket per descriptor at 4 / 2 instances: two admitted, then refused.
+    let local: Vec<bool> = {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(ok(&ask(&mut c, req("local", "down")).await));
+        }
+        v
+    };
+    assert_eq!(local, [true, true, false, false], "local fallback at limit ÷ instances");
+    assert!(svc.metric("ratelimit_service_failure_policy{decision=\"local_deny\"}") >= 2);
+
+    // Redis back: every domain is decided by Redis again within a few cool-downs.
+    redis.start_again();
+    for m in ["error", "open", "closed", "local"] {
+        wait_until(Duration::from_secs(15), &format!("{m} decided by Redis again"), || {
+            let rt = tokio::runtime::Handle::current();
+            let mut c = futures_block(&rt, svc.client());
+            match futures_block(&rt, c.should_rate_limit(req(m, &format!("back-{m}")))) {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    // Redis decides: a fresh key reports its remaining (fallbacks report 0).
+                    ok(&r) && r.statuses[0].limit_remaining == 3
+                }
+                Err(_) => false,
+            }
+        });
+    }
+}
+
+fn futures_block<F: std::future::Future>(rt: &tokio::runtime::Handle, f: F) -> F::Output {
+    tokio::task::block_in_place(|| rt.block_on(f))
+}
