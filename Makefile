@@ -96,6 +96,11 @@ run-service: build
 	fi
 	exec $(SERVICE) --config service/config --redis-url 127.0.0.1:6379
 
+# The service's load generator (a benchmark, not a test): latency, req/s per core and Redis
+# commands per request against the envoyproxy/ratelimit baseline (target/bench-service/report.md).
+bench-service: build
+	$(CARGO) bench -p redis-ratelimit-service --bench service
+
 cluster: build
 	bash scripts/cluster.sh start $(CLUSTER_BASE) $(CURDIR)/$(MODULE)
 

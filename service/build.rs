@@ -3,9 +3,7 @@
 //! build` works on a clean Debian machine and in CI without an extra package.
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = ["proto/envoy/service/ratelimit/v3/rls.proto"];
-    for f in ["proto/envoy"] {
-        println!("cargo:rerun-if-changed={f}");
-    }
+    println!("cargo:rerun-if-changed=proto/envoy");
     let fds = protox::compile(files, ["proto"])?;
     tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(fds)?;
     Ok(())

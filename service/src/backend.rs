@@ -32,7 +32,7 @@ use redis::{Cmd, FromRedisValue, Value};
 use redis_ratelimit_client::breaker::{Breaker, BreakerConfig, Permit};
 use redis_ratelimit_client::commands::{limit_cmd, Options};
 use redis_ratelimit_client::spec::{Algorithm, Limit};
-use redis_ratelimit_client::{Decision, MultiDecision};
+use redis_ratelimit_client::{Decision, MultiDecision, Nanos};
 use tokio::sync::Mutex;
 
 use crate::metrics::{Metrics, RedisOp};
@@ -161,6 +161,9 @@ pub struct BackendConfig {
     /// Per call (and per connection attempt).
     pub timeout: Duration,
     pub breaker: BreakerConfig,
+    /// Benchmark baseline: send what envoyproxy/ratelimit sends (a pipelined `INCRBY` +
+    /// `EXPIRE` per descriptor, on fixed-window keys) instead of the module's commands.
+    pub baseline: bool,
 }
 
 /// A lazily (re)connected ConnectionManager: Redis may be down when the service starts.
@@ -203,6 +206,8 @@ enum Conns {
 }
 
 /// A connection for one call: routed to a slot's primary on a cluster.
+// Short-lived (one per call): its size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
@@ -234,6 +239,7 @@ pub struct Backend {
     epoch: Instant,
     /// Cluster: keys carry a `{domain}` hash tag (set by the service), so this is informative.
     pub cluster: bool,
+    baseline: bool,
 }
 
 /// The limiter command's arguments after the key (`limit period [BURST b]`).
@@ -273,11 +279,12 @@ impl Backend {
             sha: redis::Script::new(SCRIPT).get_hash().to_string(),
             epoch: Instant::now(),
             cluster,
+            baseline: cfg.baseline,
         })
     }
 
-    fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos().min(u64::MAX as u128) as u64
+    fn now_ns(&self) -> Nanos {
+        Nanos::from(self.epoch.elapsed())
     }
 
     async fn conn(&self) -> Result<Conn, BackendError> {
@@ -351,6 +358,9 @@ impl Backend {
         if checks.is_empty() {
             return Ok(Outcome { admitted: true, verdicts: Vec::new() });
         }
+        if self.baseline {
+            return self.decide_baseline(checks).await;
+        }
         // Group by slot, keeping request order inside a group.
         let mut groups: Vec<(Option<u16>, Vec<usize>)> = Vec::new();
         for (i, c) in checks.iter().enumerate() {
@@ -366,6 +376,53 @@ impl Backend {
             return Ok(Outcome { admitted: ok, verdicts });
         }
         self.decide_across_slots(checks, &groups, dry_run).await
+    }
+
+    /// The benchmark baseline: envoyproxy/ratelimit's Redis traffic, a pipeline of `INCRBY key
+    /// hits` + `EXPIRE key unit` per descriptor on a key carrying the window's start (its
+    /// clock: this process's), every descriptor counted even when refused.
+    async fn decide_baseline(&self, checks: &[Check]) -> Result<Outcome, BackendError> {
+        let now_s =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let mut pipe = redis::pipe();
+        for c in checks {
+            let div = c.limit.period.as_secs().max(1);
+            let key = format!("{}_{}", c.key, (now_s / div) * div);
+            pipe.cmd("INCRBY").arg(&key).arg(c.cost).cmd("EXPIRE").arg(&key).arg(div).ignore();
+        }
+        let mut conn = self.conn().await?;
+        self.metrics.redis_call(RedisOp::Check, 2 * checks.len() as u64);
+        let started = Instant::now();
+        let counts: Vec<u64> = match &mut conn {
+            Conn::Single(c) => tokio::time::timeout(self.timeout, pipe.query_async(c)).await,
+            Conn::Cluster(c) => tokio::time::timeout(self.timeout, pipe.query_async(c)).await,
+        }
+        .map_err(|_| BackendError::Unavailable("timed out".into()))?
+        .map_err(classify)?;
+        self.metrics.redis_latency.observe(started.elapsed());
+        let mut admitted = true;
+        let verdicts = checks
+            .iter()
+            .zip(counts)
+            .map(|(c, n)| {
+                let ok = n <= c.limit.limit;
+                admitted &= ok;
+                let div = c.limit.period.as_secs().max(1);
+                Verdict {
+                    decision: Decision {
+                        allowed: if ok { c.cost } else { 0 },
+                        limit: c.limit.limit,
+                        remaining: c.limit.limit.saturating_sub(n),
+                        retry_after: (!ok).then(|| Duration::from_secs(div - now_s % div)),
+                        reset_after: Duration::from_secs(div - now_s % div),
+                        delay: None,
+                    },
+                    admitted: ok,
+                    consumed: true,
+                }
+            })
+            .collect();
+        Ok(Outcome { admitted, verdicts })
     }
 
     async fn decide_across_slots(

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use redis_ratelimit_client::policy::LocalBucket;
 use redis_ratelimit_client::spec::{Algorithm, Limit};
+use redis_ratelimit_client::Nanos;
 
 use crate::backend::{Backend, BackendError, Check, Outcome, Verdict};
 use crate::config::{algorithm_name, unit_period, Config, FailureMode, Matched, Rule};
@@ -512,12 +513,12 @@ impl Service {
     /// The local fallback: a token bucket per key at the limit ÷ instances, all or nothing
     /// over the enforced checks.
     fn local_decide(&self, checks: &[Check]) -> Vec<Verdict> {
-        let now = self.epoch.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        let now = Nanos::from(self.epoch.elapsed());
         let n = self.settings.instances.max(1);
         let params = |c: &Check| {
             let limit = (c.limit.limit / n).max(1);
             let burst = (c.limit.burst.unwrap_or(c.limit.limit) / n).max(1);
-            (limit, c.limit.period.as_nanos().min(u64::MAX as u128) as u64, burst)
+            (limit, Nanos::from(c.limit.period), burst)
         };
         // Try every check on a copy; commit the enforced ones only if all admit.
         let mut results = Vec::with_capacity(checks.len());
@@ -549,7 +550,7 @@ impl Service {
             let m = if admitted { &self.metrics.failure_local_admits } else { &self.metrics.failure_local_denials };
             m.fetch_add(1, Relaxed);
             let retry = match r {
-                Err(Some(ns)) => *ns,
+                Err(Some(ns)) => ns.as_u64(),
                 _ => 0,
             };
             out.push(fallback_verdict(c, admitted, retry));

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 use redis_ratelimit_client::breaker::BreakerConfig;
 use redis_ratelimit_client::spec::parse_duration;
+use redis_ratelimit_client::Nanos;
 
 use crate::backend::{BackendConfig, Target};
 use crate::config::FailureMode;
@@ -30,6 +31,7 @@ fn bool_flag(s: &str) -> Result<bool, String> {
 #[command(
     name = "redis-ratelimit-service",
     version,
+    args_override_self = true,
     about = "Envoy's rate limit service backed by the redis-ratelimit module"
 )]
 pub struct Settings {
@@ -99,6 +101,10 @@ pub struct Settings {
     /// slots) or `domain` (every key of a domain in one slot: one RL.MULTI always).
     #[arg(long, env = "REDIS_CLUSTER_HASH_TAG", default_value = "none")]
     pub redis_cluster_hash_tag: String,
+    /// Benchmarks only: send envoyproxy/ratelimit's Redis commands (INCRBY + EXPIRE per
+    /// descriptor) instead of the module's, as the baseline of `make bench-service`.
+    #[arg(long, env = "BENCH_BASELINE_ENVOYPROXY", default_value = "false", value_parser = bool_flag, action = clap::ArgAction::Set, hide = true)]
+    pub bench_baseline_envoyproxy: bool,
     /// Prefix of every Redis key.
     #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "rls:")]
     pub cache_key_prefix: String,
@@ -199,8 +205,9 @@ impl Settings {
             timeout: self.redis_timeout,
             breaker: BreakerConfig {
                 failures: self.redis_breaker_failures.max(1),
-                cool_down_ns: self.redis_breaker_cool_down.as_nanos().min(u64::MAX as u128) as u64,
+                cool_down: Nanos::from(self.redis_breaker_cool_down),
             },
+            baseline: self.bench_baseline_envoyproxy,
         })
     }
 

@@ -113,6 +113,10 @@ impl ServiceProc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
     /// A gRPC client (a new connection).
     pub async fn client(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
         RateLimitServiceClient::connect(format!("http://{}", self.grpc)).await.expect("grpc connect")

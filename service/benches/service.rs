@@ -1,0 +1,294 @@
+//! `make bench-service`: a load generator for the rate limit service (a benchmark, not a test).
+//!
+//! For each scenario it starts redis-server with the module (tests/common), 1 or 4 service
+//! instances, and drives `ShouldRateLimit` over gRPC on loopback at a fixed rate (1k, 10k
+//! requests/s: open loop) or as fast as it goes (closed loop, 32 requests in flight), with 1
+//! or 3 descriptors per request, on hot keys (the same descriptor values every request) or
+//! cold ones (a new value per request among 10^6). Side by side, in the same run, the
+//! baseline: the same service sending what envoyproxy/ratelimit sends per request (a pipelined
+//! `INCRBY` + `EXPIRE` per descriptor, `BENCH_BASELINE_ENVOYPROXY`), so the gRPC stack is the
+//! same and only the Redis protocol differs.
+//!
+//! Reported: p50 / p99 / p99.9 latency of ShouldRateLimit as the client sees it, the rate
+//! achieved, requests per second per service CPU core (utime + stime of the service processes
+//! over the run), and Redis commands per request (INFO commandstats on the server).
+//! `BENCH_SECONDS` (default 4) per scenario; the table goes to stdout and
+//! target/bench-service/report.md.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::Server;
+use redis_ratelimit_service::pb::{RateLimitRequest, RateLimitServiceClient};
+use support::{command_calls, desc, request, reset_stats, ServiceProc, TempDir};
+use tonic::transport::Channel;
+
+const CONFIG: &str = "domain: bench
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 4000000000}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: 4000000000}
+  - key: c
+    rate_limit: {unit: second, requests_per_unit: 4000000000}
+";
+
+#[derive(Clone, Copy, Debug)]
+struct Scenario {
+    baseline: bool,
+    descriptors: usize,
+    hot: bool,
+    instances: usize,
+    /// None: as fast as it goes (closed loop).
+    rate: Option<u64>,
+}
+
+struct Row {
+    s: Scenario,
+    achieved: f64,
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    errors: u64,
+    cpu_s: f64,
+    per_core: f64,
+    cmds: f64,
+}
+
+fn clk_tck() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: u32, tck: f64) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which is in parentheses).
+    let rest = stat.rsplit_once(") ").map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ut: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let st: f64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    (ut + st) / tck
+}
+
+fn make_request(n: usize, hot: bool, i: u64) -> RateLimitRequest {
+    let v = if hot { "hot".to_string() } else { format!("k{}", (i.wrapping_mul(2_654_435_761)) % 1_000_000) };
+    let d: Vec<_> = ["a", "b", "c"][..n].iter().map(|k| desc(&[(k, v.as_str())])).collect();
+    request("bench", d)
+}
+
+fn pct(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i] as f64 / 1e6
+}
+
+async fn drive(clients: &[RateLimitServiceClient<Channel>], s: Scenario, secs: f64) -> (u64, u64, Vec<u64>, f64) {
+    let lat = Arc::new(Mutex::new(Vec::with_capacity(200_000)));
+    let errors = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    match s.rate {
+        Some(rate) => {
+            let period = Duration::from_secs_f64(1.0 / rate as f64);
+            let mut i = 0u64;
+            let mut tasks = Vec::new();
+            loop {
+                let target = start + period * (i as u32);
+                if target >= end {
+                    break;
+                }
+                let now = Instant::now();
+                if target > now {
+                    tokio::time::sleep_until(target.into()).await;
+                }
+                let mut c = clients[(i as usize) % clients.len()].clone();
+                let (lat, errors, done) = (lat.clone(), errors.clone(), done.clone());
+                let req = make_request(s.descriptors, s.hot, i);
+                tasks.push(tokio::spawn(async move {
+                    let t = Instant::now();
+                    match c.should_rate_limit(req).await {
+                        Ok(_) => {
+                            lat.lock().unwrap().push(t.elapsed().as_nanos() as u64);
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }));
+                i += 1;
+            }
+            for t in tasks {
+                let _ = t.await;
+            }
+        }
+        None => {
+            let counter = Arc::new(AtomicU64::new(0));
+            let workers: Vec<_> = (0..32)
+                .map(|w| {
+                    let mut c = clients[w % clients.len()].clone();
+                    let (lat, errors, done, counter) = (lat.clone(), errors.clone(), done.clone(), counter.clone());
+                    tokio::spawn(async move {
+                        let mut mine = Vec::new();
+                        while Instant::now() < end {
+                            let i = counter.fetch_add(1, Ordering::Relaxed);
+                            let t = Instant::now();
+                            match c.should_rate_limit(make_request(s.descriptors, s.hot, i)).await {
+                                Ok(_) => {
+                                    mine.push(t.elapsed().as_nanos() as u64);
+                                    done.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Err(_) => {
+                                    errors.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        lat.lock().unwrap().extend(mine);
+                    })
+                })
+                .collect();
+            for w in workers {
+                let _ = w.await;
+            }
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let mut l = std::mem::take(&mut *lat.lock().unwrap());
+    l.sort_unstable();
+    (done.load(Ordering::Relaxed), errors.load(Ordering::Relaxed), l, elapsed)
+}
+
+fn main() {
+    let secs: f64 = std::env::var("BENCH_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(4.0);
+    let tck = clk_tck();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let redis = Server::start_with(common::Opts { debug_clock: false, ..Default::default() });
+    let dir = TempDir::new("bench");
+    dir.write("bench.yaml", CONFIG);
+    let url = format!("127.0.0.1:{}", redis.port);
+
+    let mut scenarios = Vec::new();
+    for rate in [Some(1_000), Some(10_000), None] {
+        for descriptors in [1, 3] {
+            for hot in [true, false] {
+                for baseline in [false, true] {
+                    scenarios.push(Scenario { baseline, descriptors, hot, instances: 1, rate });
+                }
+            }
+        }
+    }
+    for rate in [Some(10_000), None] {
+        for descriptors in [1, 3] {
+            for baseline in [false, true] {
+                scenarios.push(Scenario { baseline, descriptors, hot: true, instances: 4, rate });
+            }
+        }
+    }
+
+    let mut rows = Vec::new();
+    for s in scenarios {
+        let mut args = vec!["--redis-url".to_string(), url.clone(), "--log-level".into(), "warn".into()];
+        if s.baseline {
+            args.extend(["--bench-baseline-envoyproxy".into(), "true".into()]);
+        }
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let svcs: Vec<ServiceProc> = (0..s.instances).map(|_| ServiceProc::start(dir.path(), &argv)).collect();
+        let row = rt.block_on(async {
+            let mut clients = Vec::new();
+            for svc in &svcs {
+                for _ in 0..2 {
+                    clients.push(svc.client().await);
+                }
+            }
+            // Warm up (connections, the first claims of nothing: pools and caches).
+            let warm = Scenario { rate: Some(1000), ..s };
+            drive(&clients, warm, 0.3).await;
+            let mut con = redis.conn();
+            reset_stats(&mut con);
+            let cpu0: f64 = svcs.iter().map(|p| cpu_seconds(p.pid(), tck)).sum();
+            let (done, errors, lat, elapsed) = drive(&clients, s, secs).await;
+            let cpu1: f64 = svcs.iter().map(|p| cpu_seconds(p.pid(), tck)).sum();
+            let calls = command_calls(&mut con);
+            let cpu_s = cpu1 - cpu0;
+            Row {
+                s,
+                achieved: done as f64 / elapsed,
+                p50: pct(&lat, 0.50),
+                p99: pct(&lat, 0.99),
+                p999: pct(&lat, 0.999),
+                errors,
+                cpu_s,
+                per_core: if cpu_s > 0.0 { done as f64 / cpu_s } else { f64::NAN },
+                cmds: calls as f64 / (done + errors).max(1) as f64,
+            }
+        });
+        eprintln!(
+            "{:<9} {} desc {:<4} x{} {:>6}: {:>7.0} req/s p50 {:.3} p99 {:.3} p99.9 {:.3} ms, {:.0} req/s/core, {:.2} cmds/req, {} errors",
+            if row.s.baseline { "baseline" } else { "module" },
+            row.s.descriptors,
+            if row.s.hot { "hot" } else { "cold" },
+            row.s.instances,
+            row.s.rate.map(|r| r.to_string()).unwrap_or_else(|| "max".into()),
+            row.achieved,
+            row.p50,
+            row.p99,
+            row.p999,
+            row.per_core,
+            row.cmds,
+            row.errors
+        );
+        rows.push(row);
+        drop(svcs);
+    }
+
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# make bench-service\n\n{secs} s per scenario; open loop at the target rate (max: closed loop, 32 in flight); \
+         load generator, service(s) and redis-server on this machine ({} CPUs).\n",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+    );
+    let _ = writeln!(
+        out,
+        "| Redis protocol | descriptors | keys | instances | target req/s | achieved req/s | p50 ms | p99 ms | p99.9 ms | errors | service CPU s | req/s per service core | Redis commands / request |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {:.2} | {:.0} | {:.2} |",
+            if r.s.baseline { "envoyproxy (INCRBY+EXPIRE)" } else { "module" },
+            r.s.descriptors,
+            if r.s.hot { "hot" } else { "cold" },
+            r.s.instances,
+            r.s.rate.map(|x| x.to_string()).unwrap_or_else(|| "max".into()),
+            r.achieved,
+            r.p50,
+            r.p99,
+            r.p999,
+            r.errors,
+            r.cpu_s,
+            r.per_core,
+            r.cmds
+        );
+    }
+    println!("{out}");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-service");
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join("report.md"), &out);
+}
