@@ -1,19 +1,23 @@
-//! The response headers (`response_headers_to_add`), behind one function ([`render`]) so that
-//! the client crate's renderer (client/src/headers.rs, the one place the workspace renders rate
-//! limit headers) replaces it in one swap once it lands. The model ([`LimitStatus`]) and the
-//! mapping are that renderer's and docs/http-headers.md's:
+//! The response headers (`response_headers_to_add`), rendered by the client crate's renderer
+//! (`redis_ratelimit_client::headers`, the one place the workspace renders rate limit headers,
+//! docs/http-headers.md's mapping):
 //!
 //! * [`HeaderMode::Draft`] (draft-ietf-httpapi-ratelimit-headers-08 onwards):
 //!   `RateLimit-Policy: "name";q=<capacity>;w=<window s>` and `RateLimit: "name";r=<remaining>;t=<reset s>`,
 //!   one list item per descriptor that has a limit.
 //! * [`HeaderMode::Legacy`]: the three fields envoyproxy/ratelimit sends
 //!   (`LIMIT_RESPONSE_HEADERS_ENABLED`): `RateLimit-Limit`, `RateLimit-Remaining`,
-//!   `RateLimit-Reset` of the binding descriptor, names configurable as there.
+//!   `RateLimit-Reset` of the binding descriptor, under envoyproxy/ratelimit's configurable names.
 //!
-//! `Retry-After` (seconds, rounded up) on a refusal that can pass later, in both modes.
+//! `Retry-After` (seconds, rounded up) on a refusal that can pass later, in both modes. Names
+//! are lower case (HTTP/2's form; Envoy matches them case-insensitively).
 
-use std::fmt::Write as _;
 use std::time::Duration;
+
+use redis_ratelimit_client::headers::{
+    render as render_headers, RATELIMIT_LIMIT, RATELIMIT_REMAINING, RATELIMIT_RESET,
+};
+use redis_ratelimit_client::{HeaderFormat, LimitStatus as ClientStatus};
 
 /// Which headers the service adds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,87 +49,48 @@ pub struct LimitStatus {
     pub retry_after: Option<Duration>,
 }
 
-pub fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
-
-/// The binding limit: when nothing refused, the fewest remaining (ties: the longest reset);
-/// when refused, the refusing limit with the longest retry (or, refused for good, the fewest
-/// remaining among the refusing).
-pub fn binding(limits: &[LimitStatus]) -> Option<&LimitStatus> {
-    fn fewest<'a>(it: impl Iterator<Item = &'a LimitStatus>) -> Option<&'a LimitStatus> {
-        it.min_by(|a, b| a.remaining.cmp(&b.remaining).then(b.reset.cmp(&a.reset)))
-    }
-    if !limits.iter().any(|s| s.refused) {
-        return fewest(limits.iter());
-    }
-    if retry_after(limits).is_some() {
-        return limits.iter().filter(|s| s.refused).max_by_key(|s| s.retry_after);
-    }
-    fewest(limits.iter().filter(|s| s.refused && s.retry_after.is_none()))
-}
-
-/// The request's `Retry-After`: the longest retry among the refusing limits; None when nothing
-/// refused or one of them never admits.
-pub fn retry_after(limits: &[LimitStatus]) -> Option<Duration> {
-    let mut refusing = limits.iter().filter(|s| s.refused).peekable();
-    refusing.peek()?;
-    refusing.map(|s| s.retry_after).try_fold(Duration::ZERO, |m, r| r.map(|r| m.max(r)))
-}
-
-fn item(out: &mut String, name: &str) {
-    if !out.is_empty() {
-        out.push_str(", ");
-    }
-    out.push('"');
-    for c in name.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
-            ' '..='~' => out.push(c),
-            _ => out.push('_'),
-        }
-    }
-    out.push('"');
-}
-
 /// The headers for a request decided by `limits` (its descriptors that have a limit, in order).
 pub fn render(limits: &[LimitStatus], mode: &HeaderMode) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    if limits.is_empty() || *mode == HeaderMode::Off {
-        return out;
+    let format = match mode {
+        HeaderMode::Off => return Vec::new(),
+        HeaderMode::Draft => HeaderFormat::Draft,
+        HeaderMode::Legacy { .. } => HeaderFormat::ThreeField,
+    };
+    if limits.is_empty() {
+        return Vec::new();
     }
-    match mode {
-        HeaderMode::Off => {}
-        HeaderMode::Draft => {
-            let (mut policy, mut state) = (String::new(), String::new());
-            for s in limits {
-                item(&mut policy, &s.policy);
-                let _ = write!(policy, ";q={};w={}", s.limit, ceil_secs(s.window).max(1));
-                item(&mut state, &s.policy);
-                // A refusing limit's t is no later than its retry.
-                let t = match (s.refused, s.retry_after) {
-                    (true, Some(r)) => s.reset.min(r),
-                    _ => s.reset,
-                };
-                let _ = write!(state, ";r={};t={}", s.remaining, ceil_secs(t));
-            }
-            out.push(("RateLimit-Policy".to_string(), policy));
-            out.push(("RateLimit".to_string(), state));
-        }
-        HeaderMode::Legacy { limit, remaining, reset } => {
-            if let Some(b) = binding(limits) {
-                out.push((limit.clone(), b.limit.to_string()));
-                out.push((remaining.clone(), b.remaining.to_string()));
-                out.push((reset.clone(), ceil_secs(b.reset).to_string()));
-            }
-        }
-    }
-    if let Some(r) = retry_after(limits) {
-        out.push(("Retry-After".to_string(), ceil_secs(r).to_string()));
-    }
+    let statuses: Vec<ClientStatus> = limits
+        .iter()
+        .map(|s| ClientStatus {
+            policy: s.policy.clone().into(),
+            limit: Some(s.limit),
+            remaining: Some(s.remaining),
+            reset: Some(s.reset),
+            window: Some(s.window),
+            refused: s.refused,
+            retry_after: s.retry_after,
+        })
+        .collect();
+    let map = render_headers(&statuses, &[format]);
+    let mut out: Vec<(String, String)> = map
+        .iter()
+        .map(|(k, v)| {
+            let name = match mode {
+                HeaderMode::Legacy { limit, .. } if *k == RATELIMIT_LIMIT => limit.clone(),
+                HeaderMode::Legacy { remaining, .. } if *k == RATELIMIT_REMAINING => remaining.clone(),
+                HeaderMode::Legacy { reset, .. } if *k == RATELIMIT_RESET => reset.clone(),
+                _ => k.as_str().to_string(),
+            };
+            (name, v.to_str().unwrap_or_default().to_string())
+        })
+        .collect();
+    // Policies first, then state, then Retry-After: a stable order for logs and tests.
+    out.sort_by_key(|(k, _)| match k.as_str() {
+        "ratelimit-policy" => 0,
+        "ratelimit" => 1,
+        "retry-after" => 9,
+        _ => 5,
+    });
     out
 }
 
@@ -151,29 +116,30 @@ mod tests {
             &[s("ip", 10, 0, 1500, true, Some(1001)), s("user", 100, 40, 30_000, false, None)],
             &HeaderMode::Draft,
         );
-        assert_eq!(h[0], ("RateLimit-Policy".into(), "\"ip\";q=10;w=60, \"user\";q=100;w=60".into()));
-        assert_eq!(h[1], ("RateLimit".into(), "\"ip\";r=0;t=2, \"user\";r=40;t=30".into()));
-        assert_eq!(h[2], ("Retry-After".into(), "2".into()));
+        assert_eq!(h[0], ("ratelimit-policy".into(), "\"ip\";q=10;w=60, \"user\";q=100;w=60".into()));
+        assert_eq!(h[1], ("ratelimit".into(), "\"ip\";r=0;t=2, \"user\";r=40;t=30".into()));
+        assert_eq!(h[2], ("retry-after".into(), "2".into()));
     }
 
     #[test]
-    fn legacy_shows_the_binding_limit() {
+    fn legacy_shows_the_binding_limit_under_its_configured_names() {
         let mode = HeaderMode::Legacy {
-            limit: "RateLimit-Limit".into(),
+            limit: "X-Limit".into(),
             remaining: "RateLimit-Remaining".into(),
             reset: "RateLimit-Reset".into(),
         };
-        let h = render(&[s("a", 10, 3, 1000, false, None), s("b", 5, 1, 4000, false, None)], &mode);
+        let mut h = render(&[s("a", 10, 3, 1000, false, None), s("b", 5, 1, 4000, false, None)], &mode);
+        h.sort();
         assert_eq!(
             h,
             vec![
-                ("RateLimit-Limit".to_string(), "5".to_string()),
                 ("RateLimit-Remaining".to_string(), "1".to_string()),
-                ("RateLimit-Reset".to_string(), "4".to_string())
+                ("RateLimit-Reset".to_string(), "4".to_string()),
+                ("X-Limit".to_string(), "5".to_string()),
             ]
         );
         // Refused for good: no Retry-After.
         let h = render(&[s("a", 10, 3, 1000, true, None)], &mode);
-        assert!(h.iter().all(|(k, _)| k != "Retry-After"));
+        assert!(h.iter().all(|(k, _)| k != "retry-after"));
     }
 }
