@@ -13,8 +13,8 @@
 //! * **Several slots** (Redis Cluster, keys in different slots): check, then commit. Phase 1
 //!   dry-runs each slot's group (in parallel); any refusal refuses the request and nothing was
 //!   written anywhere. Phase 2 commits each group for real: first the groups whose limits all
-//!   accept `RL.RETURN` (every algorithm but the sliding log), in parallel, then the groups
-//!   holding a sliding log. A group can still refuse in phase 2 when another request took the
+//!   accept `RL.RETURN` (all but the sliding log and the leaky bucket), in parallel, then the groups
+//!   holding one of those. A group can still refuse in phase 2 when another request took the
 //!   last units between the phases; the groups already committed are then given back with
 //!   `RL.RETURN key cost AGE ms` (AGE: the time since their commit was sent, so a bucket credits
 //!   `cost − rate × AGE`: it never ends above the state where the units were never taken) and
