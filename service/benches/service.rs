@@ -43,6 +43,8 @@ descriptors:
 #[derive(Clone, Copy, Debug)]
 struct Scenario {
     baseline: bool,
+    /// LEASES=true (local reservations).
+    leases: bool,
     descriptors: usize,
     hot: bool,
     instances: usize,
@@ -60,6 +62,14 @@ struct Row {
     cpu_s: f64,
     per_core: f64,
     cmds: f64,
+}
+
+fn proto(s: &Scenario) -> &'static str {
+    match (s.baseline, s.leases) {
+        (true, _) => "envoyproxy (INCRBY+EXPIRE)",
+        (false, true) => "module, leases",
+        (false, false) => "module",
+    }
 }
 
 fn clk_tck() -> f64 {
@@ -186,25 +196,28 @@ fn main() {
     for rate in [Some(1_000), Some(10_000), None] {
         for descriptors in [1, 3] {
             for hot in [true, false] {
-                for baseline in [false, true] {
-                    scenarios.push(Scenario { baseline, descriptors, hot, instances: 1, rate });
+                for (baseline, leases) in [(false, false), (false, true), (true, false)] {
+                    scenarios.push(Scenario { baseline, leases, descriptors, hot, instances: 1, rate });
                 }
             }
         }
     }
     for rate in [Some(10_000), None] {
         for descriptors in [1, 3] {
-            for baseline in [false, true] {
-                scenarios.push(Scenario { baseline, descriptors, hot: true, instances: 4, rate });
+            for (baseline, leases) in [(false, false), (false, true), (true, false)] {
+                scenarios.push(Scenario { baseline, leases, descriptors, hot: true, instances: 4, rate });
             }
         }
     }
 
     let mut rows = Vec::new();
     for s in scenarios {
-        let mut args = vec!["--redis-url".to_string(), url.clone(), "--log-level".into(), "warn".into()];
+        let mut args = vec!["--redis-url".to_string(), url.clone(), "--log-level".into(), "info".into()];
         if s.baseline {
             args.extend(["--bench-baseline-envoyproxy".into(), "true".into()]);
+        }
+        if s.leases {
+            args.extend(["--leases".into(), "true".into(), "--instances".into(), s.instances.to_string()]);
         }
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let svcs: Vec<ServiceProc> = (0..s.instances).map(|_| ServiceProc::start(dir.path(), &argv)).collect();
@@ -238,8 +251,8 @@ fn main() {
             }
         });
         eprintln!(
-            "{:<9} {} desc {:<4} x{} {:>6}: {:>7.0} req/s p50 {:.3} p99 {:.3} p99.9 {:.3} ms, {:.0} req/s/core, {:.2} cmds/req, {} errors",
-            if row.s.baseline { "baseline" } else { "module" },
+            "{:<26} {} desc {:<4} x{} {:>6}: {:>7.0} req/s p50 {:.3} p99 {:.3} p99.9 {:.3} ms, {:.0} req/s/core, {:.2} cmds/req, {} errors",
+            proto(&row.s),
             row.s.descriptors,
             if row.s.hot { "hot" } else { "cold" },
             row.s.instances,
@@ -272,7 +285,7 @@ fn main() {
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {:.2} | {:.0} | {:.2} |",
-            if r.s.baseline { "envoyproxy (INCRBY+EXPIRE)" } else { "module" },
+            proto(&r.s),
             r.s.descriptors,
             if r.s.hot { "hot" } else { "cold" },
             r.s.instances,

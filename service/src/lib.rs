@@ -16,6 +16,7 @@ pub mod backend;
 pub mod config;
 pub mod headers;
 pub mod json;
+pub mod leases;
 pub mod metrics;
 pub mod reload;
 pub mod server;

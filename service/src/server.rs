@@ -14,6 +14,7 @@ use axum::Router;
 use tonic::{Request, Status};
 
 use crate::config::LoadOptions;
+use crate::leases::{LeaseConn, Leases};
 use crate::metrics::Metrics;
 use crate::pb::{Code, RateLimitRequest, RateLimitResponse, RateLimitService, RateLimitServiceServer};
 use crate::reload::Reloader;
@@ -92,10 +93,16 @@ async fn metrics(State(app): State<App>) -> Response {
     let m: &Metrics = &app.service.metrics;
     let loaded = app.service.config().map(|c| c.rules as u64).unwrap_or(0);
     let breaker = u64::from(!app.service.backend().healthy());
-    let text = m.render(&[
+    let mut text = m.render(&[
         ("ratelimit_service_config_rules", "Rules in the configuration being served", loaded),
         ("ratelimit_service_redis_breaker_open", "1 while the Redis circuit breaker is open", breaker),
     ]);
+    if let Some(l) = app.service.leases() {
+        // The client engine's counters and gauges, summed over the rules' limiters.
+        for (k, v) in l.totals() {
+            text.push_str(&format!("# TYPE ratelimit_service_lease_{k} gauge\nratelimit_service_lease_{k} {v}\n"));
+        }
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -119,7 +126,32 @@ pub fn http_router(app: App) -> Router {
 pub async fn run(settings: Settings) -> Result<(), String> {
     let metrics = Arc::new(Metrics::new(settings.stats_max_keys));
     let backend = Arc::new(crate::backend::Backend::new(&settings.backend()?, metrics.clone())?);
-    let service = Arc::new(Service::new(backend, metrics.clone(), settings.service()?));
+    let backend_cfg = settings.backend()?;
+    let lease_conn = match &backend_cfg.target {
+        crate::backend::Target::Single(url) => {
+            let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+            Some(LeaseConn::Single(redis_ratelimit_client::Reconnecting::lazy(client, settings.redis_timeout)))
+        }
+        crate::backend::Target::Cluster(nodes) => {
+            let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                .connection_timeout(settings.redis_timeout)
+                .response_timeout(settings.redis_timeout)
+                .build()
+                .map_err(|e| e.to_string())?;
+            match client.get_async_connection().await {
+                Ok(c) => Some(LeaseConn::Cluster(c)),
+                Err(e) => {
+                    tracing::warn!("leases disabled: cannot connect to the cluster at start ({e})");
+                    None
+                }
+            }
+        }
+    };
+    let mut service = Service::new(backend, metrics.clone(), settings.service()?);
+    if let Some(conn) = lease_conn {
+        service = service.with_leases(Arc::new(Leases::new(settings.lease_settings(), conn)));
+    }
+    let service = Arc::new(service);
     let reloader = Reloader {
         path: settings.config_path(),
         ignore_dotfiles: settings.runtime_ignore_dotfiles,
@@ -162,6 +194,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     });
     let mut rx1 = stop_rx.clone();
     let mut rx2 = stop_rx;
+    let service_for_shutdown = service.clone();
     let app = App { service: service.clone(), health };
     let http = axum::serve(http_listener, http_router(app)).with_graceful_shutdown(async move {
         let _ = rx1.wait_for(|v| *v).await;
@@ -173,6 +206,10 @@ pub async fn run(settings: Settings) -> Result<(), String> {
             let _ = rx2.wait_for(|v| *v).await;
         });
     let (a, b) = tokio::join!(http, grpc);
+    if let Some(l) = service_for_shutdown.leases() {
+        // Give held units back before exiting.
+        l.shutdown().await;
+    }
     a.map_err(|e| format!("HTTP server: {e}"))?;
     b.map_err(|e| format!("gRPC server: {e}"))?;
     Ok(())

@@ -16,8 +16,10 @@ use redis_ratelimit_client::Nanos;
 use crate::backend::{Backend, BackendError, Check, Outcome, Verdict};
 use crate::config::{algorithm_name, unit_period, Config, FailureMode, Matched, Rule};
 use crate::headers::{self, HeaderMode, LimitStatus};
+use crate::leases::{leasable, LeaseConn, Leases};
 use crate::metrics::{Metrics, RuleStats, StatKey};
 use crate::pb::{self, Code, DescriptorStatus, RateLimitRequest, RateLimitResponse, Unit};
+use redis_ratelimit_client::{check_all, Limiter};
 
 /// The largest hits a descriptor may add: the module's largest COST (10^15).
 pub const MAX_HITS_ADDEND: u64 = crate::config::MAX_UNITS;
@@ -108,6 +110,7 @@ pub struct Service {
     settings: ServiceSettings,
     local: LocalFallback,
     epoch: Instant,
+    leases: Option<Arc<Leases>>,
 }
 
 /// A Redis key component, escaped so that keys are unambiguous and carry no accidental hash
@@ -250,8 +253,19 @@ impl Service {
             metrics,
             settings,
             local: LocalFallback::new(),
+            leases: None,
             epoch: Instant::now(),
         }
+    }
+
+    /// Serves leasable rules from leases (see [`crate::leases`]).
+    pub fn with_leases(mut self, leases: Arc<Leases>) -> Service {
+        self.leases = Some(leases);
+        self
+    }
+
+    pub fn leases(&self) -> Option<&Arc<Leases>> {
+        self.leases.as_ref()
     }
 
     pub fn settings(&self) -> &ServiceSettings {
@@ -358,6 +372,8 @@ impl Service {
 
         let mut items = Vec::with_capacity(matched.len());
         let mut checks = Vec::new();
+        // Per check: served from leases (its rule's id), or None.
+        let mut leased: Vec<Option<String>> = Vec::new();
         let mut refused_locally = false;
         for (i, m) in matched.into_iter().enumerate() {
             let Some(m) = m else {
@@ -390,16 +406,106 @@ impl Service {
                     cost,
                     soft: m.rule.shadow_mode,
                 });
+                let lease = self.leases.as_ref().is_some_and(|l| {
+                    leasable(m.rule.algorithm) && m.rule.lease.unwrap_or(l.settings.default_on) && cost > 0
+                });
+                leased.push(lease.then(|| m.rule.stat_key.full()));
                 Some(checks.len() - 1)
             };
             items.push(Item::Limited { m, cost, check, local_refusal });
         }
 
+        let mode = config.domains.get(domain).and_then(|d| d.failure_mode).unwrap_or(self.settings.failure_mode);
+        let lease_idx: Vec<usize> = (0..checks.len()).filter(|&i| leased[i].is_some()).collect();
+        let same_cost = lease_idx.windows(2).all(|w| checks[w[0]].cost == checks[w[1]].cost);
+        if let (Some(leases), false, true) = (&self.leases, lease_idx.is_empty(), same_cost) {
+            return self
+                .decide_leased(leases, &config, domain, mode, &items, &checks, &leased, &lease_idx, refused_locally)
+                .await;
+        }
         let outcome = match self.backend.decide(&checks, refused_locally).await {
             Ok(o) => Outcome { admitted: o.admitted && !refused_locally, verdicts: o.verdicts },
             Err(e) => return self.on_failure(&config, domain, &items, &checks, e),
         };
         Ok(self.respond(&items, &outcome))
+    }
+
+    /// Some checks served from leases (`check_all` over their limiters), the others per
+    /// request; all or nothing: when the per-request part refuses, the leased units go back to
+    /// their local pools (`refund`), and a leased refusal makes the rest a dry run.
+    #[allow(clippy::too_many_arguments)]
+    async fn decide_leased(
+        &self,
+        leases: &Leases,
+        config: &Config,
+        domain: &str,
+        mode: FailureMode,
+        items: &[Item],
+        checks: &[Check],
+        leased: &[Option<String>],
+        lease_idx: &[usize],
+        refused_locally: bool,
+    ) -> Result<RateLimitResponse, RequestError> {
+        let cost = checks[lease_idx[0]].cost;
+        let limiters: Vec<_> = lease_idx
+            .iter()
+            .map(|&i| leases.limiter(leased[i].as_deref().unwrap_or(""), checks[i].limit, checks[i].soft, mode))
+            .collect();
+        let pairs: Vec<(&Limiter<LeaseConn>, &str)> =
+            lease_idx.iter().zip(&limiters).map(|(&i, l)| (l.as_ref(), checks[i].key.as_str())).collect();
+        let all = check_all(&pairs, cost).await;
+        let refund = |all: &redis_ratelimit_client::AllOutcome| {
+            for ((l, k), o) in pairs.iter().zip(&all.outcomes) {
+                if let Some(o) = o.filter(|o| o.enforced && o.allowed) {
+                    l.refund(k, &o);
+                }
+            }
+        };
+        if mode == FailureMode::Error && all.outcomes.iter().flatten().any(|o| o.unavailable()) {
+            refund(&all);
+            self.metrics.failure_error.fetch_add(1, Relaxed);
+            return Err(RequestError::Unavailable("redis unavailable (leases)".into()));
+        }
+        let leased_ok = all.allowed && !refused_locally;
+        let rest_idx: Vec<usize> = (0..checks.len()).filter(|i| leased[*i].is_none()).collect();
+        let rest: Vec<Check> = rest_idx.iter().map(|&i| checks[i].clone()).collect();
+        let rest_outcome = match self.backend.decide(&rest, !leased_ok).await {
+            Ok(o) => o,
+            Err(e) => {
+                refund(&all);
+                return self.on_failure(config, domain, items, checks, e);
+            }
+        };
+        let admitted = leased_ok && rest_outcome.admitted;
+        if leased_ok && !admitted {
+            refund(&all);
+        }
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; checks.len()];
+        for (&i, v) in rest_idx.iter().zip(rest_outcome.verdicts) {
+            verdicts[i] = Some(v);
+        }
+        for (&i, o) in lease_idx.iter().zip(&all.outcomes) {
+            let c = &checks[i];
+            verdicts[i] = Some(match o {
+                Some(o) => Verdict {
+                    decision: redis_ratelimit_client::Decision {
+                        allowed: if o.allowed { c.cost } else { 0 },
+                        limit: o.limit.unwrap_or(c.limit.capacity()),
+                        remaining: o.remaining.unwrap_or(0),
+                        retry_after: o.retry_after(),
+                        reset_after: o.reset_after().unwrap_or_default(),
+                        delay: None,
+                    },
+                    // A shadow limit always allows; `enforced` says what it would have done.
+                    admitted: if c.soft { o.enforced } else { o.allowed },
+                    consumed: admitted && o.allowed,
+                },
+                // Not consulted: another limit refused first from its local cache.
+                None => fallback_verdict(c, true, 0),
+            });
+        }
+        let outcome = Outcome { admitted, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() };
+        Ok(self.respond(items, &outcome))
     }
 
     fn respond(&self, items: &[Item], outcome: &Outcome) -> RateLimitResponse {

@@ -105,6 +105,13 @@ pub struct Settings {
     /// descriptor) instead of the module's, as the baseline of `make bench-service`.
     #[arg(long, env = "BENCH_BASELINE_ENVOYPROXY", default_value = "false", value_parser = bool_flag, action = clap::ArgAction::Set, hide = true)]
     pub bench_baseline_envoyproxy: bool,
+    /// Serve descriptors from local reservations (leases) unless their rule says `lease: false`
+    /// (fixed, sliding, gcra and token_bucket rules; docs/service.md, "Leases").
+    #[arg(long, env = "LEASES", default_value = "false", value_parser = bool_flag, action = clap::ArgAction::Set)]
+    pub leases: bool,
+    /// The lease L: units claimed are served for at most this long (the bound grows by r·L).
+    #[arg(long, env = "LEASE_LENGTH", default_value = "1s", value_parser = duration)]
+    pub lease_length: Duration,
     /// Prefix of every Redis key.
     #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "rls:")]
     pub cache_key_prefix: String,
@@ -209,6 +216,17 @@ impl Settings {
             },
             baseline: self.bench_baseline_envoyproxy,
         })
+    }
+
+    pub fn lease_settings(&self) -> crate::leases::LeaseSettings {
+        crate::leases::LeaseSettings {
+            default_on: self.leases,
+            lease: self.lease_length,
+            instances: self.instances.max(1),
+            timeout: self.redis_timeout,
+            breaker_failures: self.redis_breaker_failures.max(1),
+            breaker_cool_down: self.redis_breaker_cool_down,
+        }
     }
 
     pub fn service(&self) -> Result<ServiceSettings, String> {
