@@ -1,10 +1,12 @@
 //! Smoke tests for the test harness in tests/common: servers start with the
-//! module loaded, restart/kill9 keep data as configured, replicas sync, and a
-//! small cluster comes up.
+//! module loaded, restart/kill9 keep data as configured, replicas sync, a
+//! small cluster comes up, and replies decode by field name.
 
 mod common;
 
-use common::{raw_cmd, wait_replica_synced, Cluster, Opts, Server};
+use common::{
+    raw_cmd, wait_replica_synced, Cluster, LimiterReply, MultiReply, Opts, RlInfo, Rng, Server, LIMITER_FIELDS,
+};
 use redis::Value;
 use std::time::{Duration, Instant};
 
@@ -57,7 +59,7 @@ fn module_is_loaded_with_debug_clock() {
 }
 
 #[test]
-fn module_without_debug_clock() {
+fn module_loads_without_debug_clock_when_asked() {
     let s = Server::start_with(Opts { debug_clock: false, ..Default::default() });
     let mods = module_list(&s);
     let rl = mods.iter().find(|(n, _)| n == "ratelimit").expect("ratelimit module");
@@ -73,8 +75,7 @@ fn extra_directives_are_applied() {
     let mut con = s.conn();
     let v: Vec<String> = redis::cmd("CONFIG").arg("GET").arg("maxmemory").query(&mut con).unwrap();
     assert_eq!(v, vec!["maxmemory".to_string(), (10 * 1024 * 1024).to_string()]);
-    let v: Vec<String> = redis::cmd("CONFIG").arg("GET").arg("hz").query(&mut con).unwrap();
-    assert_eq!(v[1], "50");
+    assert_eq!(s.config_get("hz"), "50");
 }
 
 #[test]
@@ -115,7 +116,7 @@ fn kill9_then_start_again_with_fsync_always() {
 }
 
 #[test]
-fn replica_syncs_plain_key() {
+fn replica_syncs_a_plain_key() {
     let primary = Server::start();
     let replica = Server::start_with(Opts { replica_of: Some(primary.port), ..Default::default() });
     {
@@ -170,7 +171,7 @@ fn startup_failure_panics_with_log() {
 
 /// Runs in the normal `cargo test`; takes a few seconds.
 #[test]
-fn cluster_3_primaries_3_replicas() {
+fn cluster_of_3_primaries_and_3_replicas_comes_up() {
     let t = Instant::now();
     let c = Cluster::start(3, 1);
     let took = t.elapsed();
@@ -197,4 +198,82 @@ fn cluster_3_primaries_3_replicas() {
     let v: String = redis::cmd("GET").arg("{user1}").query(&mut con).unwrap();
     assert_eq!(v, "x");
     assert!(took < Duration::from_secs(30), "cluster startup took {took:?}");
+}
+
+// ---------------------------------------------------------------- replies by name (no server)
+
+fn bulk_of(s: &str) -> Value {
+    Value::BulkString(s.as_bytes().to_vec())
+}
+
+/// A RESP3 map of integers under the given names.
+fn int_map(names: &[&str], values: &[i64]) -> Value {
+    Value::Map(names.iter().zip(values).map(|(n, v)| (bulk_of(n), Value::Int(*v))).collect())
+}
+
+fn int_array(values: &[i64]) -> Value {
+    Value::Array(values.iter().map(|v| Value::Int(*v)).collect())
+}
+
+#[test]
+fn limiter_replies_decode_by_field_name_from_resp2_and_resp3() {
+    let r = LimiterReply::of(&int_array(&[1, 5, 4, -1, 200]));
+    let fields = (r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms, r.delay_ms);
+    assert_eq!(fields, (1, 5, 4, -1, 200, None));
+    // A whole reply compares with its RESP2 integers, the field count included.
+    assert_eq!(r, [1, 5, 4, -1, 200]);
+    assert_ne!(r, [1, 5, 4, -1, 200, 0]);
+    assert_eq!(r.ints(), vec![1, 5, 4, -1, 200]);
+    let leaky = LimiterReply::of(&int_array(&[0, 2, 0, 1000, 4000, -1]));
+    assert_eq!((leaky.retry_after_ms, leaky.delay_ms), (1000, Some(-1)));
+    // RESP3: the same fields from a map, whose keys must be the field names in order.
+    assert_eq!(LimiterReply::of(&int_map(&LIMITER_FIELDS, &[0, 2, 0, 1000, 4000, -1])), leaky);
+    assert_eq!(LimiterReply::of(&int_map(&LIMITER_FIELDS[..5], &[1, 5, 4, -1, 200])), r);
+    let swapped = ["limit", "allowed", "remaining", "retry_after_ms", "reset_after_ms"];
+    assert!(LimiterReply::from_value(&int_map(&swapped, &[1, 5, 4, -1, 200])).is_err());
+    // Four or seven fields, a non-integer field, another type: not a limiter reply.
+    assert!(LimiterReply::from_value(&int_array(&[1, 5, 4, -1])).is_err());
+    assert!(LimiterReply::from_value(&int_array(&[1, 5, 4, -1, 200, 0, 0])).is_err());
+    let with_nil = Value::Array(vec![Value::Int(1), Value::Int(5), Value::Int(4), Value::Int(-1), Value::Nil]);
+    assert!(LimiterReply::from_value(&with_nil).is_err());
+    assert!(LimiterReply::from_value(&Value::Int(1)).is_err());
+}
+
+#[test]
+fn rl_multi_and_rl_info_replies_decode_by_field_name() {
+    let limits = [int_array(&[0, 1, 0, 10_000, 10_000]), int_array(&[0, 2, 1, -1, 5_000, -1])];
+    let mut resp2 = vec![Value::Int(0), Value::Int(10_000)];
+    resp2.extend(limits.iter().cloned());
+    let m = MultiReply::of(&Value::Array(resp2));
+    assert_eq!((m.allowed, m.retry_after_ms), (0, 10_000));
+    assert_eq!(m.limits, [vec![0, 1, 0, 10_000, 10_000], vec![0, 2, 1, -1, 5_000, -1]]);
+    let resp3 = |names: [&str; 3]| {
+        Value::Map(vec![
+            (bulk_of(names[0]), Value::Int(0)),
+            (bulk_of(names[1]), Value::Int(10_000)),
+            (bulk_of(names[2]), Value::Array(limits.to_vec())),
+        ])
+    };
+    assert_eq!(MultiReply::of(&resp3(["allowed", "retry_after_ms", "limits"])), m);
+    assert!(MultiReply::from_value(&resp3(["allowed", "retry", "limits"])).is_err());
+    assert!(MultiReply::from_value(&int_array(&[1, -1])).is_err());
+
+    let info = Value::Array(vec![bulk_of("algorithm"), bulk_of("gcra"), bulk_of("tat_us"), Value::Int(7)]);
+    let info = RlInfo::of(&info).expect("not nil");
+    assert_eq!(info.names(), ["algorithm", "tat_us"]);
+    assert_eq!((info.algorithm().as_str(), info.int("tat_us")), ("gcra", 7));
+    assert_eq!(info.get("ttl_ms"), None);
+    assert_eq!(RlInfo::of(&Value::Nil), None);
+}
+
+#[test]
+fn rng_is_the_same_sequence_for_the_same_seed() {
+    let (mut a, mut b) = (Rng::new(42), Rng::new(42));
+    let xs: Vec<u64> = (0..8).map(|_| a.next()).collect();
+    assert_eq!(xs, (0..8).map(|_| b.next()).collect::<Vec<_>>());
+    assert_ne!(xs[0], Rng::new(43).next());
+    // xorshift64* from a raw state: the first output of state 1.
+    assert_eq!(Rng(1).next(), 0x47E4_CE4B_896C_DD1D);
+    assert_eq!(a.below(0), 0);
+    assert!((0..1000).all(|_| (3..=9).contains(&a.range(3, 9))));
 }

@@ -1,5 +1,11 @@
 //! Test harness: starts and stops `redis-server` processes with the module
-//! loaded. Included by each integration test file via `mod common;`.
+//! loaded, and the helpers every server test shares (the one place for them): replies
+//! decoded by name ([`reply`]), commands and small calls ([`calls`]) and a seeded PRNG
+//! ([`rng`]). Included by each integration test file via
+//! `mod common;` (and by the client's tests and the benchmark harness: std and `redis` only
+//! here). Included on their own, next to `mod common;`: `traffic.rs` (keyspace snapshots) and
+//! `robust.rs` (reply validation, the core as the server's model); `core_dispatch.rs` for the
+//! core tests. A file is included once per test crate (clippy::duplicate_mod).
 //!
 //! Every `Server` gets its own free loopback port and its own fresh temp dir
 //! (removed on drop), so tests can run in parallel threads.
@@ -10,6 +16,18 @@
 //! * `RL_REDIS_CLI`    – redis-cli binary (default: `redis-cli` on PATH)
 //! * `RL_KEEP_DIRS`    – if set, server dirs are not removed on drop
 #![allow(dead_code)]
+
+pub mod calls;
+pub mod reply;
+pub mod rng;
+
+// The helpers at `common::` directly; a test crate uses only some of them.
+#[allow(unused_imports)]
+pub use calls::*;
+#[allow(unused_imports)]
+pub use reply::*;
+#[allow(unused_imports)]
+pub use rng::Rng;
 
 use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom};
@@ -434,6 +452,39 @@ impl Server {
     pub fn info(&self, section: &str) -> String {
         self.try_info(section)
             .unwrap_or_else(|e| panic!("INFO {section} on port {} failed: {e}\n--- log ---\n{}", self.port, self.log()))
+    }
+
+    /// `field` of `INFO <section>`; panics if the server does not report it.
+    pub fn info_field(&self, section: &str, field: &str) -> String {
+        let info = self.info(section);
+        info_field(&info, field).unwrap_or_else(|| panic!("INFO {section} has no {field}:\n{info}")).to_string()
+    }
+
+    /// [`Server::info_field`] as an integer.
+    pub fn info_int(&self, section: &str, field: &str) -> i64 {
+        let v = self.info_field(section, field);
+        v.parse().unwrap_or_else(|e| panic!("INFO {section} {field} is {v:?}: {e}"))
+    }
+
+    /// `ratelimit_<name>` of `INFO ratelimit` (the module's own section).
+    pub fn ratelimit_field(&self, name: &str) -> String {
+        self.info_field("ratelimit", &format!("ratelimit_{name}"))
+    }
+
+    /// `master_repl_offset` (INFO replication).
+    pub fn repl_offset(&self) -> i64 {
+        self.info_int("replication", "master_repl_offset")
+    }
+
+    /// `CONFIG SET name value`.
+    pub fn config_set(&self, name: &str, value: &str) {
+        let () = redis::cmd("CONFIG").arg("SET").arg(name).arg(value).query(&mut self.conn()).unwrap();
+    }
+
+    /// `CONFIG GET name`'s value.
+    pub fn config_get(&self, name: &str) -> String {
+        let (_, v): (String, String) = redis::cmd("CONFIG").arg("GET").arg(name).query(&mut self.conn()).unwrap();
+        v
     }
 
     /// Stop gracefully (SIGTERM; SIGKILL after 10 s) and start again on the same

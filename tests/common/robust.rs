@@ -1,5 +1,5 @@
-//! Helpers shared by the robustness tests (load, hostile, faults): a seeded PRNG, reply
-//! validation, and a driver of the pure core used as the exact model of the server.
+//! Helpers shared by the robustness tests (load, hostile, faults): reply validation and a driver
+//! of the pure core used as the exact model of the server (the PRNG is `common::Rng`).
 //! Included with `#[path = "common/robust.rs"] mod robust;` next to `resp`.
 #![allow(dead_code)]
 
@@ -11,42 +11,7 @@ use redis_ratelimit::core::{ceil_ms, Decision, Nanos, Rate, Request, Window, NAN
 
 use crate::resp::Reply;
 
-/// xorshift64*: seeded, no extra crates.
-#[derive(Clone)]
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + self.below((hi - lo + 1) as u64) as i64
-    }
-    pub fn chance(&mut self, pct: u64) -> bool {
-        self.below(100) < pct
-    }
-    pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len() as u64) as usize]
-    }
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
+pub use crate::common::Rng;
 
 /// Seed from `RL_SEED` (decimal) or the given default; printed by the tests so a failure can
 /// be replayed.

@@ -1,71 +1,21 @@
-//! Helpers shared by the replication and RL.MULTI tests (replication, multi): a seeded PRNG,
-//! commands from argument lists, the debug clock and keyspace snapshots (DUMP and PEXPIRETIME of
-//! every key) compared between two servers.
-//! Included with `#[path = "common/traffic.rs"] mod traffic;` (not a test target).
+//! Keyspace snapshots (DUMP and PEXPIRETIME of every key) compared between two servers, and the
+//! algorithm keywords: for the replication, RL.MULTI and RL.RETURN tests. Included with
+//! `#[path = "common/traffic.rs"] mod traffic;` next to `mod common;`.
 #![allow(dead_code)]
 
 use redis::{Connection, Value};
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The six algorithm keywords (RL.MULTI spelling; the single-key commands are `RL.<name>`).
 pub const ALGOS: [&str; 6] = ["GCRA", "TOKENBUCKET", "LEAKY", "SLIDING", "FIXED", "SLIDINGLOG"];
 
-/// xorshift64*: a seeded PRNG, no extra crates.
-pub struct Rng(pub u64);
+// Moved to the common harness; re-exported for the tests that still take them from here.
+#[allow(unused_imports)]
+pub use crate::common::{clock_advance, clock_get, clock_set, err_text, now_ms, Rng};
 
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + self.below((hi - lo + 1) as u64) as i64
-    }
-    pub fn chance(&mut self, pct: u64) -> bool {
-        self.below(100) < pct
-    }
-    pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len() as u64) as usize]
-    }
-}
-
-pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
-}
-
-pub fn err_text(e: &redis::RedisError) -> String {
-    format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or(""))
-}
-
+/// A command from an argument list (while a test still takes it from here; see `common::Args`).
 pub fn cmd_of(args: &[String]) -> redis::Cmd {
-    let mut c = redis::cmd(&args[0]);
-    for a in &args[1..] {
-        c.arg(a.as_str());
-    }
-    c
-}
-
-pub fn clock_set(con: &mut Connection, us: i64) {
-    let _: () = redis::cmd("RL.DEBUG").arg("CLOCK").arg("SET").arg(us).query(con).unwrap();
-}
-
-pub fn clock_advance(con: &mut Connection, us: i64) {
-    let _: () = redis::cmd("RL.DEBUG").arg("CLOCK").arg("ADVANCE").arg(us).query(con).unwrap();
-}
-
-pub fn clock_get(con: &mut Connection) -> i64 {
-    redis::cmd("RL.DEBUG").arg("CLOCK").arg("GET").query(con).unwrap()
+    crate::common::Args::cmd(args)
 }
 
 pub type Snap = BTreeMap<Vec<u8>, (Vec<u8>, i64)>;
