@@ -3,13 +3,13 @@
 //! The expectations come from docs (notes/semantics.md), computed by hand in the comments.
 
 mod common;
-#[path = "common/values.rs"]
-mod values;
 
-use common::Server;
+use common::{
+    clock_advance as advance, clock_set as clock, dump, exists, limiter, pexpiretime, pttl, rl_info, run,
+    run_err as err, text, CellReply, LimiterReply, MultiReply, RlInfo, Server,
+};
 use redis::{Connection, Value};
 use std::time::Duration;
-use values::{full_error, into_ints as ints};
 
 /// A realistic instant (µs since the epoch); a multiple of 10 s.
 const T0: i64 = 1_700_000_000_000_000;
@@ -27,36 +27,9 @@ fn start() -> (Server, Connection) {
     (s, c)
 }
 
-fn words(line: &str) -> redis::Cmd {
-    let mut it = line.split_whitespace();
-    let mut c = redis::cmd(it.next().expect("empty command"));
-    for w in it {
-        c.arg(w);
-    }
-    c
-}
-
-fn run(c: &mut Connection, line: &str) -> Value {
-    words(line).query(c).unwrap_or_else(|e| panic!("`{line}` failed: {e}"))
-}
-
-fn err(c: &mut Connection, line: &str) -> String {
-    match words(line).query::<Value>(c) {
-        Ok(v) => panic!("`{line}` should fail, got {v:?}"),
-        Err(e) => full_error(&e),
-    }
-}
-
-fn clock(c: &mut Connection, us: i64) {
-    run(c, &format!("RL.DEBUG CLOCK SET {us}"));
-}
-
-fn advance(c: &mut Connection, us: i64) {
-    run(c, &format!("RL.DEBUG CLOCK ADVANCE {us}"));
-}
-
+/// An integer-array reply (a limiter's, CL.THROTTLE's).
 fn q(c: &mut Connection, line: &str) -> Vec<i64> {
-    ints(run(c, line))
+    common::ints(run(c, line))
 }
 
 /// Runs `line` and asserts its integer reply.
@@ -73,32 +46,15 @@ fn check_atomic(c: &mut Connection, steps: &[(&str, Option<Vec<i64>>)]) {
     let mut p = redis::pipe();
     p.atomic();
     for (line, _) in steps {
-        p.add_command(words(line));
+        p.add_command(common::Args::cmd(*line));
     }
     let replies: Vec<Value> = p.query(c).unwrap_or_else(|e| panic!("MULTI/EXEC failed: {e}"));
     assert_eq!(replies.len(), steps.len());
     for (i, ((line, want), got)) in steps.iter().zip(replies).enumerate() {
         if let Some(want) = want {
-            assert_eq!(&ints(got), want, "step {i}: reply of `{line}`");
+            assert_eq!(&common::ints(got), want, "step {i}: reply of `{line}`");
         }
     }
-}
-
-fn exists(c: &mut Connection, key: &str) -> bool {
-    redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() == 1
-}
-
-fn dump(c: &mut Connection, key: &str) -> Option<Vec<u8>> {
-    redis::cmd("DUMP").arg(key).query(c).unwrap()
-}
-
-fn pttl(c: &mut Connection, key: &str) -> i64 {
-    redis::cmd("PTTL").arg(key).query(c).unwrap()
-}
-
-/// Absolute expiry in unix ms (does not move with time, unlike PTTL).
-fn pexpiretime(c: &mut Connection, key: &str) -> i64 {
-    redis::cmd("PEXPIRETIME").arg(key).query(c).unwrap()
 }
 
 fn key_type(c: &mut Connection, key: &str) -> String {
@@ -122,9 +78,14 @@ fn ttl_step(reset_ms: i64) -> i64 {
 }
 
 /// Runs `line` and `PTTL key` back to back in one MULTI/EXEC: (reply, PTTL).
-fn q_pttl(c: &mut Connection, line: &str, key: &str) -> (Vec<i64>, i64) {
-    let (r, p): (Value, i64) = redis::pipe().atomic().add_command(words(line)).cmd("PTTL").arg(key).query(c).unwrap();
-    (ints(r), p)
+fn q_pttl(c: &mut Connection, line: &str, key: &str) -> (Value, i64) {
+    redis::pipe().atomic().add_command(common::Args::cmd(line)).cmd("PTTL").arg(key).query(c).unwrap()
+}
+
+/// [`q_pttl`] of a limiter command.
+fn q_pttl_limiter(c: &mut Connection, line: &str, key: &str) -> (LimiterReply, i64) {
+    let (v, p) = q_pttl(c, line, key);
+    (LimiterReply::of(&v), p)
 }
 
 /// The TTL after an admitted call is never shorter than its reset_after_ms and at most one
@@ -136,50 +97,10 @@ fn assert_covering_pttl(p: i64, reset_ms: i64, line: &str) {
     assert!(p <= ttl_step(reset_ms) + 5 && p >= reset_ms - 25, "`{line}`: PTTL {p}, reset_after_ms {reset_ms}");
 }
 
-fn text(v: &Value) -> String {
-    match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::VerbatimString { text, .. } => text.clone(),
-        other => panic!("not a string: {other:?}"),
-    }
-}
-
-/// Field/value pairs of a RESP2 flat array or a RESP3 map.
-fn pairs(v: Value) -> Vec<(String, Value)> {
-    match v {
-        Value::Array(items) => {
-            assert!(items.len() % 2 == 0, "odd field/value array {items:?}");
-            items.chunks(2).map(|kv| (text(&kv[0]), kv[1].clone())).collect()
-        }
-        Value::Map(m) => m.into_iter().map(|(k, v)| (text(&k), v)).collect(),
-        other => panic!("not a field/value reply: {other:?}"),
-    }
-}
-
-/// A map of integers (RESP3 limiter reply) as (name, value) pairs in order.
-fn int_map(v: Value) -> Vec<(String, i64)> {
-    let Value::Map(m) = v else { panic!("expected a RESP3 map, got {v:?}") };
-    m.into_iter()
-        .map(|(k, v)| match v {
-            Value::Int(n) => (text(&k), n),
-            other => panic!("field {} is not an integer: {other:?}", text(&k)),
-        })
-        .collect()
-}
-
-fn named(names: &[&str], values: &[i64]) -> Vec<(String, i64)> {
-    names.iter().zip(values).map(|(n, v)| (n.to_string(), *v)).collect()
-}
-
-const FIELDS: [&str; 6] = ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms"];
-
-/// RL.INFO as pairs; None for nil.
-fn rl_info(c: &mut Connection, key: &str) -> Option<Vec<(String, Value)>> {
-    match run(c, &format!("RL.INFO {key}")) {
-        Value::Nil => None,
-        v => Some(pairs(v)),
-    }
+/// A RESP3 limiter reply: a map whose keys are the reply's field names, in order.
+fn resp3_limiter(v: Value) -> LimiterReply {
+    assert!(matches!(v, Value::Map(_)), "expected a RESP3 map, got {v:?}");
+    LimiterReply::of(&v)
 }
 
 /// Asserts RL.INFO's fields (names in order, values exactly), ttl_ms approximately.
@@ -187,29 +108,17 @@ fn rl_info(c: &mut Connection, key: &str) -> Option<Vec<(String, Value)>> {
 fn assert_info(c: &mut Connection, key: &str, algorithm: &str, fields: &[(&str, i64)]) {
     // RL.INFO and PTTL back to back in one MULTI/EXEC, so ttl_ms can be compared tightly.
     let (info, p): (Value, i64) = redis::pipe().atomic().cmd("RL.INFO").arg(key).cmd("PTTL").arg(key).query(c).unwrap();
-    assert_ne!(info, Value::Nil, "RL.INFO {key} is nil");
-    let info = pairs(info);
-    let names: Vec<&str> = info.iter().map(|(n, _)| n.as_str()).collect();
+    let info = RlInfo::of(&info).unwrap_or_else(|| panic!("RL.INFO {key} is nil"));
     let mut want: Vec<&str> = vec!["algorithm"];
     want.extend(fields.iter().map(|(n, _)| *n));
     want.push("ttl_ms");
-    assert_eq!(names, want, "RL.INFO {key} field names");
-    assert_eq!(text(&info[0].1), algorithm, "RL.INFO {key} algorithm");
-    for (i, (name, v)) in fields.iter().enumerate() {
-        assert_eq!(info[i + 1].1, Value::Int(*v), "RL.INFO {key} field {name}");
+    assert_eq!(info.names(), want, "RL.INFO {key} field names");
+    assert_eq!(info.algorithm(), algorithm, "RL.INFO {key} algorithm");
+    for (name, v) in fields {
+        assert_eq!(info.get(name), Some(&Value::Int(*v)), "RL.INFO {key} field {name}");
     }
-    let Value::Int(ttl) = info.last().unwrap().1 else { panic!("ttl_ms not an integer: {info:?}") };
+    let Some(&Value::Int(ttl)) = info.get("ttl_ms") else { panic!("ttl_ms not an integer: {info:?}") };
     assert!((ttl - p).abs() <= 25, "RL.INFO {key} ttl_ms {ttl} vs PTTL {p}");
-}
-
-fn info_field(s: &Server, field: &str) -> u64 {
-    let info = s.info("ratelimit");
-    info.lines()
-        .find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')))
-        .unwrap_or_else(|| panic!("no {field} in INFO ratelimit:\n{info}"))
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 fn resp3_conn(s: &Server) -> Connection {
@@ -283,7 +192,7 @@ fn gcra_and_tokenbucket_identical_on_a_timeline() {
 }
 
 #[test]
-fn burst() {
+fn burst_sets_how_many_pass_at_once() {
     let (_s, mut c) = start();
     for cmd in ["RL.GCRA", "RL.TOKENBUCKET", "RL.LEAKY"] {
         clock(&mut c, T0);
@@ -432,7 +341,7 @@ fn sliding_window_boundaries() {
 // ---------------------------------------------------------------- fixed window
 
 #[test]
-fn fixed_window() {
+fn fixed_window_admits_the_limit_per_window_then_starts_from_zero() {
     let (_s, mut c) = start();
     // limit 3 window 10 s; T0 is a window start.
     clock(&mut c, T0 + 2 * SEC);
@@ -454,7 +363,11 @@ fn fixed_window() {
     check(&mut c, &format!("{line} COST 3"), &[0, 3, 2, 10_000, 10_000]);
     check(&mut c, &format!("{line} COST 4"), &[0, 3, 2, -1, 10_000]);
     check(&mut c, &format!("{line} COST 2"), &[2, 3, 0, -1, 10_000]);
+}
 
+#[test]
+fn fixed_window_does_not_count_limited_calls() {
+    let (_s, mut c) = start();
     // Limited calls are not counted: 1 admitted, COST 3 refused 5 times, 2 still fit.
     clock(&mut c, T0 + 20 * SEC);
     let line = "RL.FIXED fy 3 10s";
@@ -463,14 +376,20 @@ fn fixed_window() {
         check(&mut c, &format!("{line} COST 3"), &[0, 3, 2, 10_000, 10_000]);
     }
     check(&mut c, &format!("{line} COST 2"), &[2, 3, 0, -1, 10_000]);
-    // PARTIAL on a window: grants what is left.
-    clock(&mut c, T0 + 35 * SEC);
-    check(&mut c, &format!("{line} COST 2"), &[2, 3, 1, -1, 5_000]);
-    check(&mut c, &format!("{line} COST 2 PARTIAL"), &[1, 3, 0, -1, 5_000]);
-    check(&mut c, &format!("{line} COST 2 PARTIAL"), &[0, 3, 0, 5_000, 5_000]);
     // A fresh key that is refused stays missing.
     check(&mut c, "RL.FIXED fz 3 10s COST 4", &[0, 3, 3, -1, 0]);
     assert!(!exists(&mut c, "fz"));
+}
+
+#[test]
+fn fixed_window_partial_grants_what_is_left() {
+    let (_s, mut c) = start();
+    // limit 3 window 10 s, 5 s before the window's end.
+    clock(&mut c, T0 + 35 * SEC);
+    let line = "RL.FIXED fy 3 10s";
+    check(&mut c, &format!("{line} COST 2"), &[2, 3, 1, -1, 5_000]);
+    check(&mut c, &format!("{line} COST 2 PARTIAL"), &[1, 3, 0, -1, 5_000]);
+    check(&mut c, &format!("{line} COST 2 PARTIAL"), &[0, 3, 0, 5_000, 5_000]);
 }
 
 // ---------------------------------------------------------------- sliding log
@@ -599,14 +518,14 @@ fn limited_calls_write_nothing() {
     let (_s, mut c) = start();
     for (cmd, _) in ALGOS {
         let k = format!("lim:{cmd}");
-        let r = q(&mut c, &format!("{cmd} {k} 3 1h COST 3"));
-        assert_eq!(&r[..3], &[3, 3, 0], "{cmd}");
+        let r = limiter(&mut c, &format!("{cmd} {k} 3 1h COST 3"));
+        assert_eq!((r.allowed, r.limit, r.remaining), (3, 3, 0), "{cmd}");
         let state = dump(&mut c, &k);
         let at = pexpiretime(&mut c, &k);
         for (dt, opts) in [(0, ""), (SEC, "COST 2"), (0, "COST 5"), (MS, "PARTIAL COST 2"), (0, "COST 1 DRYRUN")] {
             advance(&mut c, dt);
-            let r = q(&mut c, &format!("{cmd} {k} 3 1h {opts}"));
-            assert_eq!(&r[..3], &[0, 3, 0], "{cmd} {opts}: {r:?}");
+            let r = limiter(&mut c, &format!("{cmd} {k} 3 1h {opts}"));
+            assert_eq!((r.allowed, r.limit, r.remaining), (0, 3, 0), "{cmd} {opts}: {r:?}");
         }
         assert_eq!(dump(&mut c, &k), state, "{cmd}: a limited call changed the state");
         let at2 = pexpiretime(&mut c, &k);
@@ -625,17 +544,21 @@ fn parameter_change_never_exceeds_new_capacity() {
         let k = format!("pc:{cmd}");
         let rate = matches!(cmd, "RL.GCRA" | "RL.TOKENBUCKET" | "RL.LEAKY");
         // 2 of 10 used.
-        let r = q(&mut c, &format!("{cmd} {k} 10 10s COST 2"));
-        assert_eq!(&r[..3], &[2, 10, 8], "{cmd}");
+        let r = limiter(&mut c, &format!("{cmd} {k} 10 10s COST 2"));
+        assert_eq!((r.allowed, r.limit, r.remaining), (2, 10, 8), "{cmd}");
         // Now limit 3: at most 3 (rate-based: the 8 tokens are capped at 3; windows: 3 − 2 = 1).
-        let r = q(&mut c, &format!("{cmd} {k} 3 10s COST 0"));
-        assert_eq!(&r[..3], &[0, 3, if rate { 3 } else { 1 }], "{cmd} after lowering the limit: {r:?}");
+        let r = limiter(&mut c, &format!("{cmd} {k} 3 10s COST 0"));
+        assert_eq!(
+            (r.allowed, r.limit, r.remaining),
+            (0, 3, if rate { 3 } else { 1 }),
+            "{cmd} after lowering the limit: {r:?}"
+        );
         // Limit 1: windows have no room left at all.
-        let r = q(&mut c, &format!("{cmd} {k} 1 10s"));
+        let r = limiter(&mut c, &format!("{cmd} {k} 1 10s"));
         if rate {
-            assert_eq!(&r[..4], &[1, 1, 0, -1], "{cmd} limit 1: {r:?}");
+            assert_eq!((r.allowed, r.limit, r.remaining, r.retry_after_ms), (1, 1, 0, -1), "{cmd} limit 1: {r:?}");
         } else {
-            assert_eq!(&r[..3], &[0, 1, 0], "{cmd} limit 1: {r:?}");
+            assert_eq!((r.allowed, r.limit, r.remaining), (0, 1, 0), "{cmd} limit 1: {r:?}");
         }
         // Whatever changes, remaining never exceeds the capacity.
         for (dt, params) in [
@@ -650,10 +573,17 @@ fn parameter_change_never_exceeds_new_capacity() {
             advance(&mut c, dt);
             let limit: i64 = params.split(' ').next().unwrap().parse().unwrap();
             for extra in ["COST 0", "", "COST 3 PARTIAL"] {
-                let r = q(&mut c, &format!("{cmd} {k} {params} {extra}"));
-                assert_eq!(r[1], limit, "{cmd} {params} {extra}: {r:?}");
-                assert!(r[2] >= 0 && r[2] <= limit, "{cmd} {params} {extra}: remaining {} above {limit}", r[2]);
-                assert!(r[0] + r[2] <= limit, "{cmd} {params} {extra}: allowed+remaining above {limit}: {r:?}");
+                let r = limiter(&mut c, &format!("{cmd} {k} {params} {extra}"));
+                assert_eq!(r.limit, limit, "{cmd} {params} {extra}: {r:?}");
+                assert!(
+                    r.remaining >= 0 && r.remaining <= limit,
+                    "{cmd} {params} {extra}: remaining {} above {limit}",
+                    r.remaining
+                );
+                assert!(
+                    r.allowed + r.remaining <= limit,
+                    "{cmd} {params} {extra}: allowed+remaining above {limit}: {r:?}"
+                );
             }
         }
     }
@@ -661,21 +591,21 @@ fn parameter_change_never_exceeds_new_capacity() {
     clock(&mut c, T0);
     for cmd in ["RL.GCRA", "RL.TOKENBUCKET", "RL.LEAKY"] {
         let k = format!("pb:{cmd}");
-        let r = q(&mut c, &format!("{cmd} {k} 10 10s BURST 20 COST 5"));
-        assert_eq!(&r[..3], &[5, 20, 15]);
-        let r = q(&mut c, &format!("{cmd} {k} 10 10s BURST 4 COST 0"));
-        assert_eq!(&r[..4], &[0, 4, 4, -1], "{cmd}");
-        let r = q(&mut c, &format!("{cmd} {k} 10 10s BURST 4 COST 4"));
-        assert_eq!(&r[..4], &[4, 4, 0, -1], "{cmd}");
-        let r = q(&mut c, &format!("{cmd} {k} 10 10s BURST 4"));
-        assert_eq!(&r[..4], &[0, 4, 0, 1000], "{cmd}");
+        let r = limiter(&mut c, &format!("{cmd} {k} 10 10s BURST 20 COST 5"));
+        assert_eq!((r.allowed, r.limit, r.remaining), (5, 20, 15));
+        let r = limiter(&mut c, &format!("{cmd} {k} 10 10s BURST 4 COST 0"));
+        assert_eq!((r.allowed, r.limit, r.remaining, r.retry_after_ms), (0, 4, 4, -1), "{cmd}");
+        let r = limiter(&mut c, &format!("{cmd} {k} 10 10s BURST 4 COST 4"));
+        assert_eq!((r.allowed, r.limit, r.remaining, r.retry_after_ms), (4, 4, 0, -1), "{cmd}");
+        let r = limiter(&mut c, &format!("{cmd} {k} 10 10s BURST 4"));
+        assert_eq!((r.allowed, r.limit, r.remaining, r.retry_after_ms), (0, 4, 0, 1000), "{cmd}");
     }
 }
 
 // ---------------------------------------------------------------- extreme rates
 
 #[test]
-fn a_billion_per_second() {
+fn a_billion_per_second_is_exact_to_the_unit() {
     let (_s, mut c) = start();
     let g = 1_000_000_000i64;
     // (Resets of 1 s: each timeline runs in one MULTI/EXEC, so the TTL cannot interfere.)
@@ -716,7 +646,7 @@ fn a_billion_per_second() {
 }
 
 #[test]
-fn one_per_century() {
+fn one_per_century_waits_exactly_a_century() {
     let (_s, mut c) = start();
     for cmd in ["RL.GCRA", "RL.TOKENBUCKET", "RL.LEAKY", "RL.SLIDINGLOG"] {
         let k = format!("cy:{cmd}");
@@ -736,10 +666,10 @@ fn one_per_century() {
     check(&mut c, "RL.FIXED cy:f 1 36525d", &[0, 1, 0, to_end, to_end]);
     assert_pttl(&mut c, "cy:f", to_end);
     check(&mut c, "RL.SLIDING cy:s 1 36525d", &[1, 1, 0, -1, to_end + CENTURY_MS]);
-    let r = q(&mut c, "RL.SLIDING cy:s 1 36525d");
-    assert_eq!(&r[..3], &[0, 1, 0]);
-    assert_eq!(r[4], to_end + CENTURY_MS);
-    assert!(r[3] > to_end, "retry {} must reach into the next window", r[3]);
+    let r = limiter(&mut c, "RL.SLIDING cy:s 1 36525d");
+    assert_eq!((r.allowed, r.limit, r.remaining), (0, 1, 0));
+    assert_eq!(r.reset_after_ms, to_end + CENTURY_MS);
+    assert!(r.retry_after_ms > to_end, "retry {} must reach into the next window", r.retry_after_ms);
     // Same expressed in other units.
     check(&mut c, "RL.GCRA cy:h 1 876600h", &[1, 1, 0, -1, CENTURY_MS]);
     check(&mut c, "RL.GCRA cy:h 1 3155760000s", &[0, 1, 0, CENTURY_MS, CENTURY_MS]);
@@ -756,7 +686,7 @@ fn cl_throttle_reply_model() {
     }
     check(&mut c, "CL.THROTTLE ct 4 1 10", &[1, 5, 0, 10, 50]);
     assert_eq!(key_type(&mut c, "ct"), "ratelimit");
-    assert_eq!(text(&rl_info(&mut c, "ct").unwrap()[0].1), "gcra");
+    assert_eq!(rl_info(&mut c, "ct").unwrap().algorithm(), "gcra");
     assert_pttl(&mut c, "ct", 50_000);
     // The same model as RL.GCRA key count period BURST max_burst+1 (and the same key type).
     clock(&mut c, T0);
@@ -862,112 +792,109 @@ fn cl_throttle_takes_over_redis_cell_keys() {
 // ---------------------------------------------------------------- RESP3
 
 #[test]
-fn resp3_maps() {
+fn resp3_replies_are_maps_of_the_resp2_fields() {
     let s = Server::start();
     let mut c2 = s.conn();
     clock(&mut c2, T0);
     let mut c = resp3_conn(&s);
-    let five = &FIELDS[..5];
 
     let v = run(&mut c, "RL.GCRA g3 5 10s");
-    assert_eq!(int_map(v), named(five, &[1, 5, 4, -1, 2000]));
+    assert_eq!(resp3_limiter(v), [1, 5, 4, -1, 2000]);
     let v = run(&mut c, "RL.TOKENBUCKET t3 5 10s COST 5");
-    assert_eq!(int_map(v), named(five, &[5, 5, 0, -1, 10_000]));
+    assert_eq!(resp3_limiter(v), [5, 5, 0, -1, 10_000]);
     let v = run(&mut c, "RL.TOKENBUCKET t3 5 10s");
-    assert_eq!(int_map(v), named(five, &[0, 5, 0, 2000, 10_000]));
+    assert_eq!(resp3_limiter(v), [0, 5, 0, 2000, 10_000]);
     let v = run(&mut c, "RL.SLIDING s3 5 10s");
-    assert_eq!(int_map(v), named(five, &[1, 5, 4, -1, 20_000]));
+    assert_eq!(resp3_limiter(v), [1, 5, 4, -1, 20_000]);
     let v = run(&mut c, "RL.FIXED f3 5 10s");
-    assert_eq!(int_map(v), named(five, &[1, 5, 4, -1, 10_000]));
+    assert_eq!(resp3_limiter(v), [1, 5, 4, -1, 10_000]);
     let v = run(&mut c, "RL.SLIDINGLOG l3 5 10s");
-    assert_eq!(int_map(v), named(five, &[1, 5, 4, -1, 10_000]));
+    assert_eq!(resp3_limiter(v), [1, 5, 4, -1, 10_000]);
     // RL.LEAKY: six keys.
     let line = "RL.LEAKY q3 5 10s BURST 2";
-    assert_eq!(int_map(run(&mut c, line)), named(&FIELDS, &[1, 2, 1, -1, 2000, 0]));
-    assert_eq!(int_map(run(&mut c, line)), named(&FIELDS, &[1, 2, 0, -1, 4000, 2000]));
-    assert_eq!(int_map(run(&mut c, line)), named(&FIELDS, &[0, 2, 0, 2000, 4000, -1]));
+    assert_eq!(resp3_limiter(run(&mut c, line)), [1, 2, 1, -1, 2000, 0]);
+    assert_eq!(resp3_limiter(run(&mut c, line)), [1, 2, 0, -1, 4000, 2000]);
+    assert_eq!(resp3_limiter(run(&mut c, line)), [0, 2, 0, 2000, 4000, -1]);
     // The RESP2 connection sees the same values as a plain array.
     check(&mut c2, "RL.LEAKY q3 5 10s BURST 2 COST 0", &[0, 2, 0, -1, 4000, -1]);
     check(&mut c2, "RL.GCRA g3 5 10s", &[1, 5, 3, -1, 4000]);
 
     // RL.INFO: a map.
-    let Value::Map(m) = run(&mut c, "RL.INFO g3") else { panic!("RL.INFO under RESP3 is not a map") };
-    let names: Vec<String> = m.iter().map(|(k, _)| text(k)).collect();
-    assert_eq!(names, ["algorithm", "limit", "period_us", "burst", "tat_us", "available", "ttl_ms"]);
-    assert_eq!(text(&m[0].1), "gcra");
-    assert_eq!(m[1].1, Value::Int(5));
-    assert_eq!(m[2].1, Value::Int(10 * SEC));
-    assert_eq!(m[3].1, Value::Int(5));
-    assert_eq!(m[4].1, Value::Int(T0 + 4 * SEC));
-    assert_eq!(m[5].1, Value::Int(3));
+    let v = run(&mut c, "RL.INFO g3");
+    assert!(matches!(v, Value::Map(_)), "RL.INFO under RESP3 is not a map");
+    let info = RlInfo::of(&v).unwrap();
+    assert_eq!(info.names(), ["algorithm", "limit", "period_us", "burst", "tat_us", "available", "ttl_ms"]);
+    assert_eq!(info.algorithm(), "gcra");
+    assert_eq!(info.int("limit"), 5);
+    assert_eq!(info.int("period_us"), 10 * SEC);
+    assert_eq!(info.int("burst"), 5);
+    assert_eq!(info.int("tat_us"), T0 + 4 * SEC);
+    assert_eq!(info.int("available"), 3);
     assert_eq!(run(&mut c, "RL.INFO nothing"), Value::Nil);
     // RESP2 RL.INFO: the same pairs as a flat array.
-    let flat = pairs(run(&mut c2, "RL.INFO g3"));
-    assert_eq!(flat.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(), names);
-    for i in 1..6 {
-        assert_eq!(flat[i].1, m[i].1, "RL.INFO field {} RESP2 vs RESP3", names[i]);
+    let flat = run(&mut c2, "RL.INFO g3");
+    assert!(matches!(flat, Value::Array(_)), "RL.INFO under RESP2 is not an array");
+    let flat = RlInfo::of(&flat).unwrap();
+    assert_eq!(flat.names(), info.names());
+    for name in ["limit", "period_us", "burst", "tat_us", "available"] {
+        assert_eq!(flat.get(name), info.get(name), "RL.INFO field {name} RESP2 vs RESP3");
     }
 
     // RL.MULTI: {allowed, retry_after_ms, limits: [map, map]}.
     let multi = "RL.MULTI 2 m:a m:b GCRA 1 10s LEAKY 2 10s";
-    let v = run(&mut c, multi);
-    let (allowed, retry, limits) = multi_map(v);
-    assert_eq!((allowed, retry), (1, -1));
-    assert_eq!(limits.len(), 2);
-    assert_eq!(int_map(limits[0].clone()), named(five, &[1, 1, 0, -1, 10_000]));
-    assert_eq!(int_map(limits[1].clone()), named(&FIELDS, &[1, 2, 1, -1, 5_000, 0]));
+    let m = resp3_multi(run(&mut c, multi));
+    assert_eq!((m.allowed, m.retry_after_ms), (1, -1));
+    assert_eq!(m.limits, [vec![1, 1, 0, -1, 10_000], vec![1, 2, 1, -1, 5_000, 0]]);
     // Refused by the GCRA limit: nothing consumed; each limit shows its own view.
-    let (allowed, retry, limits) = multi_map(run(&mut c, multi));
-    assert_eq!((allowed, retry), (0, 10_000));
-    assert_eq!(int_map(limits[0].clone()), named(five, &[0, 1, 0, 10_000, 10_000]));
-    assert_eq!(int_map(limits[1].clone()), named(&FIELDS, &[0, 2, 1, -1, 5_000, -1]));
+    let m = resp3_multi(run(&mut c, multi));
+    assert_eq!((m.allowed, m.retry_after_ms), (0, 10_000));
+    assert_eq!(m.limits, [vec![0, 1, 0, 10_000, 10_000], vec![0, 2, 1, -1, 5_000, -1]]);
     // RESP2: [allowed, retry_after_ms, reply_1, reply_2].
-    let Value::Array(items) = run(&mut c2, multi) else { panic!("RL.MULTI RESP2 not an array") };
-    assert_eq!(items.len(), 4);
-    assert_eq!(items[0], Value::Int(0));
-    assert_eq!(items[1], Value::Int(10_000));
-    assert_eq!(ints(items[2].clone()), vec![0, 1, 0, 10_000, 10_000]);
-    assert_eq!(ints(items[3].clone()), vec![0, 2, 1, -1, 5_000, -1]);
+    let m = resp2_multi(run(&mut c2, multi));
+    assert_eq!((m.allowed, m.retry_after_ms), (0, 10_000));
+    assert_eq!(m.limits, [vec![0, 1, 0, 10_000, 10_000], vec![0, 2, 1, -1, 5_000, -1]]);
 }
 
-fn multi_map(v: Value) -> (i64, i64, Vec<Value>) {
-    let Value::Map(m) = v else { panic!("RL.MULTI under RESP3 is not a map: {v:?}") };
-    let names: Vec<String> = m.iter().map(|(k, _)| text(k)).collect();
-    assert_eq!(names, ["allowed", "retry_after_ms", "limits"]);
-    let (Value::Int(a), Value::Int(r), Value::Array(l)) = (&m[0].1, &m[1].1, &m[2].1) else {
-        panic!("RL.MULTI map values {m:?}")
+/// A RESP3 RL.MULTI reply: a map `{allowed, retry_after_ms, limits: [map, …]}`.
+fn resp3_multi(v: Value) -> MultiReply {
+    let maps = match &v {
+        Value::Map(m) => matches!(m.last(), Some((_, Value::Array(l))) if l.iter().all(|x| matches!(x, Value::Map(_)))),
+        _ => false,
     };
-    (*a, *r, l.clone())
+    assert!(maps, "RL.MULTI under RESP3 is not a map of maps: {v:?}");
+    MultiReply::of(&v)
+}
+
+/// A RESP2 RL.MULTI reply: `[allowed, retry_after_ms, reply_1, …]`, each reply an array.
+fn resp2_multi(v: Value) -> MultiReply {
+    let arrays = matches!(&v, Value::Array(a) if a.len() >= 3 && a[2..].iter().all(|x| matches!(x, Value::Array(_))));
+    assert!(arrays, "RL.MULTI under RESP2 is not an array of arrays: {v:?}");
+    MultiReply::of(&v)
 }
 
 #[test]
 fn rl_multi_resp2_timeline() {
     let (_s, mut c) = start();
     let multi = "RL.MULTI 2 mm:a mm:b SLIDINGLOG 2 10s FIXED 3 10s";
-    let Value::Array(v) = run(&mut c, multi) else { panic!() };
-    assert_eq!(v[..2], [Value::Int(1), Value::Int(-1)]);
-    assert_eq!(ints(v[2].clone()), vec![1, 2, 1, -1, 10_000]);
-    assert_eq!(ints(v[3].clone()), vec![1, 3, 2, -1, 10_000]);
+    let m = resp2_multi(run(&mut c, multi));
+    assert_eq!((m.allowed, m.retry_after_ms), (1, -1));
+    assert_eq!(m.limits, [vec![1, 2, 1, -1, 10_000], vec![1, 3, 2, -1, 10_000]]);
     advance(&mut c, SEC);
     run(&mut c, multi);
     // Log full (T0, T0+1s); fixed at 2 of 3. Refused: retry is the log's (9 s).
-    let Value::Array(v) = run(&mut c, multi) else { panic!() };
-    assert_eq!(v[..2], [Value::Int(0), Value::Int(9_000)]);
-    assert_eq!(ints(v[2].clone()), vec![0, 2, 0, 9_000, 10_000]);
-    assert_eq!(ints(v[3].clone()), vec![0, 3, 1, -1, 9_000]);
+    let m = resp2_multi(run(&mut c, multi));
+    assert_eq!((m.allowed, m.retry_after_ms), (0, 9_000));
+    assert_eq!(m.limits, [vec![0, 2, 0, 9_000, 10_000], vec![0, 3, 1, -1, 9_000]]);
     // Nothing was consumed on the fixed window.
     check(&mut c, "RL.FIXED mm:b 3 10s COST 0", &[0, 3, 1, -1, 9_000]);
     // A cost no limit can ever grant: retry -1.
-    let Value::Array(v) = run(&mut c, "RL.MULTI 2 mm:a mm:b SLIDINGLOG 2 10s FIXED 3 10s COST 3") else { panic!() };
-    assert_eq!(v[..2], [Value::Int(0), Value::Int(-1)]);
+    let m = resp2_multi(run(&mut c, "RL.MULTI 2 mm:a mm:b SLIDINGLOG 2 10s FIXED 3 10s COST 3"));
+    assert_eq!((m.allowed, m.retry_after_ms), (0, -1));
     // PARTIAL: the least any limit grants.
     clock(&mut c, T0 + 10 * SEC);
-    let Value::Array(v) = run(&mut c, "RL.MULTI 2 mm:a mm:b SLIDINGLOG 2 10s FIXED 3 10s COST 3 PARTIAL") else {
-        panic!()
-    };
-    assert_eq!(v[..2], [Value::Int(1), Value::Int(-1)]);
-    assert_eq!(ints(v[2].clone()), vec![1, 2, 0, -1, 10_000]);
-    assert_eq!(ints(v[3].clone()), vec![1, 3, 2, -1, 10_000]);
+    let m = resp2_multi(run(&mut c, "RL.MULTI 2 mm:a mm:b SLIDINGLOG 2 10s FIXED 3 10s COST 3 PARTIAL"));
+    assert_eq!((m.allowed, m.retry_after_ms), (1, -1));
+    assert_eq!(m.limits, [vec![1, 2, 0, -1, 10_000], vec![1, 3, 2, -1, 10_000]]);
 }
 
 // ---------------------------------------------------------------- TTLs
@@ -985,18 +912,19 @@ fn pttl_covers_reset_after() {
         ("RL.SLIDINGLOG tt:w 5 10s", "tt:w", 10_000),
         ("CL.THROTTLE tt:c 2 1 30", "tt:c", 30_000),
     ] {
-        let (r, p) = q_pttl(&mut c, line, key);
+        let (v, p) = q_pttl(&mut c, line, key);
         if key == "tt:c" {
-            assert_eq!(r, vec![0, 3, 2, -1, 30], "{line}");
+            assert_eq!(CellReply::of(&v), [0, 3, 2, -1, 30], "{line}");
         } else {
-            assert!(r[0] >= 1 && r[3] == -1, "{line} not admitted: {r:?}");
-            assert_eq!(r[4], reset, "{line}: {r:?}");
+            let r = LimiterReply::of(&v);
+            assert!(r.allowed >= 1 && r.retry_after_ms == -1, "{line} not admitted: {r:?}");
+            assert_eq!(r.reset_after_ms, reset, "{line}: {r:?}");
         }
         assert_covering_pttl(p, reset, line);
     }
     // A second admitted call moves the TTL with the reply.
     advance(&mut c, 1_500 * MS);
-    let (r, p) = q_pttl(&mut c, "RL.SLIDINGLOG tt:w 5 10s", "tt:w");
+    let (r, p) = q_pttl_limiter(&mut c, "RL.SLIDINGLOG tt:w 5 10s", "tt:w");
     assert_eq!(r, vec![1, 5, 3, -1, 10_000]);
     assert_covering_pttl(p, 10_000, "RL.SLIDINGLOG tt:w 5 10s");
     // (TTLs are on the server's real clock: the first call set 15 s, which still covers this
@@ -1004,14 +932,14 @@ fn pttl_covers_reset_after() {
     assert!(p > 14_000, "RL.SLIDINGLOG's second call moved an expiry that covered it: PTTL {p}");
     // A key made persistent by hand gets a covering TTL back on its next admitted call.
     run(&mut c, "PERSIST tt:w");
-    let (r, p) = q_pttl(&mut c, "RL.SLIDINGLOG tt:w 5 10s", "tt:w");
+    let (r, p) = q_pttl_limiter(&mut c, "RL.SLIDINGLOG tt:w 5 10s", "tt:w");
     assert_eq!(r, vec![1, 5, 2, -1, 10_000]);
     assert_covering_pttl(p, 10_000, "RL.SLIDINGLOG tt:w 5 10s after PERSIST");
-    let (r, p) = q_pttl(&mut c, "RL.GCRA tt:g 2 10s", "tt:g");
+    let (r, p) = q_pttl_limiter(&mut c, "RL.GCRA tt:g 2 10s", "tt:g");
     assert_eq!(r, vec![1, 2, 0, -1, 8_500]);
     assert_covering_pttl(p, 8_500, "RL.GCRA tt:g 2 10s");
     // Sub-ms remainders round up: 3 per 10 s → 3333.33.. ms.
-    let (r, p) = q_pttl(&mut c, "RL.LEAKY tt:r 3 10s", "tt:r");
+    let (r, p) = q_pttl_limiter(&mut c, "RL.LEAKY tt:r 3 10s", "tt:r");
     assert_eq!(r, vec![1, 3, 2, -1, 3_334, 0]);
     assert_covering_pttl(p, 3_334, "RL.LEAKY tt:r 3 10s");
     // A limited call leaves the expiry alone.
@@ -1029,7 +957,7 @@ fn pttl_covers_reset_after() {
 // ---------------------------------------------------------------- RL.INFO / RL.RESET
 
 #[test]
-fn rl_info_fields() {
+fn rl_info_reports_each_algorithms_state() {
     let (_s, mut c) = start();
     assert_eq!(rl_info(&mut c, "none"), None);
 
@@ -1122,7 +1050,7 @@ fn rl_info_fields() {
 }
 
 #[test]
-fn rl_reset() {
+fn rl_reset_deletes_limiter_and_redis_cell_keys_only() {
     let (_s, mut c) = start();
     for (cmd, _) in ALGOS {
         let k = format!("rs:{cmd}");
@@ -1131,8 +1059,8 @@ fn rl_reset() {
         assert!(!exists(&mut c, &k));
         assert_eq!(run(&mut c, &format!("RL.RESET {k}")), Value::Int(0), "{cmd}");
         // Fresh again.
-        let r = q(&mut c, &format!("{cmd} {k} 1 1h"));
-        assert_eq!(&r[..3], &[1, 1, 0], "{cmd} after RL.RESET");
+        let r = limiter(&mut c, &format!("{cmd} {k} 1 1h"));
+        assert_eq!((r.allowed, r.limit, r.remaining), (1, 1, 0), "{cmd} after RL.RESET");
     }
     q(&mut c, "CL.THROTTLE rs:cl 0 1 60");
     assert_eq!(run(&mut c, "RL.RESET rs:cl"), Value::Int(1));
@@ -1157,9 +1085,9 @@ fn rl_reset() {
 // ---------------------------------------------------------------- INFO ratelimit
 
 #[test]
-fn info_counters() {
+fn info_ratelimit_counts_checks_admitted_units_and_limited_calls() {
     let (s, mut c) = start();
-    assert_eq!(info_field(&s, "ratelimit_gcra_checks"), 0);
+    assert_eq!(s.info_int("ratelimit", "ratelimit_gcra_checks"), 0);
     assert!(s.info("ratelimit").contains("ratelimit_version:"), "{}", s.info("ratelimit"));
     q(&mut c, "RL.GCRA g 3 10s");
     q(&mut c, "RL.GCRA g 3 10s COST 2");
@@ -1167,16 +1095,16 @@ fn info_counters() {
     q(&mut c, "RL.GCRA g 3 10s COST 0"); // peek: not limited
     q(&mut c, "CL.THROTTLE cg 0 1 10"); // admitted (gcra)
     q(&mut c, "CL.THROTTLE cg 0 1 10"); // limited
-    assert_eq!(info_field(&s, "ratelimit_gcra_checks"), 6);
-    assert_eq!(info_field(&s, "ratelimit_gcra_admitted_units"), 4);
-    assert_eq!(info_field(&s, "ratelimit_gcra_limited"), 2);
+    assert_eq!(s.info_int("ratelimit", "ratelimit_gcra_checks"), 6);
+    assert_eq!(s.info_int("ratelimit", "ratelimit_gcra_admitted_units"), 4);
+    assert_eq!(s.info_int("ratelimit", "ratelimit_gcra_limited"), 2);
 
     q(&mut c, "RL.FIXED f 5 10s COST 3");
     q(&mut c, "RL.FIXED f 5 10s COST 3 PARTIAL"); // 2 granted
     q(&mut c, "RL.FIXED f 5 10s"); // limited
-    assert_eq!(info_field(&s, "ratelimit_fixed_checks"), 3);
-    assert_eq!(info_field(&s, "ratelimit_fixed_admitted_units"), 5);
-    assert_eq!(info_field(&s, "ratelimit_fixed_limited"), 1);
+    assert_eq!(s.info_int("ratelimit", "ratelimit_fixed_checks"), 3);
+    assert_eq!(s.info_int("ratelimit", "ratelimit_fixed_admitted_units"), 5);
+    assert_eq!(s.info_int("ratelimit", "ratelimit_fixed_limited"), 1);
 
     for (cmd, algo) in [
         ("RL.TOKENBUCKET", "tokenbucket"),
@@ -1184,20 +1112,20 @@ fn info_counters() {
         ("RL.SLIDINGLOG", "slidinglog"),
         ("RL.LEAKY", "leaky"),
     ] {
-        assert_eq!(info_field(&s, &format!("ratelimit_{algo}_checks")), 0);
+        assert_eq!(s.info_int("ratelimit", &format!("ratelimit_{algo}_checks")), 0);
         q(&mut c, &format!("{cmd} k:{algo} 2 10s COST 2"));
         q(&mut c, &format!("{cmd} k:{algo} 2 10s"));
-        assert_eq!(info_field(&s, &format!("ratelimit_{algo}_checks")), 2, "{algo}");
-        assert_eq!(info_field(&s, &format!("ratelimit_{algo}_admitted_units")), 2, "{algo}");
-        assert_eq!(info_field(&s, &format!("ratelimit_{algo}_limited")), 1, "{algo}");
+        assert_eq!(s.info_int("ratelimit", &format!("ratelimit_{algo}_checks")), 2, "{algo}");
+        assert_eq!(s.info_int("ratelimit", &format!("ratelimit_{algo}_admitted_units")), 2, "{algo}");
+        assert_eq!(s.info_int("ratelimit", &format!("ratelimit_{algo}_limited")), 1, "{algo}");
     }
     // Errors are not checks.
     err(&mut c, "RL.GCRA g 0 10s");
     run(&mut c, "SET str x");
     err(&mut c, "RL.GCRA str 3 10s");
     err(&mut c, "RL.FIXED g 3 10s");
-    assert_eq!(info_field(&s, "ratelimit_gcra_checks"), 6);
-    assert_eq!(info_field(&s, "ratelimit_fixed_checks"), 3);
+    assert_eq!(s.info_int("ratelimit", "ratelimit_gcra_checks"), 6);
+    assert_eq!(s.info_int("ratelimit", "ratelimit_fixed_checks"), 3);
 }
 
 // ---------------------------------------------------------------- keyspace event
