@@ -4,14 +4,14 @@
 mod common;
 #[path = "common/traffic.rs"]
 mod traffic;
-#[path = "common/values.rs"]
-mod values;
 
-use common::{wait_replica_synced, Cluster, Opts, Server};
+use common::{
+    clock_advance, clock_set, dump, err_text, exists, int, keyslot, limiter, multi, now_ms, pexpiretime, run, run_err,
+    text, try_run, wait_replica_synced, Args, Cluster, LimiterReply, MultiReply, Opts, Rng, Server, LIMITER_FIELDS,
+};
 use redis::{Connection, Value};
 use std::collections::HashMap;
-use traffic::{assert_same, clock_advance, clock_set, cmd_of, err_text, now_ms, snapshot, Rng, ALGOS};
-use values::ints;
+use traffic::{assert_same, snapshot, ALGOS};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -20,67 +20,11 @@ use values::ints;
 /// A multiple of 1 h (and so of every window used here).
 const T0_US: i64 = 1_699_999_200_000_000;
 
-fn words(s: &str) -> Vec<String> {
-    s.split_whitespace().map(str::to_string).collect()
-}
-
-fn try_run(con: &mut Connection, line: &str) -> redis::RedisResult<Value> {
-    cmd_of(&words(line)).query::<Value>(con)
-}
-
-fn run(con: &mut Connection, line: &str) -> Value {
-    try_run(con, line).unwrap_or_else(|e| panic!("`{line}` failed: {}", err_text(&e)))
-}
-
-/// The error a command must answer with.
-fn run_err(con: &mut Connection, line: &str) -> String {
-    match try_run(con, line) {
-        Ok(v) => panic!("`{line}` should fail, got {v:?}"),
-        Err(e) => err_text(&e),
-    }
-}
-
-fn int(v: &Value) -> i64 {
-    match v {
-        Value::Int(i) => *i,
-        other => panic!("expected an integer, got {other:?}"),
-    }
-}
-
-/// A single-key limiter reply.
-fn lim(con: &mut Connection, line: &str) -> Vec<i64> {
-    ints(&run(con, line))
-}
-
-/// An RL.MULTI RESP2 reply: (allowed, retry_after_ms, per-limit replies).
-#[derive(Debug, PartialEq, Eq)]
-struct Multi {
-    allowed: i64,
-    retry: i64,
-    limits: Vec<Vec<i64>>,
-}
-
-fn parse_multi(v: &Value) -> Multi {
-    let Value::Array(items) = v else { panic!("RL.MULTI reply: {v:?}") };
-    assert!(items.len() >= 3, "RL.MULTI reply too short: {v:?}");
-    Multi { allowed: int(&items[0]), retry: int(&items[1]), limits: items[2..].iter().map(ints).collect() }
-}
-
-fn multi(con: &mut Connection, line: &str) -> Multi {
-    parse_multi(&run(con, line))
-}
-
-fn dump(con: &mut Connection, key: &str) -> Option<Vec<u8>> {
-    redis::cmd("DUMP").arg(key).query(con).unwrap()
-}
-
-fn pexpiretime(con: &mut Connection, key: &str) -> i64 {
-    redis::cmd("PEXPIRETIME").arg(key).query(con).unwrap()
-}
-
-fn exists(con: &mut Connection, key: &str) -> bool {
-    let n: i64 = redis::cmd("EXISTS").arg(key).query(con).unwrap();
-    n == 1
+/// Asserts an RL.MULTI reply: allowed, retry_after_ms and each limit's reply (RESP2 integers).
+#[track_caller]
+fn assert_multi(m: &MultiReply, allowed: i64, retry_after_ms: i64, limits: &[Vec<i64>]) {
+    assert_eq!((m.allowed, m.retry_after_ms), (allowed, retry_after_ms), "{m:?}");
+    assert_eq!(m.limits, limits, "{m:?}");
 }
 
 /// DUMP and PEXPIRETIME of some keys (None for missing ones).
@@ -97,54 +41,48 @@ fn refused_multi_changes_no_key() {
     let s = Server::start();
     let mut c = s.conn();
     clock_set(&mut c, T0_US);
-    assert_eq!(lim(&mut c, "RL.FIXED b 2 1m COST 2"), vec![2, 2, 0, -1, 60000]);
+    assert_eq!(limiter(&mut c, "RL.FIXED b 2 1m COST 2"), vec![2, 2, 0, -1, 60000]);
     clock_advance(&mut c, 15_000_000);
 
     // a is missing and would admit; b refuses: a stays missing, b unchanged.
     let before_b = states(&mut c, &["b"]);
-    let peek_a = lim(&mut c, "RL.GCRA a 10 1m COST 0");
-    let dry_b = lim(&mut c, "RL.FIXED b 2 1m DRYRUN");
+    let peek_a = limiter(&mut c, "RL.GCRA a 10 1m COST 0");
+    let dry_b = limiter(&mut c, "RL.FIXED b 2 1m DRYRUN");
     assert_eq!(peek_a, vec![0, 10, 10, -1, 0]);
     assert_eq!(dry_b, vec![0, 2, 0, 45000, 45000]);
     let m = multi(&mut c, "RL.MULTI 2 a b GCRA 10 1m FIXED 2 1m");
-    assert_eq!(
-        m,
-        Multi { allowed: 0, retry: 45000, limits: vec![vec![0, 10, 10, -1, 0], vec![0, 2, 0, 45000, 45000]] }
-    );
+    assert_multi(&m, 0, 45000, &[vec![0, 10, 10, -1, 0], vec![0, 2, 0, 45000, 45000]]);
     assert!(!exists(&mut c, "a"), "a refused RL.MULTI created key a");
     assert_eq!(states(&mut c, &["b"]), before_b, "a refused RL.MULTI changed b");
     // Same with the refusing limit first.
     let m = multi(&mut c, "RL.MULTI 2 b a FIXED 2 1m GCRA 10 1m");
-    assert_eq!(
-        m,
-        Multi { allowed: 0, retry: 45000, limits: vec![vec![0, 2, 0, 45000, 45000], vec![0, 10, 10, -1, 0]] }
-    );
+    assert_multi(&m, 0, 45000, &[vec![0, 2, 0, 45000, 45000], vec![0, 10, 10, -1, 0]]);
     assert!(!exists(&mut c, "a"));
 
     // a exists now: still unchanged by a refused call, and its reply shows its own
     // unchanged remaining/reset with its own retry_after (-1: it alone would admit).
-    assert_eq!(lim(&mut c, "RL.GCRA a 10 1m COST 4"), vec![4, 10, 6, -1, 24000]);
+    assert_eq!(limiter(&mut c, "RL.GCRA a 10 1m COST 4"), vec![4, 10, 6, -1, 24000]);
     clock_advance(&mut c, 1_000_000);
     let before = states(&mut c, &["a", "b"]);
-    let peek_a = lim(&mut c, "RL.GCRA a 10 1m COST 0");
+    let peek_a = limiter(&mut c, "RL.GCRA a 10 1m COST 0");
     assert_eq!(peek_a, vec![0, 10, 6, -1, 23000]);
     let m = multi(&mut c, "RL.MULTI 2 a b GCRA 10 1m FIXED 2 1m");
-    assert_eq!(m, Multi { allowed: 0, retry: 44000, limits: vec![peek_a.clone(), vec![0, 2, 0, 44000, 44000]] });
+    assert_multi(&m, 0, 44000, &[peek_a.ints(), vec![0, 2, 0, 44000, 44000]]);
     assert_eq!(states(&mut c, &["a", "b"]), before, "a refused RL.MULTI changed a or b");
 
     // Three limits of different algorithms, the middle one refusing.
-    assert_eq!(lim(&mut c, "RL.SLIDINGLOG l 5 1m COST 2")[0], 2);
-    assert_eq!(lim(&mut c, "RL.LEAKY k 3 1m COST 3")[0], 3);
+    assert_eq!(limiter(&mut c, "RL.SLIDINGLOG l 5 1m COST 2").allowed, 2);
+    assert_eq!(limiter(&mut c, "RL.LEAKY k 3 1m COST 3").allowed, 3);
     clock_advance(&mut c, 500_000);
     let before = states(&mut c, &["l", "k", "t"]);
-    let peek_l = lim(&mut c, "RL.SLIDINGLOG l 5 1m COST 0");
-    let dry_k = lim(&mut c, "RL.LEAKY k 3 1m DRYRUN");
-    let peek_t = lim(&mut c, "RL.TOKENBUCKET t 5 1m COST 0");
-    assert_eq!(dry_k[0], 0, "k should refuse: {dry_k:?}");
-    assert!(dry_k[3] > 0);
+    let peek_l = limiter(&mut c, "RL.SLIDINGLOG l 5 1m COST 0");
+    let dry_k = limiter(&mut c, "RL.LEAKY k 3 1m DRYRUN");
+    let peek_t = limiter(&mut c, "RL.TOKENBUCKET t 5 1m COST 0");
+    assert_eq!(dry_k.allowed, 0, "k should refuse: {dry_k:?}");
+    assert!(dry_k.retry_after_ms > 0);
     let m = multi(&mut c, "RL.MULTI 3 l k t SLIDINGLOG 5 1m LEAKY 3 1m TOKENBUCKET 5 1m");
     assert_eq!(m.allowed, 0);
-    assert_eq!(m.retry, dry_k[3]);
+    assert_eq!(m.retry_after_ms, dry_k.retry_after_ms);
     assert_eq!(m.limits, vec![peek_l, dry_k, peek_t]);
     assert_eq!(states(&mut c, &["l", "k", "t"]), before, "a refused RL.MULTI changed a key");
 
@@ -152,14 +90,14 @@ fn refused_multi_changes_no_key() {
     clock_advance(&mut c, 20_000_000);
     let m = multi(&mut c, "RL.MULTI 3 l k t SLIDINGLOG 5 1m LEAKY 3 1m TOKENBUCKET 5 1m");
     assert_eq!(m.allowed, 1);
-    assert_eq!(m.retry, -1);
+    assert_eq!(m.retry_after_ms, -1);
     for (i, r) in m.limits.iter().enumerate() {
-        assert_eq!(r[0], 1, "limit {i} reply {r:?}");
-        assert_eq!(r[3], -1, "limit {i} reply {r:?}");
+        assert_eq!(r.allowed, 1, "limit {i} reply {r:?}");
+        assert_eq!(r.retry_after_ms, -1, "limit {i} reply {r:?}");
     }
-    assert_eq!(m.limits[1].len(), 6, "LEAKY reply has delay_ms");
-    assert_eq!(lim(&mut c, "RL.SLIDINGLOG l 5 1m COST 0")[2], 2);
-    assert_eq!(lim(&mut c, "RL.TOKENBUCKET t 5 1m COST 0")[2], 4);
+    assert!(m.limits[1].delay_ms.is_some(), "LEAKY reply has delay_ms");
+    assert_eq!(limiter(&mut c, "RL.SLIDINGLOG l 5 1m COST 0").remaining, 2);
+    assert_eq!(limiter(&mut c, "RL.TOKENBUCKET t 5 1m COST 0").remaining, 4);
     assert!(exists(&mut c, "t"));
 }
 
@@ -168,43 +106,40 @@ fn retry_after_is_the_largest_or_never() {
     let s = Server::start();
     let mut c = s.conn();
     clock_set(&mut c, T0_US);
-    assert_eq!(lim(&mut c, "RL.GCRA a 1 10s"), vec![1, 1, 0, -1, 10000]);
-    assert_eq!(lim(&mut c, "RL.GCRA b 1 20s"), vec![1, 1, 0, -1, 20000]);
+    assert_eq!(limiter(&mut c, "RL.GCRA a 1 10s"), vec![1, 1, 0, -1, 10000]);
+    assert_eq!(limiter(&mut c, "RL.GCRA b 1 20s"), vec![1, 1, 0, -1, 20000]);
     clock_advance(&mut c, 2_000_000);
     let m = multi(&mut c, "RL.MULTI 2 a b GCRA 1 10s GCRA 1 20s");
-    assert_eq!(
-        m,
-        Multi { allowed: 0, retry: 18000, limits: vec![vec![0, 1, 0, 8000, 8000], vec![0, 1, 0, 18000, 18000]] }
-    );
+    assert_multi(&m, 0, 18000, &[vec![0, 1, 0, 8000, 8000], vec![0, 1, 0, 18000, 18000]]);
     let m = multi(&mut c, "RL.MULTI 3 b fresh a GCRA 1 20s FIXED 5 1m GCRA 1 10s");
-    assert_eq!(m.retry, 18000);
+    assert_eq!(m.retry_after_ms, 18000);
     assert_eq!(m.limits[1], vec![0, 5, 5, -1, 0]);
     assert!(!exists(&mut c, "fresh"));
 
     // A limit the cost can never fit (COST > capacity): overall -1 …
     let m = multi(&mut c, "RL.MULTI 2 c d GCRA 5 1m FIXED 10 1m COST 6");
-    assert_eq!(m, Multi { allowed: 0, retry: -1, limits: vec![vec![0, 5, 5, -1, 0], vec![0, 10, 10, -1, 0]] });
+    assert_multi(&m, 0, -1, &[vec![0, 5, 5, -1, 0], vec![0, 10, 10, -1, 0]]);
     assert!(!exists(&mut c, "c") && !exists(&mut c, "d"));
     // … even when another refusing limit has a finite retry.
-    assert_eq!(lim(&mut c, "RL.SLIDINGLOG e 10 1m COST 8")[0], 8);
+    assert_eq!(limiter(&mut c, "RL.SLIDINGLOG e 10 1m COST 8").allowed, 8);
     clock_advance(&mut c, 1_000_000);
-    let dry_e = lim(&mut c, "RL.SLIDINGLOG e 10 1m COST 3 DRYRUN");
+    let dry_e = limiter(&mut c, "RL.SLIDINGLOG e 10 1m COST 3 DRYRUN");
     assert_eq!(dry_e, vec![0, 10, 2, 59000, 59000]);
     let m = multi(&mut c, "RL.MULTI 2 e f SLIDINGLOG 10 1m GCRA 2 1m COST 3");
-    assert_eq!(m, Multi { allowed: 0, retry: -1, limits: vec![dry_e.clone(), vec![0, 2, 2, -1, 0]] });
+    assert_multi(&m, 0, -1, &[dry_e.ints(), vec![0, 2, 2, -1, 0]]);
     let m = multi(&mut c, "RL.MULTI 2 f e GCRA 2 1m SLIDINGLOG 10 1m COST 3");
-    assert_eq!(m, Multi { allowed: 0, retry: -1, limits: vec![vec![0, 2, 2, -1, 0], dry_e] });
+    assert_multi(&m, 0, -1, &[vec![0, 2, 2, -1, 0], dry_e.ints()]);
     // The finite one alone: its retry.
     let m = multi(&mut c, "RL.MULTI 2 e g SLIDINGLOG 10 1m GCRA 5 1m COST 3");
-    assert_eq!(m.retry, 59000);
+    assert_eq!(m.retry_after_ms, 59000);
     // Admitted: -1.
     let m = multi(&mut c, "RL.MULTI 2 e g SLIDINGLOG 10 1m GCRA 5 1m COST 2");
-    assert_eq!((m.allowed, m.retry), (2, -1));
-    assert!(m.limits.iter().all(|r| r[3] == -1), "{m:?}");
+    assert_eq!((m.allowed, m.retry_after_ms), (2, -1));
+    assert!(m.limits.iter().all(|r| r.retry_after_ms == -1), "{m:?}");
     // Both refusing with a finite retry, PARTIAL: retry until one unit fits everywhere.
     clock_advance(&mut c, 1_000_000);
     let m = multi(&mut c, "RL.MULTI 2 a b GCRA 1 10s GCRA 1 20s PARTIAL COST 5");
-    assert_eq!((m.allowed, m.retry), (0, 16000), "{m:?}");
+    assert_eq!((m.allowed, m.retry_after_ms), (0, 16000), "{m:?}");
 }
 
 #[test]
@@ -212,39 +147,37 @@ fn partial_grants_the_minimum_available() {
     let s = Server::start();
     let mut c = s.conn();
     clock_set(&mut c, T0_US);
-    assert_eq!(lim(&mut c, "RL.GCRA a 10 1m COST 3")[0], 3);
-    assert_eq!(lim(&mut c, "RL.SLIDINGLOG b 5 1m COST 2")[0], 2);
+    assert_eq!(limiter(&mut c, "RL.GCRA a 10 1m COST 3").allowed, 3);
+    assert_eq!(limiter(&mut c, "RL.SLIDINGLOG b 5 1m COST 2").allowed, 2);
     clock_advance(&mut c, 1_000_000);
-    assert_eq!(lim(&mut c, "RL.GCRA a 10 1m COST 0")[2], 7);
-    assert_eq!(lim(&mut c, "RL.SLIDINGLOG b 5 1m COST 0")[2], 3);
+    assert_eq!(limiter(&mut c, "RL.GCRA a 10 1m COST 0").remaining, 7);
+    assert_eq!(limiter(&mut c, "RL.SLIDINGLOG b 5 1m COST 0").remaining, 3);
 
     let m = multi(&mut c, "RL.MULTI 2 a b GCRA 10 1m SLIDINGLOG 5 1m COST 6 PARTIAL");
-    assert_eq!(m, Multi { allowed: 3, retry: -1, limits: vec![vec![3, 10, 4, -1, 35000], vec![3, 5, 0, -1, 60000]] });
-    assert_eq!(lim(&mut c, "RL.GCRA a 10 1m COST 0"), vec![0, 10, 4, -1, 35000]);
-    assert_eq!(lim(&mut c, "RL.SLIDINGLOG b 5 1m COST 0"), vec![0, 5, 0, -1, 60000]);
+    assert_multi(&m, 3, -1, &[vec![3, 10, 4, -1, 35000], vec![3, 5, 0, -1, 60000]]);
+    assert_eq!(limiter(&mut c, "RL.GCRA a 10 1m COST 0"), vec![0, 10, 4, -1, 35000]);
+    assert_eq!(limiter(&mut c, "RL.SLIDINGLOG b 5 1m COST 0"), vec![0, 5, 0, -1, 60000]);
 
     // One limit has nothing: refused, retry until one unit fits there; nothing changes.
     let before = states(&mut c, &["a", "b"]);
     let m = multi(&mut c, "RL.MULTI 2 a b GCRA 10 1m SLIDINGLOG 5 1m PARTIAL COST 2");
-    assert_eq!(
-        m,
-        Multi { allowed: 0, retry: 59000, limits: vec![vec![0, 10, 4, -1, 35000], vec![0, 5, 0, 59000, 60000]] }
-    );
+    assert_multi(&m, 0, 59000, &[vec![0, 10, 4, -1, 35000], vec![0, 5, 0, 59000, 60000]]);
     assert_eq!(states(&mut c, &["a", "b"]), before);
 
     // COST below every availability: all of it.
-    assert_eq!(lim(&mut c, "RL.FIXED x 10 1m COST 1")[0], 1);
+    assert_eq!(limiter(&mut c, "RL.FIXED x 10 1m COST 1").allowed, 1);
     let m = multi(&mut c, "RL.MULTI 2 a x GCRA 10 1m FIXED 10 1m PARTIAL COST 2");
     assert_eq!(m.allowed, 2);
-    assert_eq!(m.limits[0][..3], [2, 10, 2]);
-    assert_eq!(m.limits[1][..3], [2, 10, 7]);
+    let head = |r: &LimiterReply| (r.allowed, r.limit, r.remaining);
+    assert_eq!(head(&m.limits[0]), (2, 10, 2));
+    assert_eq!(head(&m.limits[1]), (2, 10, 7));
     // PARTIAL grants min over three limits.
     let m = multi(&mut c, "RL.MULTI 3 x a new FIXED 10 1m GCRA 10 1m TOKENBUCKET 100 1m PARTIAL COST 50");
     assert_eq!(m.allowed, 2, "{m:?}");
-    assert_eq!(m.limits[0][..3], [2, 10, 5]);
-    assert_eq!(m.limits[1][..3], [2, 10, 0]);
-    assert_eq!(m.limits[2][..3], [2, 100, 98]);
-    assert_eq!(lim(&mut c, "RL.TOKENBUCKET new 100 1m COST 0")[2], 98);
+    assert_eq!(head(&m.limits[0]), (2, 10, 5));
+    assert_eq!(head(&m.limits[1]), (2, 10, 0));
+    assert_eq!(head(&m.limits[2]), (2, 100, 98));
+    assert_eq!(limiter(&mut c, "RL.TOKENBUCKET new 100 1m COST 0").remaining, 98);
 }
 
 #[test]
@@ -255,20 +188,20 @@ fn cost_dryrun_and_peek_apply_to_every_limit() {
     let spec = "TOKENBUCKET 10 1m SLIDING 10 1m LEAKY 10 1m FIXED 10 1m SLIDINGLOG 10 1m GCRA 10 1m";
     let keys = ["a", "b", "c", "d", "e", "f"];
     let m = multi(&mut c, &format!("RL.MULTI 6 a b c d e f {spec} COST 3"));
-    assert_eq!((m.allowed, m.retry), (3, -1));
+    assert_eq!((m.allowed, m.retry_after_ms), (3, -1));
     for (i, r) in m.limits.iter().enumerate() {
-        assert_eq!(r[..4], [3, 10, 7, -1], "limit {i}: {r:?}");
+        assert_eq!((r.allowed, r.limit, r.remaining, r.retry_after_ms), (3, 10, 7, -1), "limit {i}: {r:?}");
     }
     assert_eq!(m.limits[2], vec![3, 10, 7, -1, 18000, 0], "LEAKY reply");
     // Each key consumed 3, as a single call with COST 3 would have.
     let singles = ["RL.TOKENBUCKET", "RL.SLIDING", "RL.LEAKY", "RL.FIXED", "RL.SLIDINGLOG", "RL.GCRA"];
     for (k, cmd) in keys.iter().zip(singles) {
-        let r = lim(&mut c, &format!("{cmd} {k} 10 1m COST 0"));
-        assert_eq!(r[2], 7, "{k} after COST 3: {r:?}");
+        let r = limiter(&mut c, &format!("{cmd} {k} 10 1m COST 0"));
+        assert_eq!(r.remaining, 7, "{k} after COST 3: {r:?}");
         // A twin key given the same single call holds the same state.
         let twin = format!("twin:{k}");
         clock_set(&mut c, T0_US);
-        lim(&mut c, &format!("{cmd} {twin} 10 1m COST 3"));
+        limiter(&mut c, &format!("{cmd} {twin} 10 1m COST 3"));
         assert_eq!(dump(&mut c, k), dump(&mut c, &twin), "{k}: RL.MULTI COST 3 vs single {cmd} COST 3");
     }
 
@@ -292,14 +225,14 @@ fn cost_dryrun_and_peek_apply_to_every_limit() {
 
     // COST 0 peeks every limit: allowed 0, retry -1, each limit's current view.
     let peek = multi(&mut c, &format!("RL.MULTI 6 a b c d e f {spec} COST 0"));
-    assert_eq!((peek.allowed, peek.retry), (0, -1));
+    assert_eq!((peek.allowed, peek.retry_after_ms), (0, -1));
     for ((k, cmd), r) in keys.iter().zip(singles).zip(&peek.limits) {
-        assert_eq!(r, &lim(&mut c, &format!("{cmd} {k} 10 1m COST 0")), "{k}: peek via RL.MULTI vs single");
+        assert_eq!(*r, limiter(&mut c, &format!("{cmd} {k} 10 1m COST 0")), "{k}: peek via RL.MULTI vs single");
     }
     assert_eq!(states(&mut c, &keys), before);
     // A peek on missing keys creates nothing.
     let peek = multi(&mut c, "RL.MULTI 2 m1 m2 GCRA 10 1m SLIDINGLOG 10 1m COST 0");
-    assert_eq!(peek, Multi { allowed: 0, retry: -1, limits: vec![vec![0, 10, 10, -1, 0], vec![0, 10, 10, -1, 0]] });
+    assert_multi(&peek, 0, -1, &[vec![0, 10, 10, -1, 0], vec![0, 10, 10, -1, 0]]);
     assert!(!exists(&mut c, "m1") && !exists(&mut c, "m2"));
 }
 
@@ -308,7 +241,7 @@ fn cost_dryrun_and_peek_apply_to_every_limit() {
 // ---------------------------------------------------------------------------------------------
 
 #[test]
-fn argument_errors() {
+fn malformed_arguments_are_refused_naming_the_argument() {
     let s = Server::start();
     let mut c = s.conn();
     let cases: &[(&str, &str)] = &[
@@ -343,7 +276,7 @@ fn argument_errors() {
     assert_eq!(n, 0, "a failed RL.MULTI wrote a key");
 
     // Another algorithm's key, or another type: WRONGTYPE, nothing written.
-    lim(&mut c, "RL.FIXED f 5 1m");
+    limiter(&mut c, "RL.FIXED f 5 1m");
     let _: () = redis::cmd("SET").arg("str").arg("x").query(&mut c).unwrap();
     let before = states(&mut c, &["f"]);
     let e = run_err(&mut c, "RL.MULTI 2 a f GCRA 5 1m GCRA 5 1m");
@@ -378,11 +311,8 @@ fn algorithm_keywords_and_options_are_case_insensitive() {
         clock_advance(&mut c, 2_000_000);
     }
     // The algorithm names as RL.INFO reports them.
-    let info: Vec<Value> = match run(&mut c, "RL.INFO m2") {
-        Value::Array(a) => a,
-        v => panic!("{v:?}"),
-    };
-    assert_eq!(info[1], Value::BulkString(b"tokenbucket".to_vec()));
+    let info = common::rl_info(&mut c, "m2").expect("RL.INFO m2");
+    assert_eq!(info.algorithm(), "tokenbucket");
 }
 
 #[test]
@@ -393,22 +323,12 @@ fn resp3_reply_is_a_map() {
     let mut c2 = s.conn();
     clock_set(&mut c2, T0_US);
 
-    fn text(v: &Value) -> String {
-        match v {
-            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-            Value::SimpleString(s) => s.clone(),
-            Value::VerbatimString { text, .. } => text.clone(),
-            other => panic!("expected a string, got {other:?}"),
-        }
-    }
     fn as_map(v: &Value) -> Vec<(String, Value)> {
         match v {
             Value::Map(m) => m.iter().map(|(k, v)| (text(k), v.clone())).collect(),
             other => panic!("expected a RESP3 map, got {other:?}"),
         }
     }
-    let fields5 = ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms"];
-    let fields6 = ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms"];
     let check = |c3: &mut Connection, c2: &mut Connection, k3: &str, k2: &str, rest: &str, algos: &[&str]| {
         let n = algos.len();
         let v3 = run(c3, &format!("RL.MULTI {n} {k3} {rest}"));
@@ -416,17 +336,17 @@ fn resp3_reply_is_a_map() {
         let m = as_map(&v3);
         let names: Vec<&str> = m.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(names, ["allowed", "retry_after_ms", "limits"], "{v3:?}");
-        assert_eq!(m[0].1, Value::Int(v2.allowed));
-        assert_eq!(m[1].1, Value::Int(v2.retry));
-        let Value::Array(limits) = &m[2].1 else { panic!("limits is not an array: {v3:?}") };
+        let m3 = MultiReply::of(&v3);
+        assert_eq!((m3.allowed, m3.retry_after_ms), (v2.allowed, v2.retry_after_ms));
+        let Some((_, Value::Array(limits))) = m.last() else { panic!("limits is not an array: {v3:?}") };
         assert_eq!(limits.len(), n);
         for ((l, algo), r2) in limits.iter().zip(algos).zip(&v2.limits) {
             let lm = as_map(l);
             let names: Vec<&str> = lm.iter().map(|(k, _)| k.as_str()).collect();
-            let want: &[&str] = if *algo == "LEAKY" { &fields6 } else { &fields5 };
+            let want = if *algo == "LEAKY" { &LIMITER_FIELDS[..] } else { &LIMITER_FIELDS[..5] };
             assert_eq!(names, want, "{algo}: {l:?}");
             let vals: Vec<i64> = lm.iter().map(|(_, v)| int(v)).collect();
-            assert_eq!(&vals, r2, "{algo}: RESP3 values vs RESP2");
+            assert_eq!(*r2, vals, "{algo}: RESP3 values vs RESP2");
         }
     };
     let algos = ["GCRA", "LEAKY", "SLIDINGLOG"];
@@ -444,13 +364,12 @@ fn resp3_reply_is_a_map() {
 fn command_getkeys_reports_the_keys() {
     let s = Server::start();
     let mut c = s.conn();
-    let keys: Vec<String> = cmd_of(&words("COMMAND GETKEYS RL.MULTI 2 a b GCRA 1 1 FIXED 1 1")).query(&mut c).unwrap();
+    let keys: Vec<String> = "COMMAND GETKEYS RL.MULTI 2 a b GCRA 1 1 FIXED 1 1".cmd().query(&mut c).unwrap();
     assert_eq!(keys, vec!["a", "b"]);
-    let keys: Vec<String> = cmd_of(&words("COMMAND GETKEYS RL.MULTI 3 x GCRA y GCRA 1 1 SLIDING 1 1 LEAKY 1 1 COST 2"))
-        .query(&mut c)
-        .unwrap();
+    let keys: Vec<String> =
+        "COMMAND GETKEYS RL.MULTI 3 x GCRA y GCRA 1 1 SLIDING 1 1 LEAKY 1 1 COST 2".cmd().query(&mut c).unwrap();
     assert_eq!(keys, vec!["x", "GCRA", "y"]);
-    let keys: Vec<String> = cmd_of(&words("COMMAND GETKEYS RL.MULTI 1 k gcra 1 1")).query(&mut c).unwrap();
+    let keys: Vec<String> = "COMMAND GETKEYS RL.MULTI 1 k gcra 1 1".cmd().query(&mut c).unwrap();
     assert_eq!(keys, vec!["k"]);
 }
 
@@ -458,7 +377,7 @@ fn command_getkeys_reports_the_keys() {
 fn acl_key_patterns_cover_every_key() {
     let s = Server::start();
     let mut admin = s.conn();
-    let _: () = cmd_of(&words("ACL SETUSER t1 on >pw ~{t1}:* +@all")).query(&mut admin).unwrap();
+    let _: () = "ACL SETUSER t1 on >pw ~{t1}:* +@all".cmd().query(&mut admin).unwrap();
     let client = redis::Client::open(format!("redis://t1:pw@127.0.0.1:{}/", s.port)).unwrap();
     let mut c = client.get_connection().unwrap();
     let who: String = redis::cmd("ACL").arg("WHOAMI").query(&mut c).unwrap();
@@ -579,10 +498,6 @@ fn replica_identical_after_random_multi_traffic() {
 // Cluster
 // ---------------------------------------------------------------------------------------------
 
-fn keyslot(con: &mut Connection, key: &str) -> i64 {
-    redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query(con).unwrap()
-}
-
 /// (slot, port) of a MOVED error.
 fn moved(e: &redis::RedisError) -> (i64, u16) {
     assert_eq!(e.code(), Some("MOVED"), "expected MOVED, got {}", err_text(e));
@@ -611,7 +526,7 @@ fn cluster_slots_moved_and_crossslot() {
     // The owner admits, all keys in one slot.
     let m = multi(&mut oc, line);
     assert_eq!(m.allowed, 1, "{m:?}");
-    assert_eq!(m.limits, vec![vec![1, 10, 9, -1, 6000], vec![1, 100, 99, -1, 3_600_000]]);
+    assert_eq!(m.limits, [vec![1, 10, 9, -1, 6000], vec![1, 100, 99, -1, 3_600_000]]);
     assert!(exists(&mut oc, "{tenant}:ip") && exists(&mut oc, "{tenant}:user"));
 
     // Keys in different slots: CROSSSLOT, wherever it is sent; nothing written.
@@ -639,7 +554,7 @@ fn cluster_slots_moved_and_crossslot() {
         let node = cluster.node_by_port(port).expect("MOVED to an unknown node");
         let mut c = node.conn();
         match try_run(&mut c, &format!("RL.GCRA {key} 5 1m COST 2")) {
-            Ok(v) => break ints(&v),
+            Ok(v) => break LimiterReply::of(&v),
             Err(e) => {
                 let (s, p) = moved(&e);
                 assert_eq!(s, keyslot(&mut c, key));
@@ -652,12 +567,12 @@ fn cluster_slots_moved_and_crossslot() {
     assert_eq!(reply, vec![2, 5, 3, -1, 24000]);
     assert_eq!(port, cluster.primary_for_key(key.as_bytes()).port);
     let mut c = cluster.node_by_port(port).unwrap().conn();
-    let again = ints(&run(&mut c, &format!("RL.GCRA {key} 5 1m COST 0")));
-    assert_eq!(again[..3], [0, 5, 3]);
+    let again = limiter(&mut c, &format!("RL.GCRA {key} 5 1m COST 0"));
+    assert_eq!((again.allowed, again.limit, again.remaining), (0, 5, 3));
     // RL.MULTI with two keys of that tag on the owner.
     let m = multi(&mut c, "RL.MULTI 2 {user:42}:api {user:42}:login GCRA 5 1m FIXED 3 1h");
     assert_eq!(m.allowed, 1);
-    assert_eq!(m.limits[0][..3], [1, 5, 2]);
+    assert_eq!((m.limits[0].allowed, m.limits[0].limit, m.limits[0].remaining), (1, 5, 2));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -702,7 +617,7 @@ fn partial_never_exceeds_single_calls() {
                 };
             }
             let cap: i64 = {
-                let w = words(&spec);
+                let w: Vec<&str> = spec.split_whitespace().collect();
                 if bucket {
                     w[3].parse().unwrap()
                 } else {
@@ -710,17 +625,17 @@ fn partial_never_exceeds_single_calls() {
                 }
             };
             let n = rng.range(1, cap + 3);
-            let peek_a = lim(&mut c, &format!("RL.{algo} {a} {spec} COST 0"));
-            let ra = lim(&mut c, &format!("RL.{algo} {a} {spec} COST {n} PARTIAL"));
-            let g = ra[0];
+            let peek_a = limiter(&mut c, &format!("RL.{algo} {a} {spec} COST 0"));
+            let ra = limiter(&mut c, &format!("RL.{algo} {a} {spec} COST {n} PARTIAL"));
+            let g = ra.allowed;
             // RL.MULTI with that one limit answers exactly as the single-key command.
             let rm = multi(&mut c, &format!("RL.MULTI 1 {m} {algo} {spec} COST {n} PARTIAL"));
-            if rm.limits[0] != ra || rm.allowed != g || rm.retry != ra[3] {
+            if rm.limits[0] != ra || rm.allowed != g || rm.retry_after_ms != ra.retry_after_ms {
                 failures.push(format!("{algo} step {step}: RL.MULTI 1 {rm:?} vs single {ra:?}"));
             }
             let mut admitted = 0;
             for _ in 0..n {
-                if lim(&mut c, &format!("RL.{algo} {b} {spec}"))[0] == 1 {
+                if limiter(&mut c, &format!("RL.{algo} {b} {spec}")).allowed == 1 {
                     admitted += 1;
                 }
             }
@@ -730,14 +645,14 @@ fn partial_never_exceeds_single_calls() {
             } else if g != admitted {
                 failures.push(format!("PARTIAL granted less than single calls: {ctx}"));
             }
-            if g != n.min(peek_a[2]) {
+            if g != n.min(peek_a.remaining) {
                 failures.push(format!("PARTIAL grant is not min(COST, remaining before): {ctx}"));
             }
-            if g == 0 && ra[3] <= 0 {
+            if g == 0 && ra.retry_after_ms <= 0 {
                 failures.push(format!("PARTIAL refused without a retry_after: {ctx}"));
             }
-            let pa = lim(&mut c, &format!("RL.{algo} {a} {spec} COST 0"));
-            let pb = lim(&mut c, &format!("RL.{algo} {b} {spec} COST 0"));
+            let pa = limiter(&mut c, &format!("RL.{algo} {a} {spec} COST 0"));
+            let pb = limiter(&mut c, &format!("RL.{algo} {b} {spec} COST 0"));
             if pa != pb {
                 failures.push(format!("after the step, peeks differ: A {pa:?} vs B {pb:?}: {ctx}"));
             }
