@@ -3,12 +3,9 @@
 //! unchanged).
 
 mod common;
-#[path = "common/values.rs"]
-mod values;
 
-use common::{raw_cmd, Opts, Server};
+use common::{err_text, ints, limiter, run, try_run, Opts, Rng, Server};
 use redis::{Connection, Value};
-use values::{full_error, into_ints as ints};
 
 const T0: i64 = 1_700_000_000_000_000;
 
@@ -99,7 +96,7 @@ impl Fx {
     }
 
     fn ok(&mut self, line: &str) -> Value {
-        raw(&mut self.c, &words(line)).unwrap_or_else(|e| panic!("`{line}` failed: {}", full_error(&e)))
+        run(&mut self.c, line)
     }
 
     /// Sends a command that must fail. A socket call interrupted on the client's side (EINTR:
@@ -107,12 +104,12 @@ impl Fx {
     /// once with a 1-MB argument) leaves the connection mid-command: the command, which writes
     /// nothing, is sent again on a new connection.
     fn send(&mut self, args: &[Vec<u8>]) -> redis::RedisResult<Value> {
-        let mut result = raw(&mut self.c, args);
+        let mut result = try_run(&mut self.c, args);
         for _ in 0..3 {
             match &result {
                 Err(e) if e.is_io_error() && e.to_string().contains("os error 4") => {
                     self.c = self.s.conn();
-                    result = raw(&mut self.c, args);
+                    result = try_run(&mut self.c, args);
                 }
                 _ => break,
             }
@@ -165,7 +162,7 @@ impl Fx {
     fn bad(&mut self, args: &[Vec<u8>]) -> String {
         let msg = match self.send(args) {
             Ok(v) => panic!("`{}` should fail, got {v:?}", show(args)),
-            Err(e) => full_error(&e),
+            Err(e) => err_text(&e),
         };
         let (dbsize, dumps) = self.state();
         assert_eq!(dbsize, self.dbsize, "`{}` ({msg}) changed DBSIZE", show(args));
@@ -195,11 +192,6 @@ impl Fx {
             self.expect(&tpl(template, &key, v), want);
         }
     }
-}
-
-fn raw(c: &mut Connection, args: &[Vec<u8>]) -> redis::RedisResult<Value> {
-    let refs: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
-    raw_cmd(c, &refs)
 }
 
 fn arity(cmd: &str) -> String {
@@ -232,7 +224,7 @@ const OVERFLOWING: [&str; 3] =
 // ---------------------------------------------------------------- arity
 
 #[test]
-fn arity_errors() {
+fn wrong_arity_answers_the_servers_arity_error() {
     let mut fx = Fx::new();
     for (cmd, algo, _) in LIMITERS {
         for name in [cmd.to_string(), cmd.to_ascii_lowercase()] {
@@ -261,7 +253,7 @@ fn arity_errors() {
 // ---------------------------------------------------------------- counts
 
 #[test]
-fn limit_burst_cost_values() {
+fn limit_burst_and_cost_out_of_range_are_refused_naming_them() {
     let mut fx = Fx::new();
     for (cmd, algo, rate) in LIMITERS {
         let mut positions = vec![
@@ -300,13 +292,14 @@ fn limit_burst_cost_values() {
     }
     // The bounds themselves are accepted (checked with a peek on a missing key: no write).
     for (cmd, _, rate) in LIMITERS {
-        let r = ints(fx.ok(&format!("{cmd} fresh 1000000000000000 1s COST 0")));
-        assert_eq!(&r[..5], &[0, 1_000_000_000_000_000, 1_000_000_000_000_000, -1, 0], "{cmd}");
-        let r = ints(fx.ok(&format!("{cmd} fresh 1 10s COST 1000000000000000 DRYRUN")));
-        assert_eq!(&r[..4], &[0, 1, 1, -1], "{cmd}");
+        let r = limiter(&mut fx.c, &format!("{cmd} fresh 1000000000000000 1s COST 0"));
+        let head = (r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms);
+        assert_eq!(head, (0, 1_000_000_000_000_000, 1_000_000_000_000_000, -1, 0), "{cmd}");
+        let r = limiter(&mut fx.c, &format!("{cmd} fresh 1 10s COST 1000000000000000 DRYRUN"));
+        assert_eq!((r.allowed, r.limit, r.remaining, r.retry_after_ms), (0, 1, 1, -1), "{cmd}");
         if rate {
-            let r = ints(fx.ok(&format!("{cmd} fresh 1 1us BURST 1000000000000000 COST 0")));
-            assert_eq!(&r[..3], &[0, 1_000_000_000_000_000, 1_000_000_000_000_000], "{cmd}");
+            let r = limiter(&mut fx.c, &format!("{cmd} fresh 1 1us BURST 1000000000000000 COST 0"));
+            assert_eq!((r.allowed, r.limit, r.remaining), (0, 1_000_000_000_000_000, 1_000_000_000_000_000), "{cmd}");
         }
     }
     fx.snapshot_unchanged();
@@ -367,7 +360,7 @@ fn counts_overflowing_u64_report_the_bound() {
 // ---------------------------------------------------------------- periods and windows
 
 #[test]
-fn period_and_window_values() {
+fn malformed_or_too_long_periods_and_windows_are_refused() {
     let mut fx = Fx::new();
     let malformed = [
         "0", "00", "0s", "0ms", "0us", "0m", "0h", "0d", "-1", "-1s", "1.5", "1.5s", "nan", "inf", "+5", "+5s", "",
@@ -446,8 +439,9 @@ fn period_and_window_values() {
             "3155760000000000us",
             "007s",
         ] {
-            let r = ints(fx.ok(&format!("{cmd} fresh 5 {v} COST 0")));
-            assert_eq!(&r[..5], &[0, 5, 5, -1, 0], "{cmd} period {v}");
+            let r = limiter(&mut fx.c, &format!("{cmd} fresh 5 {v} COST 0"));
+            let head = (r.allowed, r.limit, r.remaining, r.retry_after_ms, r.reset_after_ms);
+            assert_eq!(head, (0, 5, 5, -1, 0), "{cmd} period {v}");
         }
     }
     fx.snapshot_unchanged();
@@ -456,7 +450,7 @@ fn period_and_window_values() {
 // ---------------------------------------------------------------- options
 
 #[test]
-fn option_errors() {
+fn unknown_repeated_or_valueless_options_are_refused() {
     let mut fx = Fx::new();
     for (cmd, algo, rate) in LIMITERS {
         // Unknown options (shown as given).
@@ -562,7 +556,7 @@ fn wrongtype_on_other_types() {
 }
 
 #[test]
-fn algorithm_mismatch() {
+fn a_key_of_another_algorithm_answers_wrongtype_naming_both() {
     let mut fx = Fx::new();
     for (_, stored, _) in LIMITERS {
         let key = format!("k:{stored}");
@@ -701,12 +695,12 @@ fn debug_refused_without_debug_clock() {
         fx.expect_prefix(&words(line), "ERR ");
     }
     // The clock was not touched: still limited at the real time.
-    let r = ints(fx.ok("RL.GCRA k 1 1d COST 0"));
-    assert_eq!(&r[..3], &[0, 1, 0]);
+    let r = limiter(&mut fx.c, "RL.GCRA k 1 1d COST 0");
+    assert_eq!((r.allowed, r.limit, r.remaining), (0, 1, 0));
 }
 
 #[test]
-fn debug_argument_errors() {
+fn malformed_rl_debug_is_refused_and_leaves_the_clock() {
     let mut fx = Fx::new();
     for line in [
         "RL.DEBUG",
@@ -732,24 +726,10 @@ fn debug_argument_errors() {
 
 // ---------------------------------------------------------------- RL.SETSTATE
 
-/// xorshift64*: deterministic garbage.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
-
 #[test]
 fn setstate_rejects_garbage() {
     let mut fx = Fx::new();
+    // A raw state (not `Rng::new`): the same garbage as ever.
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut payloads: Vec<Vec<u8>> =
         vec![Vec::new(), b"garbage".to_vec(), vec![0; 64], vec![0xff; 64], vec![1], vec![1, 1]];
@@ -793,7 +773,7 @@ fn setstate_rejects_garbage() {
 // ---------------------------------------------------------------- big arguments
 
 #[test]
-fn one_megabyte_arguments() {
+fn one_megabyte_arguments_are_refused_without_being_echoed() {
     let mut fx = Fx::new();
     let mb = vec![b'x'; 1 << 20];
     for (cmd, algo, rate) in LIMITERS {
@@ -820,11 +800,11 @@ fn one_megabyte_arguments() {
     }
     // A 1 MB key name is just a key.
     let big_key = String::from_utf8(mb.clone()).unwrap();
-    let r = ints(raw(&mut fx.c, &tpl("RL.GCRA K 1 1d", &big_key, b"")).unwrap());
+    let r = ints(run(&mut fx.c, &tpl("RL.GCRA K 1 1d", &big_key, b"")));
     assert_eq!(r, vec![1, 1, 0, -1, 86_400_000]);
-    let r = ints(raw(&mut fx.c, &tpl("RL.GCRA K 1 1d", &big_key, b"")).unwrap());
+    let r = ints(run(&mut fx.c, &tpl("RL.GCRA K 1 1d", &big_key, b"")));
     assert_eq!(r, vec![0, 1, 0, 86_400_000, 86_400_000]);
-    assert_eq!(raw(&mut fx.c, &tpl("RL.RESET K", &big_key, b"")).unwrap(), Value::Int(1));
+    assert_eq!(run(&mut fx.c, &tpl("RL.RESET K", &big_key, b"")), Value::Int(1));
     fx.snapshot_unchanged();
     assert!(fx.s.alive());
 }
