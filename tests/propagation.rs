@@ -13,13 +13,8 @@ use std::time::{Duration, Instant};
 use common::{wait_replica_synced, Opts, Server};
 use redis::{Connection, Value};
 
-fn info_field(s: &Server, section: &str, field: &str) -> String {
-    let info = s.info(section);
-    common::info_field(&info, field).unwrap_or_else(|| panic!("INFO {section} has no {field}")).to_string()
-}
-
 fn propagate_effects(s: &Server) -> String {
-    info_field(s, "ratelimit", "ratelimit_propagate_effects")
+    s.ratelimit_field("propagate_effects")
 }
 
 /// One call of every writing command on `keys` keys of each kind (long periods: nothing
@@ -88,7 +83,8 @@ fn attach(replica: &Server, primary: &Server) {
     let _: () = redis::cmd("REPLICAOF").arg("127.0.0.1").arg(primary.port).query(&mut r).expect("REPLICAOF");
 }
 
-fn wait_until(what: &str, f: impl FnMut() -> bool) {
+/// `common::wait_until` with this file's 30 s.
+fn wait_for(what: &str, f: impl FnMut() -> bool) {
     common::wait_until(Duration::from_secs(30), what, f);
 }
 
@@ -100,11 +96,11 @@ fn a_lone_primary_skips_effects_and_a_replica_attaching_later_gets_the_state() {
     assert_eq!(propagate_effects(&primary), "unknown", "before any effect");
     traffic(&mut p, 0, 40);
     assert_eq!(propagate_effects(&primary), "no", "no AOF, no backlog, no replica");
-    assert_eq!(info_field(&primary, "replication", "master_repl_offset"), "0");
+    assert_eq!(primary.info_field("replication", "master_repl_offset"), "0");
     traffic(&mut p, 1, 40);
 
     // Writes still count for the save points; calls that write nothing do not.
-    let changes = || info_field(&primary, "persistence", "rdb_changes_since_last_save").parse::<i64>().unwrap();
+    let changes = || primary.info_int("persistence", "rdb_changes_since_last_save");
     let before = changes();
     for i in 0..10 {
         let _: Value = redis::cmd("RL.GCRA").arg(format!("dirty:{i}")).arg(10).arg("1d").query(&mut p).unwrap();
@@ -113,13 +109,13 @@ fn a_lone_primary_skips_effects_and_a_replica_attaching_later_gets_the_state() {
     let _: Value = redis::cmd("RL.GCRA").arg("dirty:0").arg(10).arg("1d").arg("COST").arg(100).query(&mut p).unwrap();
     let _: Value = redis::cmd("RL.RESET").arg("dirty:1").query(&mut p).unwrap();
     assert_eq!(changes() - before, 11, "ten admitted calls and a reset");
-    assert_eq!(info_field(&primary, "replication", "master_repl_offset"), "0");
+    assert_eq!(primary.info_field("replication", "master_repl_offset"), "0");
 
     attach(&replica, &primary);
     assert_same_state(&primary, &replica, "after the full sync");
     // (The replica comes online at its first ACK, a server event that makes the module look
     // again: wait for it, so that the answer below is the one found after it.)
-    wait_until("the replica online", || primary.info("replication").contains("state=online"));
+    wait_for("the replica online", || primary.info("replication").contains("state=online"));
     traffic(&mut p, 2, 40);
     assert_eq!(propagate_effects(&primary), "yes", "a replica is attached");
     assert_same_state(&primary, &replica, "after more traffic");
@@ -154,7 +150,7 @@ fn writes_while_the_replica_waits_for_its_rdb_reach_it() {
             if saw.last() != Some(&s) {
                 saw.push(s);
             }
-            let link = info_field(&replica, "replication", "master_link_status");
+            let link = replica.info_field("replication", "master_link_status");
             if link == "up" && saw.last().map(String::as_str) == Some("yes") {
                 break;
             }
@@ -174,13 +170,11 @@ fn a_partial_resync_after_a_disconnection_keeps_the_state() {
     let mut p = primary.conn();
     traffic(&mut p, 0, 30);
     assert_same_state(&primary, &replica, "after sync");
-    let partial_before: i64 = info_field(&primary, "stats", "sync_partial_ok").parse().unwrap();
+    let partial_before = primary.info_int("stats", "sync_partial_ok");
     let _: i64 = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica").query(&mut p).expect("CLIENT KILL");
     traffic(&mut p, 1, 30);
     traffic(&mut p, 2, 30);
-    wait_until("a partial resync", || {
-        info_field(&primary, "stats", "sync_partial_ok").parse::<i64>().unwrap() > partial_before
-    });
+    wait_for("a partial resync", || primary.info_int("stats", "sync_partial_ok") > partial_before);
     traffic(&mut p, 3, 30);
     assert_same_state(&primary, &replica, "after the partial resync");
 }
@@ -204,9 +198,9 @@ fn a_primary_restarted_from_its_rdb_propagates_before_its_replica_returns() {
     traffic(&mut p, 1, 30);
     // ("unknown" when the replica came back meanwhile: that event makes the module look again.)
     assert_ne!(propagate_effects(&primary), "no", "the backlog restored from the RDB");
-    wait_until("the replica's partial resync", || {
-        info_field(&primary, "stats", "sync_partial_ok").parse::<i64>().unwrap() >= 1
-            && info_field(&replica, "replication", "master_link_status") == "up"
+    wait_for("the replica's partial resync", || {
+        primary.info_int("stats", "sync_partial_ok") >= 1
+            && replica.info_field("replication", "master_link_status") == "up"
     });
     traffic(&mut p, 2, 30);
     assert_same_state(&primary, &replica, "after the restart");
@@ -221,15 +215,15 @@ fn the_aof_turned_on_at_runtime_receives_the_effects() {
     traffic(&mut c, 0, 30);
     assert_eq!(propagate_effects(&server), "no");
     let _: String = redis::cmd("BGSAVE").query(&mut c).expect("BGSAVE");
-    wait_until("BGSAVE", || info_field(&server, "persistence", "rdb_bgsave_in_progress") == "0");
+    wait_for("BGSAVE", || server.info_field("persistence", "rdb_bgsave_in_progress") == "0");
     traffic(&mut c, 1, 30);
     assert_eq!(propagate_effects(&server), "no", "a fork with no replica");
 
     let _: () = redis::cmd("CONFIG").arg("SET").arg("appendonly").arg("yes").query(&mut c).expect("CONFIG SET");
-    wait_until("the AOF rewrite", || {
-        info_field(&server, "persistence", "aof_rewrite_in_progress") == "0"
-            && info_field(&server, "persistence", "aof_rewrite_scheduled") == "0"
-            && info_field(&server, "persistence", "aof_enabled") == "1"
+    wait_for("the AOF rewrite", || {
+        server.info_field("persistence", "aof_rewrite_in_progress") == "0"
+            && server.info_field("persistence", "aof_rewrite_scheduled") == "0"
+            && server.info_field("persistence", "aof_enabled") == "1"
     });
     for round in 2..6 {
         traffic(&mut c, round, 30);
