@@ -11,13 +11,12 @@ mod common;
 #[path = "common/traffic.rs"]
 mod traffic;
 
-use common::{Opts, Server};
+use common::{clock_set, ints, rl_info, Opts, Rng, Server};
 use redis::{Connection, Value};
 use redis_ratelimit::args;
 use redis_ratelimit::core::codec::{Algorithm, State};
 use redis_ratelimit::core::NANOS_PER_MICRO;
 use redis_ratelimit::reply::decision_values;
-use traffic::{clock_set, Rng};
 
 const START_US: i64 = 1_700_000_000_000_000;
 
@@ -40,15 +39,6 @@ impl Oracle {
         }
         let (values, n) = decision_values(&d, algo == Algorithm::Leaky);
         values[..n].to_vec()
-    }
-}
-
-fn ints(v: &Value) -> Vec<i64> {
-    match v {
-        Value::Array(a) => {
-            a.iter().map(|x| if let Value::Int(i) = x { *i } else { panic!("not an integer: {x:?}") }).collect()
-        }
-        other => panic!("not an array: {other:?}"),
     }
 }
 
@@ -99,12 +89,8 @@ fn pinned_clock_decisions_equal_the_core_on_this_server() {
     println!("servers figures [{}]: {compared} pinned-clock replies equal to the core", v.describe());
 }
 
-fn info_int(con: &mut Connection, key: &str, field: &str) -> i64 {
-    let Value::Array(kv) = redis::cmd("RL.INFO").arg(key).query::<Value>(con).unwrap() else { panic!("RL.INFO {key}") };
-    kv.chunks(2)
-        .find(|p| p[0] == Value::BulkString(field.as_bytes().to_vec()))
-        .map(|p| if let Value::Int(i) = p[1] { i } else { panic!("{field}: {:?}", p[1]) })
-        .unwrap_or_else(|| panic!("RL.INFO {key} has no {field}"))
+fn last_us(con: &mut Connection, key: &str) -> i64 {
+    rl_info(con, key).unwrap_or_else(|| panic!("RL.INFO {key}")).int("last_us")
 }
 
 /// The instants at which RL.TOKENBUCKET last updated keys a, b and c after running all three in
@@ -117,10 +103,10 @@ fn transaction_instants(con: &mut Connection) -> [Vec<i64>; 2] {
         pipe.add_command(check(k)).ignore();
     }
     let () = pipe.query(con).unwrap();
-    let in_multi: Vec<i64> = ["tx:a", "tx:b", "tx:c"].iter().map(|k| info_int(con, k, "last_us")).collect();
+    let in_multi: Vec<i64> = ["tx:a", "tx:b", "tx:c"].iter().map(|k| last_us(con, k)).collect();
     let script = "for _, k in ipairs(KEYS) do redis.call('RL.TOKENBUCKET', k, 10, '1h') end return 1";
     let _: i64 = redis::cmd("EVAL").arg(script).arg(3).arg("sc:a").arg("sc:b").arg("sc:c").query(con).unwrap();
-    let in_script: Vec<i64> = ["sc:a", "sc:b", "sc:c"].iter().map(|k| info_int(con, k, "last_us")).collect();
+    let in_script: Vec<i64> = ["sc:a", "sc:b", "sc:c"].iter().map(|k| last_us(con, k)).collect();
     [in_multi, in_script]
 }
 
@@ -232,7 +218,7 @@ fn active_defrag_visits_states_and_changes_nothing() {
     let moves = info_ratelimit_field(&s, "defrag_moves") - moves_before;
     let visits = info_ratelimit_field(&s, "defrag_visits") - visits_before;
     let after = traffic::snapshot(&mut con);
-    assert_eq!(traffic::assert_same(&before, &after, traffic::now_ms(), "after defragmentation"), 2 * KEYS);
+    assert_eq!(traffic::assert_same(&before, &after, common::now_ms(), "after defragmentation"), 2 * KEYS);
 
     // The same traffic on the defragmented states and on copies that never moved.
     let twin = Server::start();
