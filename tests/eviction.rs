@@ -20,24 +20,12 @@ const POLICIES: [&str; 8] = [
 
 const WARNING: &str = "lets Redis evict limiter keys";
 
-fn field(s: &Server, name: &str) -> String {
-    let info = s.info("ratelimit");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("ratelimit_{name}:")).map(|v| v.trim().to_string()))
-        .unwrap_or_else(|| panic!("no ratelimit_{name} in INFO ratelimit:\n{info}"))
-}
-
 fn warnings(s: &Server) -> usize {
     s.log().lines().filter(|l| l.contains(WARNING)).count()
 }
 
 fn notices(s: &Server) -> usize {
     s.log().lines().filter(|l| l.contains("limiter keys can no longer be evicted")).count()
-}
-
-fn config_set(s: &Server, name: &str, value: &str) {
-    let mut c = s.conn();
-    let _: () = redis::cmd("CONFIG").arg("SET").arg(name).arg(value).query(&mut c).unwrap();
 }
 
 fn expected_risk(policy: &str, maxmemory: u64) -> &'static str {
@@ -50,16 +38,16 @@ fn expected_risk(policy: &str, maxmemory: u64) -> &'static str {
 
 /// Each policy at load, with a maxmemory: INFO and the log line.
 #[test]
-fn each_policy_at_load() {
+fn every_policy_at_load_reports_its_eviction_risk_and_warns_if_it_evicts() {
     for policy in POLICIES {
         let s = Server::start_with(Opts {
             extra: vec![("maxmemory".into(), "100mb".into()), ("maxmemory-policy".into(), policy.into())],
             ..Opts::default()
         });
         let risk = expected_risk(policy, 1);
-        assert_eq!(field(&s, "eviction_risk"), risk, "{policy}");
-        assert_eq!(field(&s, "maxmemory_policy"), policy);
-        assert_eq!(field(&s, "maxmemory"), (100u64 << 20).to_string());
+        assert_eq!(s.ratelimit_field("eviction_risk"), risk, "{policy}");
+        assert_eq!(s.ratelimit_field("maxmemory_policy"), policy);
+        assert_eq!(s.ratelimit_field("maxmemory"), (100u64 << 20).to_string());
         let logged = s.log().lines().any(|l| {
             l.contains(WARNING) && l.contains(&format!("maxmemory-policy {policy} ")) && l.contains("at load")
         });
@@ -69,32 +57,32 @@ fn each_policy_at_load() {
 
 /// The default configuration (maxmemory 0): nothing is evicted, whatever the policy.
 #[test]
-fn no_maxmemory_no_risk() {
+fn no_maxmemory_means_no_eviction_risk_until_one_is_set() {
     let s =
         Server::start_with(Opts { extra: vec![("maxmemory-policy".into(), "allkeys-lru".into())], ..Opts::default() });
-    assert_eq!(field(&s, "eviction_risk"), "no");
-    assert_eq!(field(&s, "maxmemory"), "0");
+    assert_eq!(s.ratelimit_field("eviction_risk"), "no");
+    assert_eq!(s.ratelimit_field("maxmemory"), "0");
     assert_eq!(warnings(&s), 0);
     // Setting a maxmemory makes the risk appear.
-    config_set(&s, "maxmemory", "50mb");
-    assert_eq!(field(&s, "eviction_risk"), "yes");
+    s.config_set("maxmemory", "50mb");
+    assert_eq!(s.ratelimit_field("eviction_risk"), "yes");
     assert_eq!(warnings(&s), 1);
 }
 
 /// CONFIG SET through every policy: INFO follows, a warning is logged each time the setting
 /// changes to one that may evict, a notice when it stops, and nothing on unrelated changes.
 #[test]
-fn config_set_is_followed() {
+fn config_set_of_the_policy_updates_the_risk_and_logs_each_change() {
     let s = Server::start_with(Opts { extra: vec![("maxmemory".into(), "100mb".into())], ..Opts::default() });
-    assert_eq!(field(&s, "maxmemory_policy"), "noeviction");
-    assert_eq!(field(&s, "eviction_risk"), "no");
+    assert_eq!(s.ratelimit_field("maxmemory_policy"), "noeviction");
+    assert_eq!(s.ratelimit_field("eviction_risk"), "no");
     let (mut expected_warnings, mut expected_notices) = (0, 0);
     let mut previous = "noeviction";
     for policy in POLICIES.iter().skip(1).chain(["noeviction", "volatile-ttl", "noeviction"].iter()) {
-        config_set(&s, "maxmemory-policy", policy);
+        s.config_set("maxmemory-policy", policy);
         let risk = expected_risk(policy, 1);
-        assert_eq!(field(&s, "eviction_risk"), risk, "after CONFIG SET maxmemory-policy {policy}");
-        assert_eq!(field(&s, "maxmemory_policy"), *policy);
+        assert_eq!(s.ratelimit_field("eviction_risk"), risk, "after CONFIG SET maxmemory-policy {policy}");
+        assert_eq!(s.ratelimit_field("maxmemory_policy"), *policy);
         if risk == "yes" {
             expected_warnings += 1;
             let last = s.log().lines().rev().find(|l| l.contains(WARNING)).unwrap_or_default().to_string();
@@ -110,11 +98,11 @@ fn config_set_is_followed() {
         previous = policy;
     }
     // An unrelated CONFIG SET logs nothing.
-    config_set(&s, "maxmemory-policy", "allkeys-lru");
+    s.config_set("maxmemory-policy", "allkeys-lru");
     let n = warnings(&s);
-    config_set(&s, "hz", "11");
+    s.config_set("hz", "11");
     assert_eq!(warnings(&s), n);
     // Dropping maxmemory to 0 removes the risk.
-    config_set(&s, "maxmemory", "0");
-    assert_eq!(field(&s, "eviction_risk"), "no");
+    s.config_set("maxmemory", "0");
+    assert_eq!(s.ratelimit_field("eviction_risk"), "no");
 }
