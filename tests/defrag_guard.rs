@@ -24,22 +24,6 @@ const FILLER: usize = 40_000;
 const TRAFFIC: Duration = Duration::from_secs(10);
 const WARNING: &str = "can crash when active defragmentation moves a dict";
 
-fn guard_field(s: &Server, name: &str) -> String {
-    let info = s.info("ratelimit");
-    info_field(&info, &format!("ratelimit_{name}"))
-        .unwrap_or_else(|| panic!("no ratelimit_{name}:\n{info}"))
-        .to_string()
-}
-
-fn config_get(s: &Server, name: &str) -> String {
-    let v: Vec<String> = redis::cmd("CONFIG").arg("GET").arg(name).query(&mut s.conn()).unwrap();
-    v[1].clone()
-}
-
-fn config_set(s: &Server, name: &str, value: &str) {
-    let () = redis::cmd("CONFIG").arg("SET").arg(name).arg(value).query(&mut s.conn()).unwrap();
-}
-
 /// Whether this build can defragment (Debian's 7.0 cannot: CONFIG SET answers an error).
 fn can_defrag(s: &Server) -> bool {
     let mut con = s.conn();
@@ -144,18 +128,18 @@ fn defragmenting_rehashing_dicts_does_not_crash_the_server() {
          defrag_guard {}, activerehashing {}",
         v.describe(),
         TRAFFIC.as_secs(),
-        guard_field(&s, "defrag_guard"),
-        config_get(&s, "activerehashing")
+        s.ratelimit_field("defrag_guard"),
+        s.config_get("activerehashing")
     );
     if affected(&s) {
         // Defragmentation did run (it is what moves the dicts).
         assert!(hits > 0, "no defragmentation ran:\n{}", s.info("stats"));
-        assert_eq!(guard_field(&s, "defrag_guard"), "active");
-        assert_eq!(guard_field(&s, "defrag_crash_risk"), "no");
-        assert_eq!(config_get(&s, "activerehashing"), "no");
+        assert_eq!(s.ratelimit_field("defrag_guard"), "active");
+        assert_eq!(s.ratelimit_field("defrag_crash_risk"), "no");
+        assert_eq!(s.config_get("activerehashing"), "no");
     } else {
-        assert_eq!(guard_field(&s, "defrag_guard"), "not-needed");
-        assert_eq!(config_get(&s, "activerehashing"), "yes");
+        assert_eq!(s.ratelimit_field("defrag_guard"), "not-needed");
+        assert_eq!(s.config_get("activerehashing"), "yes");
     }
 }
 
@@ -167,43 +151,43 @@ fn guard_follows_the_configuration() {
     let plain = Server::start();
     let v = plain.version();
     if !affected(&plain) {
-        assert_eq!(guard_field(&plain, "defrag_guard"), "not-needed");
-        assert_eq!(guard_field(&plain, "defrag_crash_risk"), "no");
+        assert_eq!(plain.ratelimit_field("defrag_guard"), "not-needed");
+        assert_eq!(plain.ratelimit_field("defrag_crash_risk"), "no");
         if can_defrag(&plain) {
-            config_set(&plain, "activedefrag", "yes");
+            plain.config_set("activedefrag", "yes");
         }
-        assert_eq!(config_get(&plain, "activerehashing"), "yes");
+        assert_eq!(plain.config_get("activerehashing"), "yes");
         assert!(!plain.log().contains(WARNING));
         println!("defrag_guard [{}]: not needed, configuration untouched", v.describe());
         return;
     }
-    assert_eq!(guard_field(&plain, "defrag_guard"), "standby");
-    assert_eq!(config_get(&plain, "activerehashing"), "yes");
+    assert_eq!(plain.ratelimit_field("defrag_guard"), "standby");
+    assert_eq!(plain.config_get("activerehashing"), "yes");
     drop(plain);
     let s = Server::start_with(Opts { extra: vec![("activedefrag".into(), "yes".into())], ..Opts::default() });
     // At load.
-    assert_eq!(config_get(&s, "activerehashing"), "no");
-    assert_eq!(guard_field(&s, "defrag_guard"), "active");
-    assert_eq!(guard_field(&s, "defrag_crash_risk"), "no");
+    assert_eq!(s.config_get("activerehashing"), "no");
+    assert_eq!(s.ratelimit_field("defrag_guard"), "active");
+    assert_eq!(s.ratelimit_field("defrag_crash_risk"), "no");
     assert!(s.log().lines().any(|l| l.contains(WARNING) && l.contains("at load")), "{}", s.log());
     // An operator turning it back on while defragmentation runs.
-    config_set(&s, "activerehashing", "yes");
-    assert_eq!(config_get(&s, "activerehashing"), "no");
+    s.config_set("activerehashing", "yes");
+    assert_eq!(s.config_get("activerehashing"), "no");
     // Defragmentation off with nothing rehashing: back on at once.
-    config_set(&s, "activedefrag", "no");
-    assert_eq!(config_get(&s, "activerehashing"), "yes");
-    assert_eq!(guard_field(&s, "defrag_guard"), "standby");
+    s.config_set("activedefrag", "no");
+    assert_eq!(s.config_get("activerehashing"), "yes");
+    assert_eq!(s.ratelimit_field("defrag_guard"), "standby");
     assert!(s.log().contains("activerehashing is back on"));
     // And the operator's choice is theirs again.
-    config_set(&s, "activerehashing", "no");
-    config_set(&s, "activerehashing", "yes");
-    assert_eq!(config_get(&s, "activerehashing"), "yes");
+    s.config_set("activerehashing", "no");
+    s.config_set("activerehashing", "yes");
+    assert_eq!(s.config_get("activerehashing"), "yes");
 
     // CONFIG SET activedefrag yes; a dict left rehashing when it goes off keeps activerehashing
     // off until the dict is gone (FLUSHALL), checked once a second.
-    config_set(&s, "activedefrag", "yes");
-    assert_eq!(config_get(&s, "activerehashing"), "no");
-    assert_eq!(guard_field(&s, "defrag_guard"), "active");
+    s.config_set("activedefrag", "yes");
+    assert_eq!(s.config_get("activerehashing"), "no");
+    assert_eq!(s.ratelimit_field("defrag_guard"), "active");
     let mut pipe = redis::pipe();
     for i in 0..KEYS {
         pipe.cmd("RL.GCRA").arg(format!("k:{i}")).arg(10).arg("1h").ignore();
@@ -213,13 +197,13 @@ fn guard_follows_the_configuration() {
     let () = pipe.query(&mut con).unwrap();
     let rehashing: u64 = info_field(&s.info("memory"), "mem_overhead_db_hashtable_rehashing").unwrap().parse().unwrap();
     assert!(rehashing > 0, "the test needs a dict that is still rehashing");
-    assert_eq!(config_get(&s, "activerehashing"), "no");
-    assert_eq!(guard_field(&s, "defrag_guard"), "active");
+    assert_eq!(s.config_get("activerehashing"), "no");
+    assert_eq!(s.ratelimit_field("defrag_guard"), "active");
     std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(config_get(&s, "activerehashing"), "no", "turned on while a dict was rehashing");
+    assert_eq!(s.config_get("activerehashing"), "no", "turned on while a dict was rehashing");
     let () = redis::cmd("FLUSHALL").arg("SYNC").query(&mut con).unwrap();
-    wait_until(Duration::from_secs(10), "activerehashing back on", || config_get(&s, "activerehashing") == "yes");
-    assert_eq!(guard_field(&s, "defrag_guard"), "standby");
+    wait_until(Duration::from_secs(10), "activerehashing back on", || s.config_get("activerehashing") == "yes");
+    assert_eq!(s.ratelimit_field("defrag_guard"), "standby");
 }
 
 /// `NO_DEFRAG_GUARD`: the configuration stays as the operator set it, and the risk is reported.
@@ -227,16 +211,16 @@ fn guard_follows_the_configuration() {
 fn no_defrag_guard_leaves_the_configuration_alone() {
     let s = Server::start_with(Opts { module_args: vec!["NO_DEFRAG_GUARD".into()], ..Opts::default() });
     if !affected(&s) {
-        assert_eq!(guard_field(&s, "defrag_guard"), "not-needed");
+        assert_eq!(s.ratelimit_field("defrag_guard"), "not-needed");
         return;
     }
-    assert_eq!(guard_field(&s, "defrag_guard"), "disabled");
-    assert_eq!(guard_field(&s, "defrag_crash_risk"), "no");
-    config_set(&s, "activedefrag", "yes");
-    assert_eq!(config_get(&s, "activerehashing"), "yes");
-    assert_eq!(guard_field(&s, "defrag_guard"), "disabled");
-    assert_eq!(guard_field(&s, "defrag_crash_risk"), "yes");
+    assert_eq!(s.ratelimit_field("defrag_guard"), "disabled");
+    assert_eq!(s.ratelimit_field("defrag_crash_risk"), "no");
+    s.config_set("activedefrag", "yes");
+    assert_eq!(s.config_get("activerehashing"), "yes");
+    assert_eq!(s.ratelimit_field("defrag_guard"), "disabled");
+    assert_eq!(s.ratelimit_field("defrag_crash_risk"), "yes");
     assert!(s.log().lines().any(|l| l.contains(WARNING) && l.contains("NO_DEFRAG_GUARD")), "{}", s.log());
-    config_set(&s, "activedefrag", "no");
-    assert_eq!(guard_field(&s, "defrag_crash_risk"), "no");
+    s.config_set("activedefrag", "no");
+    assert_eq!(s.ratelimit_field("defrag_crash_risk"), "no");
 }
