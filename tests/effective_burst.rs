@@ -22,7 +22,7 @@
 
 mod common;
 
-use common::{Opts, Server};
+use common::{LimiterReply, Opts, Server};
 use std::time::Instant;
 
 const LIMIT: u64 = 100;
@@ -110,22 +110,12 @@ impl Algo {
 // ---------------------------------------------------------------------------------------------
 // Replies and the trace runner
 
-#[derive(Clone, Copy, Debug)]
-struct Reply {
-    allowed: i64,
-    remaining: i64,
-    retry_after_ms: i64,
-    /// RL.LEAKY only.
-    delay_ms: Option<i64>,
-}
-
-impl Reply {
-    fn parse(v: &[i64], algo: Algo) -> Reply {
-        let n = if algo.cmd == "RL.LEAKY" { 6 } else { 5 };
-        assert_eq!(v.len(), n, "{} reply {v:?}", algo.cmd);
-        assert_eq!(v[1], algo.capacity() as i64, "{} reply {v:?}: limit", algo.cmd);
-        Reply { allowed: v[0], remaining: v[2], retry_after_ms: v[3], delay_ms: v.get(5).copied() }
-    }
+/// A reply of `algo`'s command: its field count (delay_ms for RL.LEAKY only) and its limit checked.
+fn parse_reply(v: &[i64], algo: Algo) -> LimiterReply {
+    let r = LimiterReply::from_ints(v).unwrap_or_else(|e| panic!("{} reply: {e}", algo.cmd));
+    assert_eq!(r.delay_ms.is_some(), algo.cmd == "RL.LEAKY", "{} reply {v:?}", algo.cmd);
+    assert_eq!(r.limit, algo.capacity() as i64, "{} reply {v:?}: limit", algo.cmd);
+    r
 }
 
 /// Everything one (algorithm, trace) replay produced.
@@ -156,7 +146,7 @@ impl Runner<'_> {
     /// Sends groups of (instant µs relative to base, n requests with COST `cost`), each group
     /// preceded by its CLOCK SET, in as few MULTI/EXEC round trips as `CHUNK` allows. Returns
     /// the replies, group by group.
-    fn send_cost(&mut self, groups: &[(i64, u32)], cost: u64) -> Vec<Vec<Reply>> {
+    fn send_cost(&mut self, groups: &[(i64, u32)], cost: u64) -> Vec<Vec<LimiterReply>> {
         let mut all = Vec::with_capacity(groups.len());
         let mut start = 0;
         while start < groups.len() {
@@ -180,8 +170,8 @@ impl Runner<'_> {
             self.out.round_trips += 1;
             let mut it = raw.iter();
             for &(at, n) in &groups[start..end] {
-                let replies: Vec<Reply> =
-                    (0..n).map(|_| Reply::parse(it.next().expect("reply count"), self.algo)).collect();
+                let replies: Vec<LimiterReply> =
+                    (0..n).map(|_| parse_reply(it.next().expect("reply count"), self.algo)).collect();
                 if cost > 0 {
                     self.record(at, &replies);
                 }
@@ -192,11 +182,11 @@ impl Runner<'_> {
         all
     }
 
-    fn send(&mut self, groups: &[(i64, u32)]) -> Vec<Vec<Reply>> {
+    fn send(&mut self, groups: &[(i64, u32)]) -> Vec<Vec<LimiterReply>> {
         self.send_cost(groups, 1)
     }
 
-    fn record(&mut self, at: i64, replies: &[Reply]) {
+    fn record(&mut self, at: i64, replies: &[LimiterReply]) {
         self.out.sent += replies.len() as u64;
         // At one instant a limited call changes nothing, so the admitted calls are a prefix.
         let admitted = replies.iter().take_while(|r| r.allowed > 0).count();
@@ -221,7 +211,7 @@ impl Runner<'_> {
     }
 
     /// Send until one request is limited, at instant `at`; returns the limited reply.
-    fn greedy(&mut self, at: i64) -> Reply {
+    fn greedy(&mut self, at: i64) -> LimiterReply {
         let r = self.send_cost(&[(at, 1)], 0)[0][0].remaining;
         assert!(r >= 0);
         let mut batch = r as u32 + 1;
@@ -690,7 +680,7 @@ fn used_memory_per_key(con: &mut redis::Connection, algo: Algo, n: usize) -> f64
 }
 
 #[test]
-fn memory_usage_per_key() {
+fn memory_per_key_is_constant_but_for_the_sliding_log() {
     let server = memory_server();
     let mut con = server.conn();
     let rows = memory_report(&mut con);
