@@ -5,11 +5,9 @@
 //! CL.THROTTLE's rounding of retry_after / reset_after to seconds is exactly as documented.
 
 mod common;
-#[path = "common/resp.rs"]
-mod resp;
 
+use common::resp::{Reply, Resp};
 use common::{wait_replica_synced, Opts, Server};
-use resp::{Reply, Resp};
 
 const NOW_US: i64 = 1_700_000_000_000_000;
 const NOW_NS: i64 = NOW_US * 1000;

@@ -7,8 +7,6 @@
 //! `cargo test --release --test faults generate_rdb_fixtures -- --ignored`.
 
 mod common;
-#[path = "common/resp.rs"]
-mod resp;
 #[path = "common/robust.rs"]
 mod robust;
 
@@ -18,10 +16,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Opts, Server};
+use common::resp::{Reply, Resp};
+use common::{now_ms, Opts, Rng, Server};
 use redis_ratelimit::core::spec::Spec;
 use redis_ratelimit::core::{Decision, Request, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
-use resp::{Reply, Resp};
 use robust::*;
 
 const T0_US: i64 = 1_700_000_000_000_000;
@@ -453,7 +451,7 @@ fn setstate_log_commits_keep_the_state_loadable() {
     use redis_ratelimit::core::spec::Update;
     use redis_ratelimit::core::Window;
     let win = Window::new(MAX_COUNT, 3_600 * NANOS_PER_SEC).unwrap();
-    let far = (wall_ms() + 365 * 86_400_000).to_string();
+    let far = (now_ms() + 365 * 86_400_000).to_string();
     let mut replies = Vec::new();
     for i in 0..3 {
         let mut p = Vec::new();
@@ -761,7 +759,7 @@ fn generate_rdb_fixtures() {
     for k in &keys {
         let d = c.c(&["DUMP", k]);
         let e = c.c(&["PEXPIRETIME", k]).int().unwrap();
-        assert!(e == -1 || e > wall_ms() + 40 * 365 * 86_400_000, "{k}: expires too soon ({e})");
+        assert!(e == -1 || e > now_ms() + 40 * 365 * 86_400_000, "{k}: expires too soon ({e})");
         out += &format!("key {k}\ndump {}\npexpiretime {e}\ninfo {}\n", hex(d.bulk().unwrap()), info_text(&mut c, k));
     }
     for probe in fixture_probes() {

@@ -8,20 +8,18 @@
 //! Seeded (`RL_SEED=n` replays a run); `RL_LONG=1` sends ten times more.
 
 mod common;
-#[path = "common/resp.rs"]
-mod resp;
 #[path = "common/robust.rs"]
 mod robust;
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use common::{Opts, Server};
+use common::resp::{Reply, Resp};
+use common::{now_ms, Opts, Rng, Server};
 use redis_ratelimit::args;
 use redis_ratelimit::core::codec::{Algorithm, State};
 use redis_ratelimit::core::spec::{Spec, Update};
 use redis_ratelimit::core::{Nanos, Request, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
-use resp::{Reply, Resp};
 use robust::*;
 
 const T0_US: i64 = 1_700_000_000_000_000;
@@ -887,7 +885,7 @@ fn hostile_random_argument_vectors() {
                     argv.push(payload(&mut g.rng));
                     if g.rng.chance(70) {
                         argv.push(g.case("PXAT"));
-                        argv.push((wall_ms() + g.rng.range(-1000, 10_000_000)).to_string().into_bytes());
+                        argv.push((now_ms() + g.rng.range(-1000, 10_000_000)).to_string().into_bytes());
                     }
                     let mut rest = argv.split_off(1);
                     g.mutate(&mut rest, 5);
@@ -951,7 +949,7 @@ fn hostile_random_argument_vectors() {
                 }
             }
         }
-        let now_ms = wall_ms();
+        let now_ms = now_ms();
         for (i, (argv, _, n)) in logical.iter().enumerate() {
             if *n == 0 || wrote[i] {
                 continue;
@@ -1031,7 +1029,7 @@ fn setstate_mutated_payloads_never_crash_and_stay_loadable() {
     let mut models: Vec<Model> = vec![Model::default(); keys];
     let (mut ok, mut refused, mut follow_ups) = (0, 0, 0);
     let mut failures: Vec<String> = Vec::new();
-    let far = (wall_ms() + 10 * 365 * 86_400_000).to_string();
+    let far = (now_ms() + 10 * 365 * 86_400_000).to_string();
     let mut i = 0;
     while i < n {
         let mut cmds = Vec::new();

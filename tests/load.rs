@@ -6,8 +6,6 @@
 //! with `-- --nocapture` to see them).
 
 mod common;
-#[path = "common/resp.rs"]
-mod resp;
 #[path = "common/robust.rs"]
 mod robust;
 
@@ -16,11 +14,11 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Opts, Server};
+use common::resp::{Reply, Resp};
+use common::{now_us, Opts, Rng, Server};
 use redis_ratelimit::core::codec::State;
 use redis_ratelimit::core::spec::Spec;
 use redis_ratelimit::core::{Request, NANOS_PER_MILLI};
-use resp::{Reply, Resp};
 use robust::*;
 
 const THREADS: usize = 32;
@@ -97,7 +95,7 @@ struct LoadResult {
 fn hammer(server: &Server, cmd: &'static str, args: Vec<String>, secs: f64) -> LoadResult {
     let mut packed = Vec::new();
     let a: Vec<&[u8]> = std::iter::once(cmd.as_bytes()).chain(args.iter().map(|s| s.as_bytes())).collect();
-    resp::encode(&mut packed, &a);
+    common::resp::encode(&mut packed, &a);
     let packed = Arc::new(packed);
     let barrier = Arc::new(Barrier::new(THREADS));
     let handles: Vec<_> = (0..THREADS)
@@ -108,7 +106,7 @@ fn hammer(server: &Server, cmd: &'static str, args: Vec<String>, secs: f64) -> L
                 barrier.wait();
                 let deadline = Instant::now() + Duration::from_secs_f64(secs);
                 let (mut admitted, mut calls) = (0u64, 0u64);
-                let t0 = wall_us();
+                let t0 = now_us();
                 loop {
                     c.send_raw(&packed).map_err(|e| e.to_string())?;
                     let r = c.read().map_err(|e| format!("read: {e}"))?;
@@ -118,7 +116,7 @@ fn hammer(server: &Server, cmd: &'static str, args: Vec<String>, secs: f64) -> L
                         break;
                     }
                 }
-                Ok((admitted, calls, t0, wall_us()))
+                Ok((admitted, calls, t0, now_us()))
             })
         })
         .collect();
@@ -212,7 +210,7 @@ fn run_scripted(server: &Server, case: &Scripted, steps: usize, per_thread: usiz
     let mut argv: Vec<Vec<u8>> = vec![case.cmd.into(), key.clone().into()];
     argv.extend(case.args.iter().map(|a| a.clone().into_bytes()));
     for _ in 0..per_thread {
-        resp::encode_owned(&mut packed, &argv);
+        common::resp::encode_owned(&mut packed, &argv);
     }
     let packed = Arc::new(packed);
     let start = Arc::new(Barrier::new(THREADS + 1));
@@ -422,7 +420,7 @@ fn churn_million_keys_expire_on_their_own() {
         for i in b * batch..(b + 1) * batch {
             let key = format!("k:{i}");
             let cmd = LIMITERS[i % LIMITERS.len()];
-            resp::encode(&mut out, &[cmd.as_bytes(), key.as_bytes(), b"1", b"100ms"]);
+            common::resp::encode(&mut out, &[cmd.as_bytes(), key.as_bytes(), b"1", b"100ms"]);
         }
         c.send_raw(&out).unwrap();
         for i in b * batch..(b + 1) * batch {

@@ -8,14 +8,11 @@
 //! Runs with `sanitize-dump-payload` off (the default) and on.
 
 mod common;
-#[path = "common/resp.rs"]
-mod resp;
 #[path = "common/robust.rs"]
 mod robust;
 
-use common::{Opts, Server};
-use resp::{Reply, Resp};
-use robust::Rng;
+use common::resp::{Reply, Resp};
+use common::{Opts, Rng, Server};
 
 /// CRC-64/Jones as Redis computes it (reflected, poly 0xad93d23594c935a9, init 0, no xorout).
 fn crc64(data: &[u8]) -> u64 {

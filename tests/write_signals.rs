@@ -4,14 +4,12 @@
 //! string's encoding). Every call that writes must do all of the first two (positive controls).
 
 mod common;
-#[path = "common/resp.rs"]
-mod resp;
 
+use common::resp::{Reply, Resp};
 use common::Server;
 use redis_ratelimit::core::codec::State;
 use redis_ratelimit::core::spec::Update;
 use redis_ratelimit::core::{gcra, Rate, NANOS_PER_SEC};
-use resp::{Reply, Resp};
 
 /// One path: commands that prepare the key, then the call under test. `{k}` stands for the key
 /// (`{k2}` for a second one, `{state}` for a RL.SETSTATE payload).

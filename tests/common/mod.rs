@@ -1,7 +1,7 @@
 //! Test harness: starts and stops `redis-server` processes with the module
 //! loaded, and the helpers every server test shares (the one place for them): replies
-//! decoded by name ([`reply`]), commands and small calls ([`calls`]) and a seeded PRNG
-//! ([`rng`]). Included by each integration test file via
+//! decoded by name ([`reply`]), commands and small calls ([`calls`]), a raw RESP client
+//! ([`resp`]) and a seeded PRNG ([`rng`]). Included by each integration test file via
 //! `mod common;` (and by the client's tests and the benchmark harness: std and `redis` only
 //! here). Included on their own, next to `mod common;`: `traffic.rs` (keyspace snapshots) and
 //! `robust.rs` (reply validation, the core as the server's model); `core_dispatch.rs` for the
@@ -19,6 +19,7 @@
 
 pub mod calls;
 pub mod reply;
+pub mod resp;
 pub mod rng;
 
 // The helpers at `common::` directly; a test crate uses only some of them.

@@ -1,11 +1,14 @@
 //! A minimal raw RESP2/RESP3 client for robustness tests: arguments are raw bytes, error
 //! replies are values (not `Err`), and large batches can be pipelined without any per-command
-//! round trip. Included with `#[path = "common/resp.rs"] mod resp;` (not a test target).
-#![allow(dead_code)]
+//! round trip. `common::resp`.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
+
+use redis::Value;
+
+use super::reply::{CellReply, LimiterReply, MultiReply, RlInfo};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reply {
@@ -62,6 +65,47 @@ impl Reply {
     pub fn text(&self) -> String {
         format!("{self:?}")
     }
+    /// The same reply as the `redis` crate's value, for the decoders of `common::reply`
+    /// (panics on an error reply).
+    pub fn value(&self) -> Value {
+        match self {
+            Reply::Status(s) => Value::SimpleString(String::from_utf8_lossy(s).into_owned()),
+            Reply::Error(e) => panic!("error reply: {}", String::from_utf8_lossy(e)),
+            Reply::Int(i) => Value::Int(*i),
+            Reply::Bulk(Some(b)) => Value::BulkString(b.clone()),
+            Reply::Bulk(None) | Reply::Array(None) | Reply::Null => Value::Nil,
+            Reply::Array(Some(a)) => Value::Array(a.iter().map(Reply::value).collect()),
+            Reply::Map(m) => Value::Map(m.iter().map(|(k, v)| (k.value(), v.value())).collect()),
+            Reply::Double(d) => Value::Double(String::from_utf8_lossy(d).parse().unwrap_or(f64::NAN)),
+            Reply::Bool(b) => Value::Boolean(*b),
+        }
+    }
+
+    /// A limiter reply, decoded by field name; panics on anything else.
+    pub fn limiter(&self) -> LimiterReply {
+        LimiterReply::of(&self.value())
+    }
+
+    /// CL.THROTTLE's reply; panics on anything else.
+    pub fn cell(&self) -> CellReply {
+        CellReply::of(&self.value())
+    }
+
+    /// RL.MULTI's reply; panics on anything else.
+    pub fn multi(&self) -> MultiReply {
+        MultiReply::of(&self.value())
+    }
+
+    /// RL.INFO's reply (None for nil); panics on anything else.
+    pub fn rl_info(&self) -> Option<RlInfo> {
+        RlInfo::of(&self.value())
+    }
+
+    /// One field of a field/value reply (RL.INFO's), by name.
+    pub fn field(&self, name: &str) -> Option<Reply> {
+        self.pairs()?.into_iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    }
+
     /// A RL.INFO field/value flat array as (name, value) pairs.
     pub fn pairs(&self) -> Option<Vec<(String, Reply)>> {
         match self {
@@ -197,6 +241,15 @@ impl Resp {
     pub fn c(&mut self, args: &[&str]) -> Reply {
         let v: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
         self.cmd(&v)
+    }
+
+    /// Sets the module's debug clock (µs since the epoch), asserting `+OK`.
+    pub fn clock_set(&mut self, us: i64) {
+        assert_eq!(
+            self.c(&["RL.DEBUG", "CLOCK", "SET", &us.to_string()]),
+            Reply::Status(b"OK".to_vec()),
+            "RL.DEBUG CLOCK SET"
+        );
     }
 
     /// Sends all commands at once, then reads one reply per command.

@@ -1,17 +1,14 @@
 //! Helpers shared by the robustness tests (load, hostile, faults): reply validation and a driver
-//! of the pure core used as the exact model of the server (the PRNG is `common::Rng`).
-//! Included with `#[path = "common/robust.rs"] mod robust;` next to `resp`.
+//! of the pure core used as the exact model of the server (the seeded PRNG is `common::Rng`).
+//! Included with `#[path = "common/robust.rs"] mod robust;` next to `mod common;`.
 #![allow(dead_code)]
-
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis_ratelimit::core::codec::State;
 use redis_ratelimit::core::spec::{Spec, Update};
 use redis_ratelimit::core::{ceil_ms, Decision, Nanos, Rate, Request, Window, NANOS_PER_MICRO, NANOS_PER_SEC};
 
-use crate::resp::Reply;
-
-pub use crate::common::Rng;
+use crate::common::resp::Reply;
+use crate::common::{CellReply, LimiterReply, LIMITER_FIELDS};
 
 /// Seed from `RL_SEED` (decimal) or the given default; printed by the tests so a failure can
 /// be replayed.
@@ -24,15 +21,6 @@ pub fn long() -> bool {
     matches!(std::env::var("RL_LONG").as_deref(), Ok(v) if !v.is_empty() && v != "0")
 }
 
-/// The host's wall clock in µs (the same clock the module reads without DEBUG_CLOCK).
-pub fn wall_us() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
-}
-
-pub fn wall_ms() -> i64 {
-    wall_us() / 1000
-}
-
 /// The six limiter commands (CL.THROTTLE is separate: other arguments and reply).
 pub const LIMITERS: [&str; 6] = ["RL.GCRA", "RL.TOKENBUCKET", "RL.LEAKY", "RL.SLIDING", "RL.FIXED", "RL.SLIDINGLOG"];
 
@@ -40,16 +28,15 @@ pub fn is_bucket(cmd: &str) -> bool {
     matches!(cmd.to_ascii_uppercase().as_str(), "RL.GCRA" | "RL.TOKENBUCKET" | "RL.LEAKY" | "CL.THROTTLE")
 }
 
-/// Decision fields of a limiter reply, RESP2 array or RESP3 map, after checking the shape.
-pub fn limiter_ints(r: &Reply, leaky: bool) -> Result<Vec<i64>, String> {
-    let n = if leaky { 6 } else { 5 };
+/// A limiter reply (RESP2 array or RESP3 map, see `LimiterReply::from_value`), after checking
+/// its shape (six fields for RL.LEAKY, five for the others) and that its fields are in range.
+pub fn limiter_reply(r: &Reply, leaky: bool) -> Result<LimiterReply, String> {
     let v: Vec<i64> = match r {
         Reply::Array(Some(a)) => a.iter().map(|x| x.int()).collect::<Option<Vec<_>>>().ok_or("non-integer field")?,
         Reply::Map(m) => {
-            const NAMES: [&str; 6] = ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms"];
             let mut out = Vec::new();
             for (i, (k, v)) in m.iter().enumerate() {
-                if k.bulk() != NAMES.get(i).map(|s| s.as_bytes()) {
+                if k.bulk() != LIMITER_FIELDS.get(i).map(|s| s.as_bytes()) {
                     return Err(format!("map key {i} is {k:?}"));
                 }
                 out.push(v.int().ok_or("non-integer map value")?);
@@ -58,43 +45,53 @@ pub fn limiter_ints(r: &Reply, leaky: bool) -> Result<Vec<i64>, String> {
         }
         other => return Err(format!("not an array: {other:?}")),
     };
+    let n = if leaky { 6 } else { 5 };
     if v.len() != n {
         return Err(format!("{} fields, expected {n}: {v:?}", v.len()));
     }
-    let (allowed, limit, remaining, retry, reset) = (v[0], v[1], v[2], v[3], v[4]);
-    let ok = allowed >= 0
-        && allowed <= limit
-        && limit >= 1
-        && (0..=limit).contains(&remaining)
-        && (retry == -1 || retry >= 1)
-        && reset >= 0
-        && (allowed == 0 || retry == -1);
+    let r = LimiterReply::from_ints(&v)?;
+    let ok = r.allowed >= 0
+        && r.allowed <= r.limit
+        && r.limit >= 1
+        && (0..=r.limit).contains(&r.remaining)
+        && (r.retry_after_ms == -1 || r.retry_after_ms >= 1)
+        && r.reset_after_ms >= 0
+        && (r.allowed == 0 || r.retry_after_ms == -1);
     if !ok {
-        return Err(format!("fields out of range: {v:?}"));
+        return Err(format!("fields out of range: {r:?}"));
     }
-    if leaky {
-        let delay = v[5];
-        if (allowed > 0 && delay < 0) || (allowed == 0 && delay != -1) {
-            return Err(format!("delay_ms inconsistent: {v:?}"));
+    if let Some(delay) = r.delay_ms {
+        if (r.allowed > 0 && delay < 0) || (r.allowed == 0 && delay != -1) {
+            return Err(format!("delay_ms inconsistent: {r:?}"));
         }
     }
-    Ok(v)
+    Ok(r)
 }
 
-/// CL.THROTTLE's reply: [limited 0/1, limit, remaining, retry_s, reset_s].
-pub fn throttle_ints(r: &Reply) -> Result<Vec<i64>, String> {
+/// [`limiter_reply`] as its RESP2 integers.
+pub fn limiter_ints(r: &Reply, leaky: bool) -> Result<Vec<i64>, String> {
+    limiter_reply(r, leaky).map(|r| r.ints())
+}
+
+/// CL.THROTTLE's reply, after checking that its fields are in range.
+pub fn cell_reply(r: &Reply) -> Result<CellReply, String> {
     let v = r.ints().ok_or_else(|| format!("CL.THROTTLE reply not an integer array: {r:?}"))?;
-    let ok = v.len() == 5
-        && (v[0] == 0 || v[0] == 1)
-        && v[1] >= 1
-        && (0..=v[1]).contains(&v[2])
-        && v[3] >= -1
-        && v[4] >= 0
-        && (v[0] == 1 || v[3] == -1);
+    let c = CellReply::from_ints(&v).map_err(|_| format!("CL.THROTTLE reply out of range: {v:?}"))?;
+    let ok = (c.limited == 0 || c.limited == 1)
+        && c.limit >= 1
+        && (0..=c.limit).contains(&c.remaining)
+        && c.retry_after_s >= -1
+        && c.reset_after_s >= 0
+        && (c.limited == 1 || c.retry_after_s == -1);
     if !ok {
         return Err(format!("CL.THROTTLE reply out of range: {v:?}"));
     }
-    Ok(v)
+    Ok(c)
+}
+
+/// [`cell_reply`] as its integers.
+pub fn throttle_ints(r: &Reply) -> Result<Vec<i64>, String> {
+    cell_reply(r).map(|c| c.ints())
 }
 
 /// Strips DUMP's trailer (2-byte RDB version + 8-byte CRC64) so payloads compare across Redis
