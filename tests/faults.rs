@@ -32,10 +32,6 @@ fn ok(r: &Reply) {
     assert_eq!(r, &Reply::Status(b"OK".to_vec()), "expected OK");
 }
 
-fn set_clock(c: &mut Resp, us: i64) {
-    ok(&c.c(&["RL.DEBUG", "CLOCK", "SET", &us.to_string()]));
-}
-
 fn uncompressed() -> Opts {
     Opts { extra: vec![("rdbcompression".into(), "no".into())], ..Opts::default() }
 }
@@ -163,7 +159,7 @@ fn clock_stepping_backwards_never_hands_out_capacity() {
             // Some traffic going forward.
             for _ in 0..rng.range(0, 12) {
                 now += rng.range(0, 2 * u);
-                set_clock(&mut c, now);
+                c.clock_set(now);
                 lim.call(&mut c, &mut model, &key, now, rng.range(0, 2) as u64, false);
                 calls += 1;
             }
@@ -171,7 +167,7 @@ fn clock_stepping_backwards_never_hands_out_capacity() {
             // knows T.
             now += 1000 * u + 10 * YEAR_US * (rng.chance(10) as i64);
             let t = now;
-            set_clock(&mut c, t);
+            c.clock_set(t);
             let first = lim.call(&mut c, &mut model, &key, t, 1, false);
             assert_eq!(first.allowed, 1, "{key}: fresh call at T not admitted");
             for _ in 0..rng.range(0, lim.capacity() as i64) {
@@ -190,7 +186,7 @@ fn clock_stepping_backwards_never_hands_out_capacity() {
                 _ => t, // to the epoch
             };
             let t_back = t - back;
-            set_clock(&mut c, t_back);
+            c.clock_set(t_back);
             back_steps += 1;
             let peek = lim.call(&mut c, &mut model, &key, t_back, 0, false);
             assert!(peek.remaining <= r_t, "{key}: {} available {back} µs back, {r_t} at T", peek.remaining);
@@ -207,7 +203,7 @@ fn clock_stepping_backwards_never_hands_out_capacity() {
             assert!(taken <= r_t, "{key}: {taken} units admitted {back} µs back, only {r_t} were available at T");
             assert_stored(&mut c, &key, &model, "after stepping back");
             // Back at T: what was taken in the past is gone at T too.
-            set_clock(&mut c, t);
+            c.clock_set(t);
             let again = lim.call(&mut c, &mut model, &key, t, 0, false);
             calls += 1;
             assert!(
@@ -243,7 +239,7 @@ fn clock_jumping_forward_is_like_elapsed_time() {
             // Identical histories.
             for _ in 0..rng.range(1, 10) {
                 now += rng.range(0, u);
-                set_clock(&mut c, now);
+                c.clock_set(now);
                 let cost = rng.range(0, 3) as u64;
                 lim.call(&mut c, &mut ma, &ka, now, cost, false);
                 lim.call(&mut c, &mut mb, &kb, now, cost, false);
@@ -266,7 +262,7 @@ fn clock_jumping_forward_is_like_elapsed_time() {
                 assert!(!c.c(&["RL.INFO", &kb]).is_error());
             }
             // A jumps there at once.
-            set_clock(&mut c, end);
+            c.clock_set(end);
             let cost = rng.range(1, 3) as u64;
             let da = lim.call(&mut c, &mut ma, &ka, end, cost, false);
             let db = lim.call(&mut c, &mut mb, &kb, end, cost, false);
@@ -314,22 +310,22 @@ fn parameter_change_retry_after_is_honest() {
     for (cmd, old, new) in cases {
         let key = format!("pc:{cmd}");
         let mut now = T0_US;
-        set_clock(&mut c, now);
+        c.clock_set(now);
         let mut a: Vec<&str> = vec![cmd, &key];
         a.extend(old.split(' '));
-        let r = limiter_ints(&c.c(&a), cmd == "RL.LEAKY").unwrap();
-        assert_eq!(r[0], 10, "{cmd} {old}: {r:?}");
+        let r = limiter_reply(&c.c(&a), cmd == "RL.LEAKY").unwrap();
+        assert_eq!(r.allowed, 10, "{cmd} {old}: {r:?}");
         let mut b: Vec<&str> = vec![cmd, &key];
         b.extend(new.split(' '));
         let mut polls = Vec::new();
         for _ in 0..4 {
-            let r = limiter_ints(&c.c(&b), cmd == "RL.LEAKY").unwrap();
-            polls.push(format!("t+{}ms {r:?}", (now - T0_US) / 1000));
-            if r[0] > 0 {
+            let r = limiter_reply(&c.c(&b), cmd == "RL.LEAKY").unwrap();
+            polls.push(format!("t+{}ms {:?}", (now - T0_US) / 1000, r.ints()));
+            if r.allowed > 0 {
                 break;
             }
-            now += r[3] * 1000;
-            set_clock(&mut c, now);
+            now += r.retry_after_ms * 1000;
+            c.clock_set(now);
         }
         println!("parameter change {cmd}: {old} then {new}: {}", polls.join(" → "));
         if polls.len() > 2 {
@@ -376,7 +372,7 @@ fn states_with_extreme_parameters_survive_dump_restore_and_reload() {
     for (ci, clock) in [None, Some(MAX_US - 10 * YEAR_US), Some(1_000_000)].into_iter().enumerate() {
         match clock {
             None => ok(&c.c(&["RL.DEBUG", "CLOCK", "REAL"])),
-            Some(us) => set_clock(&mut c, us),
+            Some(us) => c.clock_set(us),
         }
         let mut calls: Vec<Vec<String>> = Vec::new();
         for cmd in ["RL.GCRA", "RL.TOKENBUCKET", "RL.LEAKY"] {
@@ -595,8 +591,9 @@ fn kill9_under_load_with_aof_everysec_loads_every_key() {
                 continue;
             }
             assert_eq!(ty.bulk(), Some(&b"ratelimit"[..]), "{k}: TYPE {ty:?}");
-            let info = c.c(&["RL.INFO", k]).pairs().unwrap_or_else(|| panic!("{k}: RL.INFO"));
-            let algo = info[0].1.bulk().unwrap().to_vec();
+            let info = c.c(&["RL.INFO", k]);
+            let algo = info.field("algorithm").unwrap_or_else(|| panic!("{k}: RL.INFO {info:?}"));
+            let algo = algo.bulk().unwrap().to_vec();
             if let Some(cmd) = k.strip_prefix("k:").and_then(|r| r.split(':').next()) {
                 let (a, name) = load_args(cmd);
                 assert_eq!(algo, name.as_bytes(), "{k}: algorithm after reload");
@@ -734,20 +731,20 @@ fn generate_rdb_fixtures() {
     let server = Server::start();
     let mut c = Resp::connect(server.port);
     for (at, argv) in fixture_script() {
-        set_clock(&mut c, at);
+        c.clock_set(at);
         let refs: Vec<&str> = argv.iter().map(|s| s.as_str()).collect();
         let r = c.c(&refs);
         assert!(!r.is_error(), "{argv:?}: {r:?}");
     }
     // A key without a TTL, as RL.SETSTATE without PXAT leaves it.
-    set_clock(&mut c, 1_700_000_000_000_000);
+    c.clock_set(1_700_000_000_000_000);
     let (_, u) = spec_of("RL.GCRA", 7, 3_600 * NANOS_PER_SEC, None)
         .check(None, 1_700_000_000_000_000 * NANOS_PER_MICRO, Request::new(3))
         .unwrap();
     let mut p = Vec::new();
     u.unwrap().encode_into(&mut p);
     ok(&c.cmd(&[b"RL.SETSTATE", b"fx:persistent", &p]));
-    set_clock(&mut c, FIXTURE_CLOCK_US);
+    c.clock_set(FIXTURE_CLOCK_US);
     let mut keys = scan_keys(&mut c);
     keys.sort();
     let mut out = format!(
@@ -801,7 +798,7 @@ fn rdb_fixtures_of_every_encoding_version_load() {
             match kind {
                 "clock_us" => {
                     clock = rest.parse().unwrap();
-                    set_clock(&mut c, clock);
+                    c.clock_set(clock);
                 }
                 "key" => {
                     key = rest.to_string();
@@ -845,7 +842,7 @@ fn rdb_fixtures_of_every_encoding_version_load() {
         assert_eq!(c.c(&["DBSIZE"]).int(), Some(keys), "v{version}: key count");
         // Loaded states are live: an admitted call, and a save + load round trip.
         let r = c.c(&["RL.SLIDINGLOG", "fx:log", "1000000000", "36525d"]);
-        assert_eq!(limiter_ints(&r, false).unwrap()[0], 1);
+        assert_eq!(limiter_reply(&r, false).unwrap().allowed, 1);
         ok(&c.c(&["CONFIG", "SET", "dbfilename", "dump.rdb"]));
         ok(&c.c(&["DEBUG", "RELOAD"]));
         assert_eq!(c.c(&["DBSIZE"]).int(), Some(keys));
