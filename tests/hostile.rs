@@ -593,10 +593,6 @@ fn predict(argv: &[Vec<u8>]) -> Expect {
 }
 
 /// Unwraps a RESP3 map into named values (or a RESP2 flat array into the same).
-fn named(r: &Reply) -> Option<Vec<(String, Reply)>> {
-    r.pairs()
-}
-
 /// Checks a reply against the prediction. Ok(true) when the call may have written (so the
 /// keys it names may change), Ok(false) when it must not have.
 fn verify(exp: &Expect, r: &Reply) -> Result<bool, String> {
@@ -640,27 +636,27 @@ fn verify(exp: &Expect, r: &Reply) -> Result<bool, String> {
             _ => wrongtype_ok(),
         },
         Expect::Limiter { leaky, parsed: Ok(c) } => {
-            let v = limiter_ints(r, *leaky)?;
-            if v[1] as u64 != capacity(&c.spec) {
-                return Err(format!("limit field {} ≠ capacity {}", v[1], capacity(&c.spec)));
+            let v = limiter_reply(r, *leaky)?;
+            if v.limit as u64 != capacity(&c.spec) {
+                return Err(format!("limit field {} ≠ capacity {}", v.limit, capacity(&c.spec)));
             }
-            let allowed = v[0] as u64;
+            let allowed = v.allowed as u64;
             if allowed > c.req.cost || (!c.req.partial && allowed != 0 && allowed != c.req.cost) {
                 return Err(format!("allowed {allowed} for COST {} partial {}", c.req.cost, c.req.partial));
             }
-            if c.req.cost == 0 && v[3] != -1 {
-                return Err(format!("a peek has retry_after {}", v[3]));
+            if c.req.cost == 0 && v.retry_after_ms != -1 {
+                return Err(format!("a peek has retry_after {}", v.retry_after_ms));
             }
             // A limited call whose parameters differ from the stored ones keeps the converted
             // state (nothing consumed), so only peeks and DRYRUN are sure to write nothing.
             Ok(c.req.cost > 0 && !c.dryrun)
         }
         Expect::Throttle(Ok((burst, q))) => {
-            let v = throttle_ints(r)?;
-            if v[1] as u64 != *burst {
-                return Err(format!("limit {} ≠ max_burst+1 {burst}", v[1]));
+            let v = cell_reply(r)?;
+            if v.limit as u64 != *burst {
+                return Err(format!("limit {} ≠ max_burst+1 {burst}", v.limit));
             }
-            if *q == 0 && v[0] != 0 {
+            if *q == 0 && v.limited != 0 {
                 return Err("quantity 0 limited".into());
             }
             // Admitted, or limited under new parameters (the converted state is kept).
@@ -672,7 +668,7 @@ fn verify(exp: &Expect, r: &Reply) -> Result<bool, String> {
                     (a[0].int().ok_or("allowed")?, a[1].int().ok_or("retry")?, a[2..].to_vec())
                 }
                 Reply::Map(_) => {
-                    let m = named(r).ok_or("bad map")?;
+                    let m = r.pairs().ok_or("bad map")?;
                     let names: Vec<&str> = m.iter().map(|(k, _)| k.as_str()).collect();
                     if names != ["allowed", "retry_after_ms", "limits"] {
                         return Err(format!("RL.MULTI map keys {names:?}"));
@@ -695,11 +691,11 @@ fn verify(exp: &Expect, r: &Reply) -> Result<bool, String> {
                 return Err(format!("RL.MULTI retry {retry} with allowed {allowed}"));
             }
             for (l, (leaky, cap)) in limits.iter().zip(specs) {
-                let v = limiter_ints(l, *leaky)?;
-                if v[1] as u64 != *cap {
-                    return Err(format!("RL.MULTI limit field {} ≠ {cap}", v[1]));
+                let v = limiter_reply(l, *leaky)?;
+                if v.limit as u64 != *cap {
+                    return Err(format!("RL.MULTI limit field {} ≠ {cap}", v.limit));
                 }
-                if allowed == 0 && v[0] != 0 {
+                if allowed == 0 && v.allowed != 0 {
                     return Err("RL.MULTI refused but a limit shows units allowed".into());
                 }
             }
@@ -711,7 +707,7 @@ fn verify(exp: &Expect, r: &Reply) -> Result<bool, String> {
             if r.is_nil() {
                 return Ok(false);
             }
-            let m = named(r).ok_or_else(|| format!("RL.INFO shape {r:?}"))?;
+            let m = r.pairs().ok_or_else(|| format!("RL.INFO shape {r:?}"))?;
             let algo = m
                 .first()
                 .filter(|(k, _)| k == "algorithm")
@@ -1087,8 +1083,8 @@ fn setstate_mutated_payloads_never_crash_and_stay_loadable() {
             }
             let Some(state) = models[k].state.clone() else { continue };
             // RL.INFO names the algorithm.
-            let info = r[1].pairs().unwrap_or_default();
-            if info.first().and_then(|(_, v)| v.bulk()) != Some(state.algorithm().name().as_bytes()) {
+            let algorithm = r[1].field("algorithm");
+            if algorithm.as_ref().and_then(Reply::bulk) != Some(state.algorithm().name().as_bytes()) {
                 failures.push(format!("{ctx}: RL.INFO {:?} for a {} state", r[1], state.algorithm().name()));
             }
             // Exactly one algorithm answers; the others say WRONGTYPE. Nobody panics.
@@ -1097,7 +1093,7 @@ fn setstate_mutated_payloads_never_crash_and_stay_loadable() {
                 follow_ups += 1;
                 let mine = algo_of(cmd).unwrap().0 == state.algorithm();
                 let good = if mine {
-                    limiter_ints(reply, *cmd == "RL.LEAKY").is_ok()
+                    limiter_reply(reply, *cmd == "RL.LEAKY").is_ok()
                 } else {
                     reply.error_text().is_some_and(|e| e.starts_with("WRONGTYPE"))
                 };
