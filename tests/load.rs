@@ -23,14 +23,6 @@ use robust::*;
 
 const THREADS: usize = 32;
 
-fn info_u64(server: &Server, section: &str, field: &str) -> u64 {
-    let info = server.info(section);
-    info.lines()
-        .find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')))
-        .map(|v| v.trim().parse().unwrap_or_else(|_| panic!("{field} not a number")))
-        .unwrap_or_else(|| panic!("no {field} in INFO {section}:\n{info}"))
-}
-
 fn algo_info_name(cmd: &str) -> &'static str {
     match cmd {
         "RL.GCRA" | "CL.THROTTLE" => "gcra",
@@ -49,10 +41,9 @@ fn admitted_units(cmd: &str, r: &Reply) -> Result<u64, String> {
         return Err(format!("{cmd}: error reply {e}"));
     }
     if cmd == "CL.THROTTLE" {
-        let v = throttle_ints(r)?;
-        Ok((v[0] == 0) as u64)
+        Ok((cell_reply(r)?.limited == 0) as u64)
     } else {
-        Ok(limiter_ints(r, cmd == "RL.LEAKY")?[0] as u64)
+        Ok(limiter_reply(r, cmd == "RL.LEAKY")?.allowed as u64)
     }
 }
 
@@ -150,11 +141,11 @@ fn real_clock_32_connections_one_key_never_over_admit() {
     let mut total_calls = 0;
     for (cmd, args, bound) in cases {
         let field = format!("ratelimit_{}_admitted_units", algo_info_name(cmd));
-        let before = info_u64(&server, "ratelimit", &field);
+        let before = server.info_int("ratelimit", &field) as u64;
         let mut full = vec![format!("load:{cmd}")];
         full.extend(args);
         let r = hammer(&server, cmd, full, secs);
-        let after = info_u64(&server, "ratelimit", &field);
+        let after = server.info_int("ratelimit", &field) as u64;
         let max = bound.max_admitted(r.t0, r.t1);
         let elapsed_ms = (r.t1 - r.t0) as f64 / 1000.0;
         println!(
@@ -410,8 +401,8 @@ fn churn_million_keys_expire_on_their_own() {
     let n: usize = if long() { 3_000_000 } else { 1_000_000 };
     let batch = 10_000;
     let mut c = Resp::connect(server.port);
-    let baseline = info_u64(&server, "memory", "used_memory");
-    let expired_before = info_u64(&server, "stats", "expired_keys");
+    let baseline = server.info_int("memory", "used_memory") as u64;
+    let expired_before = server.info_int("stats", "expired_keys") as u64;
     let started = Instant::now();
     let mut out = Vec::with_capacity(batch * 50);
     let mut admitted = 0u64;
@@ -426,13 +417,13 @@ fn churn_million_keys_expire_on_their_own() {
         for i in b * batch..(b + 1) * batch {
             let r = c.read().unwrap();
             let cmd = LIMITERS[i % LIMITERS.len()];
-            let v = limiter_ints(&r, cmd == "RL.LEAKY").unwrap_or_else(|e| panic!("{cmd} k:{i}: {e}: {r:?}"));
-            assert_eq!(v[0], 1, "{cmd} k:{i} (fresh key) not admitted: {v:?}");
+            let v = limiter_reply(&r, cmd == "RL.LEAKY").unwrap_or_else(|e| panic!("{cmd} k:{i}: {e}: {r:?}"));
+            assert_eq!(v.allowed, 1, "{cmd} k:{i} (fresh key) not admitted: {v:?}");
             admitted += 1;
         }
     }
     let sent_in = started.elapsed();
-    let peak_keys = info_u64(&server, "memory", "used_memory_peak");
+    let peak_keys = server.info_int("memory", "used_memory_peak") as u64;
     let after_send = Instant::now();
     let mut dbsize = u64::MAX;
     while after_send.elapsed() < Duration::from_secs(30) {
@@ -443,12 +434,12 @@ fn churn_million_keys_expire_on_their_own() {
         thread::sleep(Duration::from_millis(50));
     }
     let drained_in = after_send.elapsed();
-    let expired = info_u64(&server, "stats", "expired_keys") - expired_before;
+    let expired = (server.info_int("stats", "expired_keys") as u64) - expired_before;
     // Give the dict a moment to shrink, then compare memory with the baseline (no leak).
     let mut used = u64::MAX;
     let mem_deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < mem_deadline {
-        used = info_u64(&server, "memory", "used_memory");
+        used = server.info_int("memory", "used_memory") as u64;
         if used < baseline + 1_000_000 {
             break;
         }
@@ -488,7 +479,7 @@ fn mem_usage_of(state: &State) -> i64 {
 fn memory_usage_matches_native_type() {
     let server = Server::start();
     let mut c = Resp::connect(server.port);
-    assert_eq!(c.c(&["RL.DEBUG", "CLOCK", "SET", &T0_US.to_string()]), Reply::Status(b"OK".to_vec()));
+    c.clock_set(T0_US);
     let size = std::mem::size_of::<State>() as i64;
     // Same-length key names, so Redis' own per-key overhead is the same for each.
     let mut overheads = Vec::new();
@@ -531,7 +522,7 @@ fn memory_usage_matches_native_type() {
         }
         for (i, r) in c.pipeline(&cmds).unwrap().iter().enumerate() {
             if i % 2 == 1 {
-                assert_eq!(limiter_ints(r, false).unwrap()[0], 1, "{r:?}");
+                assert_eq!(limiter_reply(r, false).unwrap().allowed, 1, "{r:?}");
             }
         }
         done = cp;
@@ -575,7 +566,7 @@ fn memory_usage_matches_native_type() {
 fn token_bucket_compact_and_general_forms() {
     let server = Server::start();
     let mut c = Resp::connect(server.port);
-    assert_eq!(c.c(&["RL.DEBUG", "CLOCK", "SET", &T0_US.to_string()]), Reply::Status(b"OK".to_vec()));
+    c.clock_set(T0_US);
     // An inline GCRA state adds nothing to Redis' own cost of a key of the same name length.
     limiter_ints(&c.c(&["RL.GCRA", "f:gcra", "10", "1h"]), false).unwrap();
     let base = memory_usage(&mut c, "f:gcra");
@@ -665,7 +656,7 @@ fn maxmemory_noeviction_rl_commands_answer_oom_and_write_nothing() {
     }
     // The refused SET's own 10 kB query buffer made the difference: once it is freed, used
     // memory may dip under the limit again. Pin the limit well under the usage instead.
-    let used = info_u64(&server, "memory", "used_memory");
+    let used = server.info_int("memory", "used_memory") as u64;
     let pinned = used - 256 * 1024;
     assert_eq!(c.c(&["CONFIG", "SET", "maxmemory", &pinned.to_string()]), Reply::Status(b"OK".to_vec()));
     c.c(&["RL.DEBUG", "CLOCK", "ADVANCE", "1000000"]);
@@ -710,7 +701,7 @@ fn maxmemory_noeviction_rl_commands_answer_oom_and_write_nothing() {
     // (SYNC: Valkey 8 flushes in the background by default; and room above what the server
     // itself uses, which differs between servers.)
     c.c(&["FLUSHDB", "SYNC"]);
-    let room = info_u64(&server, "memory", "used_memory") + 4 * 1024 * 1024;
+    let room = (server.info_int("memory", "used_memory") as u64) + 4 * 1024 * 1024;
     c.c(&["CONFIG", "SET", "maxmemory", &room.to_string()]);
     limiter_ints(&c.c(&["RL.GCRA", "oom:after", "100", "1h"]), false).unwrap();
     println!("maxmemory: filled {fills} × 10 kB (used_memory {used}, maxmemory pinned to {pinned}), {attempts} RL commands refused with OOM, {} keys unchanged, crashes: 0", keys.len());
