@@ -154,3 +154,92 @@ async fn domain_hash_tags_make_a_request_one_command() {
     assert_eq!(remaining(&r), [0, 997, 997]);
     assert_eq!(total_calls(&cluster), 3, "one RL.MULTI per request, routed to the domain's slot");
 }
+
+const LEASED: &str = "domain: lc
+descriptors:
+  - key: api
+    rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: gcra}
+  - key: quota
+    rate_limit: {unit: hour, requests_per_unit: 20}
+  - key: log
+    rate_limit: {unit: hour, requests_per_unit: 1000, algorithm: sliding_log}
+";
+
+/// Leases on a cluster: the limiters' claims and returns are routed to each key's primary; a
+/// hot descriptor costs a claim per batch, a shared limit is never exceeded by concurrent
+/// clients, and a request mixing a leased descriptor with a per-request one in another slot
+/// stays all or nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_on_a_cluster() {
+    let cluster = Cluster::start(3, 0);
+    let dir = TempDir::new("cluster-leases");
+    dir.write("lc.yaml", LEASED);
+    let svc = ServiceProc::start(
+        dir.path(),
+        &["--redis-type", "cluster", "--redis-url", &nodes(&cluster), "--leases", "true"],
+    );
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let hot = || request("lc", vec![desc(&[("api", "hot")])]);
+    let mut c = svc.client().await;
+    for _ in 0..20 {
+        assert!(ok(&ask(&mut c, hot()).await));
+    }
+    reset_all(&cluster);
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let mut c = svc.client().await;
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            let end = std::time::Instant::now() + Duration::from_millis(1500);
+            while std::time::Instant::now() < end {
+                assert!(ok(&ask(&mut c, hot()).await));
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut sent = 0;
+    for t in tasks {
+        sent += t.await.unwrap();
+    }
+    let calls = total_calls(&cluster);
+    println!("cluster leases, hot descriptor: {sent} requests, {calls} Redis commands");
+    assert!(sent > 100, "the load ran ({sent})");
+    assert!(calls as f64 / sent as f64 <= 0.1, "{calls} commands for {sent} requests");
+
+    // 8 clients race for the leased 20/hour: never more than 20 admitted.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let mut c = svc.client().await;
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0u32;
+            for _ in 0..6 {
+                if ok(&ask(&mut c, request("lc", vec![desc(&[("quota", "shared")])])).await) {
+                    admitted += 1;
+                }
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.unwrap();
+    }
+    assert_eq!(admitted, 20, "the leased limit admits exactly its 20 among 48 requests");
+
+    // Leased fixed window + per-request sliding log, in different slots: the leased window
+    // refuses once its 20 are gone, and the refused requests take nothing from the log.
+    let both = |q: &str| request("lc", vec![desc(&[("quota", q)]), desc(&[("log", "l")])]);
+    let k = |a, key, v| get_slot(redis_key("rls:", false, a, "lc", &[(key, v)], &[]).as_bytes());
+    assert_ne!(k(Algorithm::Fixed, "quota", "mixed"), k(Algorithm::SlidingLog, "log", "l"), "two slots");
+    for _ in 0..20 {
+        assert!(ok(&ask(&mut c, both("mixed")).await));
+    }
+    for _ in 0..5 {
+        let r = ask(&mut c, both("mixed")).await;
+        assert_eq!(codes(&r), [Code::OverLimit, Code::Ok]);
+    }
+    let mut peek = request("lc", vec![desc(&[("log", "l")])]);
+    peek.descriptors[0].hits_addend = Some(0);
+    assert_eq!(remaining(&ask(&mut c, peek).await), [980], "the log holds only the 20 admitted requests");
+}

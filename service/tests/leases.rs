@@ -11,6 +11,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use common::Server;
+use redis_ratelimit_service::pb::Code;
 use support::*;
 
 const CONFIG: &str = "domain: l
@@ -19,10 +20,16 @@ descriptors:
     rate_limit: {requests_per_unit: 1000000, unit: second, algorithm: gcra}
   - key: tight
     rate_limit: {requests_per_unit: 200, unit: second, algorithm: gcra, burst: 50}
+  - key: window
+    rate_limit: {requests_per_unit: 300, unit: second}
   - key: quota
     rate_limit: {requests_per_unit: 5, unit: hour}
   - key: login
     rate_limit: {requests_per_unit: 1, unit: hour, algorithm: sliding_log}
+  - key: queue
+    rate_limit: {requests_per_unit: 10, unit: second, algorithm: leaky, burst: 20}
+  - key: log
+    rate_limit: {requests_per_unit: 100, unit: hour, algorithm: sliding_log}
 ";
 
 fn instances(redis: &Server, dir: &TempDir, n: usize) -> Vec<ServiceProc> {
@@ -93,35 +100,55 @@ async fn hot_descriptors_cost_a_claim_per_batch() {
     assert!(per_request <= 0.1, "{calls} commands for {sent} requests");
 }
 
+/// The most admitted requests in any window of `w` seconds (`admitted` sorted): the
+/// simulator's sweep (client/sim/src/metrics.rs, `max_in_window`).
+fn max_in_window(admitted: &[f64], w: f64) -> usize {
+    let (mut best, mut lo) = (0, 0);
+    for hi in 0..admitted.len() {
+        while admitted[hi] - admitted[lo] > w {
+            lo += 1;
+        }
+        best = best.max(hi - lo + 1);
+    }
+    best
+}
+
+/// Two instances on binding limits, counted as the simulator counts: every admitted request,
+/// in every window of length W = the period and W = the period ÷ 10. A bucket (GCRA, c = 50,
+/// r = 200/s) admits at most `c + r·(W + L)`; a fixed window (300/s) at most its limit per
+/// window a span of W touches (a lease never outlives the window its units were counted in).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bound_holds_in_every_window() {
     let redis = Server::start();
     let dir = TempDir::new("leases-bound");
     dir.write("l.yaml", CONFIG);
     let svcs = instances(&redis, &dir, 2);
+    let l = 1.0;
     let secs = 3.0;
     let (admitted, sent) = hammer(&svcs, "tight", 3, secs).await;
-    // c = 50, r = 200/s, L = 1 s: at most 50 + 200 × (W + 1) in any window of W seconds.
-    let (c, r, l) = (50.0, 200.0, 1.0);
-    let mut worst = 0usize;
-    let w = 1.0;
-    let mut j = 0;
-    for i in 0..admitted.len() {
-        while admitted[i] - admitted[j] >= w {
-            j += 1;
-        }
-        worst = worst.max(i - j + 1);
-    }
-    let bound = c + r * (w + l);
-    println!(
-        "leases, bound: {} admitted of {sent} in {secs} s; worst 1 s window {worst} (bound {bound}); whole run bound {}",
-        admitted.len(),
-        c + r * (secs + l)
-    );
+    let (c, r) = (50.0, 200.0);
     assert!(sent as usize > admitted.len(), "the limit was binding");
-    assert!((worst as f64) <= bound, "worst window {worst} > {bound}");
+    for w in [1.0, 0.1] {
+        let worst = max_in_window(&admitted, w);
+        let bound = c + r * (w + l);
+        println!("leases, gcra: {} admitted of {sent}; worst {w} s window {worst} (bound {bound})", admitted.len());
+        assert!((worst as f64) <= bound, "gcra: worst {w} s window {worst} > {bound}");
+    }
     assert!(admitted.len() as f64 <= c + r * (secs + l));
     assert!(admitted.len() as f64 >= r * (secs - 1.0) * 0.5, "the limit is served, not starved: {}", admitted.len());
+
+    let secs = 2.5;
+    let (admitted, sent) = hammer(&svcs, "window", 3, secs).await;
+    let limit = 300.0;
+    assert!(sent as usize > admitted.len(), "the window was binding");
+    for w in [1.0f64, 0.1] {
+        let worst = max_in_window(&admitted, w);
+        let bound = limit * ((w / 1.0).ceil() + 1.0);
+        println!("leases, fixed: {} admitted of {sent}; worst {w} s window {worst} (bound {bound})", admitted.len());
+        assert!((worst as f64) <= bound, "fixed: worst {w} s window {worst} > {bound}");
+    }
+    assert!(admitted.len() as f64 <= limit * (secs.ceil() + 1.0));
+    assert!(admitted.len() as f64 >= limit * (secs - 1.0) * 0.5, "the window is served: {}", admitted.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,4 +169,90 @@ async fn a_refusal_by_a_per_request_descriptor_gives_the_leased_units_back() {
         assert!(ok(&ask(&mut c, request("l", vec![desc(&[("quota", "q")])])).await), "quota request {i}");
     }
     assert!(!ok(&ask(&mut c, request("l", vec![desc(&[("quota", "q")])])).await));
+
+    // With LEASES=true the sliding log and the leaky bucket are still checked per request:
+    // one module command each, no claim.
+    let mut con = redis.conn();
+    reset_stats(&mut con);
+    for i in 0..5 {
+        assert!(ok(&ask(&mut c, request("l", vec![desc(&[("queue", "q")])])).await), "leaky request {i}");
+        assert!(ok(&ask(&mut c, request("l", vec![desc(&[("log", "q")])])).await), "log request {i}");
+    }
+    assert_eq!(command_calls_of(&mut con, "rl.leaky"), 5);
+    assert_eq!(command_calls_of(&mut con, "rl.slidinglog"), 5);
+    assert_eq!(command_calls(&mut con), 10, "nothing else: no claim, no return");
+}
+
+fn policy_yaml(mode: &str) -> String {
+    format!("domain: lp_{mode}\nfailure_mode: {mode}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: 4}}\n")
+}
+
+/// Redis killed and restarted under each failure mode, with every descriptor served from
+/// leases: the modes map to the engine's policies (error: UNAVAILABLE; open; closed; local:
+/// the limit ÷ INSTANCES), and once Redis is back every domain is decided by Redis again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_under_each_failure_mode_with_leases() {
+    let mut redis = Server::start();
+    let dir = TempDir::new("leases-failures");
+    for m in ["error", "open", "closed", "local"] {
+        dir.write(&format!("{m}.yaml"), &policy_yaml(m));
+    }
+    let url = format!("127.0.0.1:{}", redis.port);
+    let svc = ServiceProc::start(
+        dir.path(),
+        &[
+            "--redis-url",
+            &url,
+            "--leases",
+            "true",
+            "--instances",
+            "2",
+            "--redis-timeout",
+            "200ms",
+            "--redis-breaker-cool-down",
+            "300ms",
+        ],
+    );
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    let req = |m: &str, v: &str| request(&format!("lp_{m}"), vec![desc(&[("k", v)])]);
+    for m in ["error", "open", "closed", "local"] {
+        assert!(ok(&ask(&mut c, req(m, "up")).await), "{m} with Redis up");
+    }
+    assert!(svc.metric("ratelimit_service_lease_claims") >= 4, "the descriptors were leased");
+
+    redis.kill9();
+    // Fresh keys: nothing is held locally for them, so only the failure mode can answer.
+    for i in 0..6 {
+        let e = c.should_rate_limit(req("error", &format!("down{i}"))).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    }
+    for i in 0..4 {
+        assert!(ok(&ask(&mut c, req("open", &format!("down{i}"))).await), "open admits while Redis is down");
+        let r = ask(&mut c, req("closed", &format!("down{i}"))).await;
+        assert_eq!(codes(&r), [Code::OverLimit], "closed refuses while Redis is down");
+    }
+    // local: this instance's share, 4 / 2 instances = 2 per hour for one key.
+    let mut local = Vec::new();
+    for _ in 0..4 {
+        local.push(ok(&ask(&mut c, req("local", "down")).await));
+    }
+    assert_eq!(local, [true, true, false, false], "local fallback at limit ÷ instances");
+
+    redis.start_again();
+    // Redis decides again: a fresh key is admitted with what Redis says remains (the claim's
+    // answer), in every mode.
+    for m in ["error", "open", "closed", "local"] {
+        let mut n = 0;
+        wait_until(Duration::from_secs(15), &format!("{m} decided by Redis again"), || {
+            n += 1;
+            let rt = tokio::runtime::Handle::current();
+            let r = tokio::task::block_in_place(|| rt.block_on(c.should_rate_limit(req(m, &format!("back{n}")))));
+            matches!(r, Ok(r) if ok(r.get_ref()) && r.get_ref().statuses[0].limit_remaining > 0)
+        });
+    }
+    // And the keys Redis saw are in Redis: a key admitted after the restart is counted there.
+    let mut con = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("rls:fixed:lp_*").query(&mut con).unwrap();
+    assert!(!keys.is_empty(), "claims reached the restarted server");
 }
