@@ -301,3 +301,27 @@ async fn http_endpoints_and_headers() {
     let r = ask(&mut c, both).await;
     assert_eq!(header(&r, "Retry-After"), Some("59"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_headers_as_envoyproxy_sends_them() {
+    // LIMIT_RESPONSE_HEADERS_ENABLED with a renamed limit header: the three fields of the
+    // binding descriptor (the one with the least remaining), no draft headers.
+    let f = fixture(&["--limit-response-headers-enabled", "true", "--limit-limit-header", "X-RateLimit-Limit"]);
+    let mut c = f.svc.client().await;
+    let both = || request("atomic", vec![desc(&[("ip", "7.7.7.7")]), desc(&[("user", "legacy")])]);
+    let r = ask(&mut c, both()).await;
+    assert_eq!(header(&r, "X-RateLimit-Limit"), Some("2"), "{r:?}");
+    assert_eq!(header(&r, "RateLimit-Remaining"), Some("1"));
+    assert_eq!(header(&r, "RateLimit-Reset"), Some("59"));
+    assert!(header(&r, "RateLimit-Policy").is_none() && header(&r, "RateLimit").is_none());
+    assert!(header(&r, "Retry-After").is_none());
+    ask(&mut c, both()).await;
+    let r = ask(&mut c, both()).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(header(&r, "RateLimit-Remaining"), Some("0"));
+    assert_eq!(header(&r, "Retry-After"), Some("59"));
+    // RESPONSE_HEADERS=off: none at all.
+    let g = fixture(&["--response-headers", "off"]);
+    let mut gc = g.svc.client().await;
+    assert!(ask(&mut gc, both()).await.response_headers_to_add.is_empty());
+}

@@ -171,3 +171,31 @@ async fn redis_killed_and_restarted_under_each_failure_mode() {
 fn futures_block<F: std::future::Future>(rt: &tokio::runtime::Handle, f: F) -> F::Output {
     tokio::task::block_in_place(|| rt.block_on(f))
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_file_is_served_and_reloaded_and_health_waits_for_a_config() {
+    let redis = Server::start();
+    set_clock(&mut redis.conn(), (T0_S + 1) * 1_000_000);
+    let url = format!("127.0.0.1:{}", redis.port);
+    // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: /healthcheck fails until a file with a domain
+    // is loaded. CONFIG_PATH names one file (not a directory) that does not exist yet.
+    let dir = TempDir::new("single-file");
+    let file = dir.path().join("limits.yaml");
+    let svc = ServiceProc::start(&file, &["--redis-url", &url, "--healthy-with-at-least-one-config-loaded", "true"]);
+    let (status, body) = svc.http("GET", "/healthcheck", "");
+    assert_eq!(status, 500, "unhealthy without a configuration: {body}");
+    assert!(body.contains("no configuration"), "{body}");
+    dir.write("limits.yaml", &limit_yaml("single", 2));
+    wait_until(Duration::from_secs(10), "the file's first load", || {
+        svc.log_count("loaded rate limit configuration: 1 file(s), domains [single]") >= 1
+    });
+    assert_eq!(svc.http("GET", "/healthcheck", "").0, 200);
+    let mut c = svc.client().await;
+    assert_eq!(remaining(&ask(&mut c, request("single", vec![desc(&[("k", "v")])])).await), [1]);
+    // An in-place edit of the file reloads it.
+    std::fs::write(&file, limit_yaml("single", 5)).unwrap();
+    wait_until(Duration::from_secs(10), "the edit", || svc.log_count("loaded rate limit configuration") >= 2);
+    let r = ask(&mut c, request("single", vec![desc(&[("k", "v")])])).await;
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 5);
+    assert_eq!(remaining(&r), [3]);
+}
