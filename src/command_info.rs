@@ -81,6 +81,9 @@ pub struct Doc {
 /// delete (RL.RESET).
 pub const RW_UPDATE: u64 =
     (raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE) as u64;
+/// Read-write + update, no access: changes what the key holds (a sliding-log commit applies to
+/// the stored log) and returns nothing of it (RL.SETSTATE): write permission on the key only.
+pub const RW_UPDATE_NO_ACCESS: u64 = (raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE) as u64;
 pub const RO_ACCESS: u64 = (raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS) as u64;
 pub const RW_DELETE: u64 = (raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_DELETE) as u64;
 

@@ -11,13 +11,13 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
 use crate::acl::Acl;
 use crate::args::{self, wrong_arity};
-use crate::command_info::{arg, flag, ArgDoc, Doc, Keys, Kind, RO_ACCESS, RW_DELETE, RW_UPDATE};
+use crate::command_info::{arg, flag, ArgDoc, Doc, Keys, Kind, RO_ACCESS, RW_DELETE, RW_UPDATE, RW_UPDATE_NO_ACCESS};
 use crate::core::codec::{Algorithm, State};
 use crate::core::give_back::{self, Refusal};
 use crate::core::spec::{AlgorithmMismatch, Spec, Update};
 use crate::core::{ceil_ms, info as state_info, multi as multi_limits, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
 use crate::reply;
-use crate::state::{server_ms, Entry, Held, Key, Stored, SETSTATE, WRONGTYPE};
+use crate::state::{server_ms, CellReader, Entry, Held, Key, Stored, SETSTATE, WRONGTYPE};
 use crate::{clock, metrics, propagation};
 
 /// One argument of the running command, as Redis passed it. Only `dispatch` makes these (the
@@ -238,7 +238,8 @@ pub fn limiter(ctx: *mut RedisModuleCtx, argv: Args, algo: Algorithm, command: &
     // SAFETY: the command's context and key argument; the only key it opens.
     let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
     let mut entry = key.entry();
-    let (decision, update) = check.spec.check(entry.state_for(&check.spec)?, now, check.req).map_err(mismatch_error)?;
+    let (decision, update) =
+        check.spec.check(entry.state_for(&check.spec, CellReader::Native)?, now, check.req).map_err(mismatch_error)?;
     if let (Some(u), false) = (&update, check.dryrun) {
         store(entry, u, decision.reset_after)?;
     }
@@ -370,7 +371,7 @@ pub fn cl_throttle(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let mut entry = key.entry();
     let spec = Spec::Gcra(rate);
     let req = Request::new(quantity);
-    let (d, update) = spec.check(entry.state_for(&spec)?, now, req).map_err(mismatch_error)?;
+    let (d, update) = spec.check(entry.state_for(&spec, CellReader::Throttle)?, now, req).map_err(mismatch_error)?;
     if let Some(u) = &update {
         store(entry, u, d.reset_after)?;
     }
@@ -418,7 +419,7 @@ pub fn info(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     // SAFETY: the command's context and key argument; the only key it opens.
     let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), false) };
     let entry = key.entry();
-    let mut fields = match entry.stored()? {
+    let mut fields = match entry.stored(CellReader::Native)? {
         Stored::Missing => {
             reply::null(ctx);
             return Ok(());
@@ -451,7 +452,7 @@ pub fn reset(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     // SAFETY: the command's context and key argument; the only key it opens.
     let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
     let entry = key.entry();
-    let deleted = !matches!(entry.stored()?, Stored::Missing);
+    let deleted = !matches!(entry.stored(CellReader::Native)?, Stored::Missing);
     if deleted {
         entry.delete();
         if propagation::needed(ctx) {
@@ -526,7 +527,9 @@ pub const SETSTATE_COMMAND: Command = Command {
     run: entry_point!(SETSTATE_COMMAND),
     flags: c"write deny-oom",
     arity: -3,
-    keys: Keys::First(RW_UPDATE),
+    // RW: a sliding-log commit applies to the log the key holds; no `access`: it returns
+    // nothing of the key (write permission on it is enough).
+    keys: Keys::First(RW_UPDATE_NO_ACCESS),
     // Like RESTORE: writes whatever valid state it is handed.
     acl: Acl { builtin: "write slow dangerous", ratelimit: false },
     doc: Doc {
@@ -629,7 +632,7 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let mut opened: Vec<Key> = keys.iter().map(|k| unsafe { Key::open(ctx, k.as_ptr(), true) }).collect();
     let mut entries: Vec<Entry> = opened.iter_mut().map(Key::entry).collect();
     for (entry, spec) in entries.iter_mut().zip(&m.specs) {
-        entry.state_for(spec)?;
+        entry.state_for(spec, CellReader::Native)?;
     }
     let o = multi_limits::check(&m.specs, entries.iter().map(Entry::state), now, m.req).map_err(mismatch_error)?;
     if !m.dryrun {
@@ -713,7 +716,7 @@ pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     // SAFETY: the command's context and key argument; the only key it opens.
     let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
     let entry = key.entry();
-    let stored = match entry.stored()? {
+    let stored = match entry.stored(CellReader::Native)? {
         Stored::Ours(s) => s,
         Stored::Missing => {
             return Err("ERR no limiter at this key (a limiter that expired is already full: nothing to give back)".into())

@@ -68,9 +68,13 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
                 ctx.log_warning("ratelimit: DEBUG_CLOCK is on: RL.DEBUG can set the module's clock (tests only)");
             }
             "NO_DEFRAG_GUARD" => defrag_guard::disable(),
+            "REDIS_CELL_KEYS" => {
+                state::enable_cell_keys();
+                ctx.log_notice("ratelimit: REDIS_CELL_KEYS: the RL.* commands read and take over keys redis-cell left");
+            }
             other => {
                 ctx.log_warning(&format!(
-                    "ratelimit: unknown module argument '{other}' (expected DEBUG_CLOCK or NO_DEFRAG_GUARD)"
+                    "ratelimit: unknown module argument '{other}' (expected DEBUG_CLOCK, NO_DEFRAG_GUARD or REDIS_CELL_KEYS)"
                 ));
                 return Status::Err;
             }

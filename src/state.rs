@@ -9,7 +9,7 @@
 use std::mem::ManuallyDrop;
 use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
@@ -271,6 +271,62 @@ pub enum Stored<'a> {
 
 pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
 
+/// A native command on a key redis-cell left, without REDIS_CELL_KEYS.
+const CELL_KEYS_OFF: &str = "WRONGTYPE the key holds a redis-cell arrival time: CL.THROTTLE reads it; load the \
+                             module with REDIS_CELL_KEYS for the RL.* commands to read it";
+
+/// The native commands read keys redis-cell left only when the module was loaded with
+/// REDIS_CELL_KEYS (a migration that mixes CL.THROTTLE and RL.* on the same keys).
+static NATIVE_READS_CELL_KEYS: AtomicBool = AtomicBool::new(false);
+
+pub fn enable_cell_keys() {
+    NATIVE_READS_CELL_KEYS.store(true, Relaxed);
+}
+
+/// Which command reads a key: whether a key redis-cell left is read, or WRONGTYPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CellReader {
+    /// CL.THROTTLE, the drop-in: always.
+    Throttle,
+    /// The RL.* commands: with REDIS_CELL_KEYS.
+    Native,
+}
+
+impl CellReader {
+    fn reads(self) -> bool {
+        self == CellReader::Throttle || NATIVE_READS_CELL_KEYS.load(Relaxed)
+    }
+}
+
+/// Redis-cell's state in a string, when the string is exactly what redis-cell writes: the
+/// theoretical arrival time in ns as `u64::to_string` writes it (digits only, no sign, no
+/// leading zero), on a key whose TTL redis-cell set to reach that instant (it sets the TTL to
+/// the arrival time minus now at every write, and a limited call writes nothing). So the TTL
+/// left (`ttl_ms`, -1 without one) still ends at the arrival time: within `CELL_TTL_SLACK` of
+/// it, for the clock readings of the write (redis-cell's and the server's) and the rounding
+/// to ms. Anything else (an INCR counter, with or without a TTL, "-7", "+7", "007", a
+/// timestamp whose TTL ends elsewhere) is not rate-limit state.
+pub fn cell_arrival(value: &[u8], ttl_ms: i64, now_ns: i64) -> Option<i64> {
+    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    if value[0] == b'0' && value.len() > 1 {
+        return None;
+    }
+    let tat_ns = std::str::from_utf8(value).ok()?.parse::<i64>().ok()?;
+    if ttl_ms < 0 {
+        return None;
+    }
+    let ttl_ns = ttl_ms.checked_mul(crate::core::NANOS_PER_MILLI)?;
+    let off = (tat_ns as i128 - now_ns as i128 - ttl_ns as i128).abs();
+    (off <= CELL_TTL_SLACK as i128).then_some(tat_ns)
+}
+
+/// How far a redis-cell key's TTL may end from its arrival time: 60 s (the gap between the two
+/// clock readings of one write is microseconds, or a script's run time on Redis 7.2+, where a
+/// script's commands share its start time).
+pub const CELL_TTL_SLACK: i64 = 60 * crate::core::NANOS_PER_SEC;
+
 /// A redis-cell key as the GCRA state it is under `spec`'s rate. redis-cell stores only the
 /// arrival time (its parameters come with every call, as ours do), so the same instant read
 /// with the caller's rate is exactly the state CL.THROTTLE would have decided on. For any
@@ -466,14 +522,22 @@ impl<'k> Entry<'k> {
     /// The one place that decides what a key holds for the commands: a ratelimit state, a
     /// redis-cell string, or WRONGTYPE for anything else (a string that is not an arrival
     /// time included).
-    pub fn stored(&self) -> Result<Stored<'_>, String> {
+    ///
+    /// A string is a key redis-cell left only when it is exactly what redis-cell writes
+    /// (`cell_arrival`); `reader` says whether the command reads such a key at all.
+    pub fn stored(&self, reader: CellReader) -> Result<Stored<'_>, String> {
         match &self.held {
             Held::Missing => Ok(Stored::Missing),
             Held::Ours(s) => Ok(Stored::Ours(s)),
-            Held::String => match self.key.string().and_then(|b| std::str::from_utf8(&b).ok()?.parse::<i64>().ok()) {
-                Some(tat_ns) => Ok(Stored::Cell { tat_ns }),
-                None => Err(format!("{WRONGTYPE} (not a redis-cell arrival time)")),
-            },
+            Held::String => {
+                let key = &*self.key;
+                let tat_ns = key.string().and_then(|b| cell_arrival(&b, key.ttl_ms(), crate::clock::now()));
+                match tat_ns {
+                    None => Err(format!("{WRONGTYPE} (not a redis-cell arrival time)")),
+                    Some(_) if !reader.reads() => Err(CELL_KEYS_OFF.to_string()),
+                    Some(tat_ns) => Ok(Stored::Cell { tat_ns }),
+                }
+            }
             Held::Cell { tat_ns, .. } => Ok(Stored::Cell { tat_ns: *tat_ns }),
             Held::Other => Err(WRONGTYPE.to_string()),
         }
@@ -482,9 +546,9 @@ impl<'k> Entry<'k> {
     /// The state a check of `spec` decides against (a redis-cell key read as `cell_state`,
     /// kept in the entry: `state` returns it again); None for a missing key.
     #[inline]
-    pub fn state_for(&mut self, spec: &Spec) -> Result<Option<&State>, String> {
+    pub fn state_for(&mut self, spec: &Spec, reader: CellReader) -> Result<Option<&State>, String> {
         if matches!(self.held, Held::String | Held::Other) {
-            if let Stored::Cell { tat_ns } = self.stored()? {
+            if let Stored::Cell { tat_ns } = self.stored(reader)? {
                 self.held = Held::Cell { tat_ns, state: cell_state(tat_ns, spec) };
             }
         }
@@ -553,4 +617,41 @@ impl<'k> Entry<'k> {
 pub fn server_ms() -> i64 {
     // SAFETY: a function of the API table, callable from any command.
     unsafe { raw::RedisModule_Milliseconds.unwrap()() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{NANOS_PER_MILLI, NANOS_PER_SEC};
+
+    const NOW: i64 = 1_700_000_000 * NANOS_PER_SEC;
+
+    #[test]
+    fn only_what_redis_cell_writes_is_an_arrival_time() {
+        let tat = NOW + 18 * NANOS_PER_SEC;
+        let v = tat.to_string();
+        // The TTL redis-cell set (to the arrival time), and as far as the slack either side.
+        for ttl_ms in [18_000, 17_999, 18_001, 78_000, 1] {
+            assert_eq!(cell_arrival(v.as_bytes(), ttl_ms, NOW), Some(tat), "TTL {ttl_ms}");
+        }
+        // A TTL ending further away, or none.
+        for ttl_ms in [78_001, -1, -2] {
+            assert_eq!(cell_arrival(v.as_bytes(), ttl_ms, NOW), None, "TTL {ttl_ms}");
+        }
+        let far = (NOW + 120 * NANOS_PER_SEC).to_string();
+        assert_eq!(cell_arrival(far.as_bytes(), 59_999, NOW), None);
+        assert_eq!(cell_arrival(far.as_bytes(), 60_000, NOW), Some(NOW + 120 * NANOS_PER_SEC));
+        // Not as u64::to_string writes a value.
+        for bad in [format!("0{v}"), format!("+{v}"), format!("-{v}"), format!("{v} "), format!(" {v}"), String::new()]
+        {
+            assert_eq!(cell_arrival(bad.as_bytes(), 18_000, NOW), None, "{bad:?}");
+        }
+        // Counters: far from any TTL's end.
+        for (counter, ttl_ms) in [("42", 60_000), ("0", 1), ("7", 1000), ("1", 0)] {
+            assert_eq!(cell_arrival(counter.as_bytes(), ttl_ms, NOW), None, "{counter} TTL {ttl_ms}");
+        }
+        // Beyond an i64 instant, or a TTL in ms that overflows ns.
+        assert_eq!(cell_arrival(b"18446744073709551615", 18_000, NOW), None);
+        assert_eq!(cell_arrival(v.as_bytes(), i64::MAX / NANOS_PER_MILLI + 1, NOW), None);
+    }
 }

@@ -335,6 +335,21 @@ fn acl_categories_where_the_server_has_them() {
         return;
     }
     assert_eq!(acl_cat(&mut admin, acl::CATEGORY), app_commands, "ACL CAT ratelimit");
+    // Listing the category's commands: COMMAND LIST FILTERBY ACLCAT works on every server that
+    // has it; ACL CAT ratelimit lists nothing on Redis 7.4.1 and Valkey 8.0.1 (docs/operations.md).
+    let mut filtered: Vec<String> =
+        redis::cmd("COMMAND").arg(&["LIST", "FILTERBY", "ACLCAT", acl::CATEGORY]).query(&mut admin).unwrap();
+    filtered.sort();
+    assert_eq!(filtered, app_commands, "COMMAND LIST FILTERBY ACLCAT ratelimit");
+    let mut cat: Vec<String> = redis::cmd("ACL").arg("CAT").arg(acl::CATEGORY).query(&mut admin).unwrap();
+    cat.sort();
+    let lists_nothing = (v.valkey.is_none() && v.redis < (7, 9, 0)) || v.valkey.is_some_and(|k| k < (8, 1, 0));
+    if lists_nothing {
+        assert_eq!(cat, Vec::<String>::new(), "ACL CAT ratelimit on {} (docs/operations.md)", v.describe());
+    } else if v.redis_at_least(7, 9) {
+        assert_eq!(cat, app_commands, "ACL CAT ratelimit on {} (docs/operations.md)", v.describe());
+    }
+    println!("acl figures [categories, {}]: ACL CAT ratelimit lists {} commands", v.describe(), cat.len());
 
     // +@ratelimit alone: every application command inside the pattern, not RL.SETSTATE / RL.DEBUG.
     run(&mut admin, &["ACL", "SETUSER", "app", "on", ">pw", "~tenantA:*", "+@ratelimit"]);
@@ -480,4 +495,173 @@ fn commands_touch_only_their_declared_keys() {
         .unwrap();
     assert_eq!(got, vec!["a", "b", "c"]);
     println!("acl figures [declared keys]: command runs checked {checked}");
+}
+
+/// Every application command on `key`, as a `+@ratelimit` user would send it: the six
+/// limiters (a check, a DRYRUN, a peek), CL.THROTTLE (a check, a peek), RL.MULTI, RL.INFO,
+/// RL.RESET and RL.RETURN.
+fn app_calls(key: &str) -> Vec<Vec<String>> {
+    let mut calls: Vec<Vec<&str>> = Vec::new();
+    for cmd in ["RL.GCRA", "RL.TOKENBUCKET", "RL.LEAKY", "RL.SLIDING", "RL.FIXED", "RL.SLIDINGLOG"] {
+        calls.push(vec![cmd, key, "10", "1m"]);
+        calls.push(vec![cmd, key, "10", "1m", "DRYRUN"]);
+        calls.push(vec![cmd, key, "10", "1m", "COST", "0"]);
+    }
+    calls.extend([
+        vec!["CL.THROTTLE", key, "9", "10", "60"],
+        vec!["CL.THROTTLE", key, "9", "10", "60", "0"],
+        vec!["RL.MULTI", "1", key, "GCRA", "10", "1m"],
+        vec!["RL.MULTI", "1", key, "GCRA", "10", "1m", "COST", "0"],
+        vec!["RL.INFO", key],
+        vec!["RL.RESET", key],
+        vec!["RL.RETURN", key, "1"],
+        vec!["RL.RETURN", key, "1", "AGE", "0"],
+    ]);
+    calls.into_iter().map(|c| c.into_iter().map(String::from).collect()).collect()
+}
+
+/// What a string key is, as its owner sees it: value, encoding, absolute expiry.
+fn string_snapshot(admin: &mut Connection, key: &str) -> (Value, Value, Value, Value) {
+    (
+        run(admin, &["TYPE", key]),
+        run(admin, &["GET", key]),
+        run(admin, &["OBJECT", "ENCODING", key]),
+        run(admin, &["PEXPIRETIME", key]),
+    )
+}
+
+/// A user granted only the rate-limit commands (`+@ratelimit` where the server has it, the
+/// same commands by name elsewhere) cannot change or read a string that is not rate-limit
+/// state: counters (INCR's, with and without a TTL, "-7", "+7", "0"), nanosecond timestamps
+/// whose TTL does not match them, text. Every call answers WRONGTYPE (or NOPERM), RL.INFO
+/// shows nothing, and every string keeps its value, encoding and expiry. Only a key that is
+/// exactly what redis-cell leaves is rate-limit state: CL.THROTTLE reads it (the drop-in),
+/// the native commands answer WRONGTYPE unless the module is loaded with REDIS_CELL_KEYS.
+#[test]
+fn ratelimit_user_cannot_change_or_read_strings() {
+    ratelimit_user_on_strings(false);
+}
+
+/// The same with REDIS_CELL_KEYS: the option lets the native commands read keys redis-cell
+/// left, and nothing else (every other string is still WRONGTYPE and untouched).
+#[test]
+fn ratelimit_user_cannot_change_or_read_strings_with_redis_cell_keys() {
+    ratelimit_user_on_strings(true);
+}
+
+fn ratelimit_user_on_strings(cell_keys: bool) {
+    let s = if cell_keys { Server::start_with(common::redis_cell_keys()) } else { Server::start() };
+    let mut admin = s.conn();
+    let now_ns = now_us() * 1_000;
+    let strings: Vec<(&str, Vec<Vec<String>>)> = {
+        let set = |k: &str, v: &str| vec![vec!["SET".to_string(), k.to_string(), v.to_string()]];
+        let with_ttl = |mut c: Vec<Vec<String>>, ms: &str| {
+            c[0].extend(["PX".to_string(), ms.to_string()]);
+            c
+        };
+        vec![
+            ("s:counter", vec![vec!["INCRBY".into(), "s:counter".into(), "42".into()]]),
+            (
+                "s:window",
+                vec![vec!["INCR".into(), "s:window".into()], vec!["PEXPIRE".into(), "s:window".into(), "60000".into()]],
+            ),
+            ("s:neg", set("s:neg", "-7")),
+            ("s:plus", set("s:plus", "+7")),
+            ("s:zero", set("s:zero", "0")),
+            ("s:padded", with_ttl(set("s:padded", &format!("0{}", now_ns + 30_000_000_000)), "30000")),
+            ("s:ts", set("s:ts", &now_ns.to_string())),
+            ("s:seen", with_ttl(set("s:seen", &(now_ns - 3_600_000_000_000).to_string()), "600000")),
+            ("s:later", with_ttl(set("s:later", &(now_ns + 3_600_000_000_000).to_string()), "600000")),
+            ("s:text", set("s:text", "hello")),
+        ]
+    };
+    for (_, setup) in &strings {
+        for c in setup {
+            let c: Vec<&str> = c.iter().map(String::as_str).collect();
+            run(&mut admin, &c);
+        }
+    }
+    let v = s.version();
+    if v.has_module_acl_category() {
+        run(&mut admin, &["ACL", "SETUSER", "app", "on", ">pw", "~s:*", "-@all", "+@ratelimit"]);
+    } else {
+        run(&mut admin, &["ACL", "SETUSER", "app", "on", ">pw", "~s:*", "-@all"]);
+        for c in app_command_names() {
+            run(&mut admin, &["ACL", "SETUSER", "app", &format!("+{c}")]);
+        }
+    }
+    let mut app = user_conn(&s, "app", "pw");
+    let mut checked = 0;
+    for (key, _) in &strings {
+        let before = string_snapshot(&mut admin, key);
+        for call in app_calls(key) {
+            let args: Vec<Vec<u8>> = call.iter().map(|a| a.as_bytes().to_vec()).collect();
+            let r = try_run(&mut app, &args);
+            match &r {
+                Err(e) if matches!(e.code(), Some("WRONGTYPE") | Some("NOPERM")) => {}
+                other => panic!("{} on string {key} answered {other:?}, not WRONGTYPE", shown(&args)),
+            }
+            assert_eq!(string_snapshot(&mut admin, key), before, "{} changed string {key}", shown(&args));
+            checked += 1;
+        }
+    }
+
+    // A key exactly as redis-cell leaves it (its arrival time in ns, expiring then): CL.THROTTLE
+    // reads it and takes it over; the native commands leave it alone by default, and read it
+    // with REDIS_CELL_KEYS (RL.INFO: its arrival time).
+    let tat = now_ns + 20_000_000_000;
+    let pxat = (tat / 1_000_000).to_string();
+    run(&mut admin, &["SET", "s:cell", &tat.to_string(), "PXAT", &pxat]);
+    let before = string_snapshot(&mut admin, "s:cell");
+    if cell_keys {
+        let Value::Array(info) = run(&mut app, &["RL.INFO", "s:cell"]) else { panic!("RL.INFO on a redis-cell key") };
+        assert!(info.contains(&Value::BulkString(b"redis-cell".to_vec())), "{info:?}");
+        let peek = run(&mut app, &["RL.GCRA", "s:cell", "10", "1m", "COST", "0"]);
+        assert!(matches!(&peek, Value::Array(p) if p[..3] == [0, 10, 6].map(Value::Int)), "{peek:?}");
+        assert_eq!(string_snapshot(&mut admin, "s:cell"), before, "a peek writes nothing");
+        run(&mut app, &["RL.GCRA", "s:cell", "10", "1m"]);
+        assert_eq!(run(&mut admin, &["TYPE", "s:cell"]), Value::SimpleString("ratelimit".into()));
+        println!("acl figures [strings, {}, REDIS_CELL_KEYS]: calls refused {checked}", v.describe());
+        return;
+    }
+    for call in app_calls("s:cell").into_iter().filter(|c| c[0] != "CL.THROTTLE") {
+        let args: Vec<Vec<u8>> = call.iter().map(|a| a.as_bytes().to_vec()).collect();
+        let e = try_run(&mut app, &args).expect_err(&shown(&args));
+        assert_eq!(e.code(), Some("WRONGTYPE"), "{}: {}", shown(&args), err_text(&e));
+        assert!(err_text(&e).contains("REDIS_CELL_KEYS"), "{}: {}", shown(&args), err_text(&e));
+        assert_eq!(string_snapshot(&mut admin, "s:cell"), before);
+    }
+    // 20 s of a 6 s interval used: 6 of 10 left, reset in 20 s (19 when the call comes late).
+    let peek = run(&mut app, &["CL.THROTTLE", "s:cell", "9", "10", "60", "0"]);
+    let Value::Array(p) = &peek else { panic!("CL.THROTTLE peek: {peek:?}") };
+    assert_eq!(p[..4], [0, 10, 6, -1].map(Value::Int), "CL.THROTTLE reads the arrival time: {peek:?}");
+    assert!(matches!(p[4], Value::Int(19 | 20)), "{peek:?}");
+    assert_eq!(string_snapshot(&mut admin, "s:cell"), before, "a peek writes nothing");
+    run(&mut app, &["CL.THROTTLE", "s:cell", "9", "10", "60"]);
+    assert_eq!(run(&mut admin, &["TYPE", "s:cell"]), Value::SimpleString("ratelimit".into()));
+    println!("acl figures [strings, {}]: calls refused {checked}", v.describe());
+}
+
+/// The application commands by name (Redis 7.0 and 7.2 have no `@ratelimit`).
+fn app_command_names() -> Vec<String> {
+    COMMANDS.iter().filter(|c| c.acl.ratelimit).map(|c| c.name.to_str().unwrap().to_string()).collect()
+}
+
+/// RL.SETSTATE needs write permission on its key and nothing more (its key spec: RW update, no
+/// access): a user with `%W~` on the key may call it, one with only `%R~` may not.
+#[test]
+fn rl_setstate_needs_write_permission_only() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    run(&mut admin, &["ACL", "SETUSER", "writer", "on", ">pw", "resetkeys", "%W~w:*", "-@all", "+rl.setstate"]);
+    run(&mut admin, &["ACL", "SETUSER", "reader", "on", ">pw", "resetkeys", "%R~w:*", "-@all", "+rl.setstate"]);
+    let payload = gcra_payload();
+    let call = |key: &str| vec![b"RL.SETSTATE".to_vec(), key.as_bytes().to_vec(), payload.clone()];
+    let mut writer = user_conn(&s, "writer", "pw");
+    let r = try_run(&mut writer, &call("w:k"));
+    assert_eq!(r.unwrap_or_else(|e| panic!("write permission: {}", err_text(&e))), Value::Okay);
+    let mut reader = user_conn(&s, "reader", "pw");
+    let r = try_run(&mut reader, &call("w:other"));
+    assert!(is_noperm(&r), "read permission alone: {r:?}");
+    assert_eq!(last_denial(&mut admin), ("key".to_string(), "w:other".to_string()));
 }

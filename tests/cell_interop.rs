@@ -7,7 +7,7 @@
 mod common;
 
 use common::resp::{Reply, Resp};
-use common::{wait_replica_synced, Opts, Server};
+use common::{redis_cell_keys, redis_cell_set, wait_replica_synced, Opts, Server};
 
 const NOW_US: i64 = 1_700_000_000_000_000;
 const NOW_NS: i64 = NOW_US * 1000;
@@ -21,9 +21,11 @@ fn set_clock(c: &mut Resp, us: i64) {
     assert_eq!(c.c(&["RL.DEBUG", "CLOCK", "SET", &us.to_string()]), Reply::Status(b"OK".to_vec()));
 }
 
-/// A redis-cell key: `tat_ns` as a decimal string with a TTL, as redis-cell writes it.
+/// A redis-cell key: `tat_ns` as a decimal string with the TTL redis-cell gives it (the clock
+/// at NOW_US).
 fn cell_key(c: &mut Resp, key: &str, tat_ns: i64) {
-    ok(c.c(&["SET", key, &tat_ns.to_string(), "PX", "600000"]));
+    let set = redis_cell_set(key, tat_ns, NOW_NS);
+    ok(c.c(&set.iter().map(String::as_str).collect::<Vec<_>>()));
 }
 
 /// The module value's bytes (DUMP without the RDB version and CRC).
@@ -37,11 +39,11 @@ fn info(c: &mut Resp, key: &str) -> Vec<(String, Reply)> {
     ok(c.c(&["RL.INFO", key])).pairs().unwrap()
 }
 
-/// Every native reader agrees with CL.THROTTLE on a redis-cell key, and the first write takes
-/// it over with the same state CL.THROTTLE would have stored.
+/// With REDIS_CELL_KEYS, every native reader agrees with CL.THROTTLE on a redis-cell key, and
+/// the first write takes it over with the same state CL.THROTTLE would have stored.
 #[test]
 fn native_commands_read_and_take_over_redis_cell_keys() {
-    let s = Server::start();
+    let s = Server::start_with(redis_cell_keys());
     let mut c = Resp::connect(s.port);
     set_clock(&mut c, NOW_US);
     // 10 per 60 s with max_burst 4 (capacity 5): an arrival time 18 s ahead leaves 2 units.
@@ -104,6 +106,61 @@ fn native_commands_read_and_take_over_redis_cell_keys() {
     assert_eq!(c.c(&["GET", "text"]), Reply::Bulk(Some(b"hello".to_vec())));
 }
 
+/// By default only CL.THROTTLE, the drop-in, reads a key redis-cell left: the RL.* commands
+/// answer WRONGTYPE (naming REDIS_CELL_KEYS) and leave it as it is. Only a key that is exactly
+/// what redis-cell writes is one: its arrival time as `u64::to_string` writes it, with a TTL
+/// that ends at that instant (within 60 s); any other integer string is WRONGTYPE for every
+/// command, CL.THROTTLE included.
+#[test]
+fn only_cl_throttle_reads_redis_cell_keys_by_default() {
+    let s = Server::start();
+    let mut c = Resp::connect(s.port);
+    set_clock(&mut c, NOW_US);
+    let tat = NOW_NS + 18_000_000_000;
+    cell_key(&mut c, "cell", tat);
+    for cmd in [
+        &["RL.GCRA", "cell", "10", "60s", "BURST", "5"][..],
+        &["RL.GCRA", "cell", "10", "60s", "DRYRUN"],
+        &["RL.MULTI", "1", "cell", "GCRA", "10", "60s"],
+        &["RL.INFO", "cell"],
+        &["RL.RESET", "cell"],
+        &["RL.RETURN", "cell", "1"],
+    ] {
+        let e = c.c(cmd).error_text().unwrap_or_default();
+        assert!(e.starts_with("WRONGTYPE") && e.contains("REDIS_CELL_KEYS"), "{cmd:?}: {e}");
+    }
+    assert_eq!(c.c(&["GET", "cell"]), Reply::Bulk(Some(tat.to_string().into_bytes())));
+    assert_eq!(ok(c.c(&["CL.THROTTLE", "cell", "4", "10", "60", "0"])).ints().unwrap(), vec![0, 5, 2, -1, 18]);
+
+    // Integer strings that are not what redis-cell writes: WRONGTYPE for CL.THROTTLE as well.
+    let ttl = |ms: i64| ms.to_string();
+    for (value, px) in [
+        (tat.to_string(), None),                                     // no TTL
+        (tat.to_string(), Some(ttl(18_000 + 61_000))),               // a TTL ending 61 s after it
+        ((NOW_NS + 120_000_000_000).to_string(), Some(ttl(30_000))), // a TTL ending 90 s before it
+        (format!("0{tat}"), Some(ttl(18_000))),                      // not as u64::to_string writes it
+        (format!("+{tat}"), Some(ttl(18_000))),
+        ("-7".to_string(), Some(ttl(18_000))),
+        ("42".to_string(), Some(ttl(60_000))), // an INCR counter with its window
+        ("18446744073709551615".to_string(), Some(ttl(18_000))), // beyond any i64 instant
+    ] {
+        let mut set = vec!["SET", "odd", &value];
+        if let Some(px) = &px {
+            set.extend(["PX", px]);
+        }
+        ok(c.c(&set));
+        let e = c.c(&["CL.THROTTLE", "odd", "4", "10", "60"]).error_text().unwrap_or_default();
+        assert!(e.starts_with("WRONGTYPE") && e.contains("not a redis-cell arrival time"), "{value} {px:?}: {e}");
+        assert_eq!(c.c(&["GET", "odd"]), Reply::Bulk(Some(value.clone().into_bytes())), "{value} untouched");
+    }
+    // Within the slack either side (clock readings, a script's start time): a redis-cell key.
+    for px in [18_000 + 59_000, 30_000, 18_000] {
+        ok(c.c(&["SET", "near", &tat.to_string(), "PX", &px.to_string()]));
+        let r = ok(c.c(&["CL.THROTTLE", "near", "4", "10", "60", "0"])).ints().unwrap();
+        assert_eq!(r, vec![0, 5, 2, -1, 18], "TTL {px} ms");
+    }
+}
+
 /// The other direction: a state RL.GCRA wrote is the state CL.THROTTLE decides on.
 #[test]
 fn cl_throttle_reads_what_rl_gcra_wrote() {
@@ -124,8 +181,8 @@ fn cl_throttle_reads_what_rl_gcra_wrote() {
 /// keys (the take-over is replicated as RL.SETSTATE, which replaces the string).
 #[test]
 fn take_over_is_replicated_exactly() {
-    let p = Server::start();
-    let r = Server::start_with(Opts { replica_of: Some(p.port), ..Opts::default() });
+    let p = Server::start_with(redis_cell_keys());
+    let r = Server::start_with(Opts { replica_of: Some(p.port), ..redis_cell_keys() });
     wait_replica_synced(&p, &r);
     let mut c = Resp::connect(p.port);
     set_clock(&mut c, NOW_US);

@@ -605,7 +605,9 @@ fn reshard_moves_state_and_expiry_exactly() {
     // A key left by redis-cell (a string holding the arrival time in ns): migrates as a string
     // and is taken over by CL.THROTTLE on the new owner.
     let cell = format!("{{{tag}}}:cell");
-    run(&mut sc, &["SET", &cell, &((t0 + 2_000_000) * 1000).to_string(), "PX", "120000"]);
+    let now_ns = text(&run(&mut sc, &["RL.DEBUG", "CLOCK", "GET"])).parse::<i64>().unwrap() * 1000;
+    let set = common::redis_cell_set(&cell, now_ns + 2_000_000_000, now_ns);
+    run(&mut sc, &set.iter().map(String::as_str).collect::<Vec<_>>());
     keys.push((cell.clone(), vec![]));
 
     // Record the source's view.

@@ -107,6 +107,16 @@ fn command_info_has_arity_flags_and_key_specs() {
     let keys: Vec<String> =
         redis::cmd("COMMAND").arg(&["GETKEYS", "rl.return", "rk", "3", "AGE", "10"]).query(&mut c).unwrap();
     assert_eq!(keys, ["rk"]);
+    // RL.SETSTATE: read-write (a sliding-log commit applies to the stored log) and update, but
+    // no access: it returns nothing of the key, so write permission on it is enough.
+    let w = info(&mut c, "rl.setstate");
+    assert_eq!(w[1], "-3", "RL.SETSTATE arity: {w:?}");
+    for flag in ["RW", "update"] {
+        assert!(w.iter().any(|x| x == flag), "RL.SETSTATE key spec lacks {flag}: {w:?}");
+    }
+    for flag in ["access", "OW", "RO"] {
+        assert!(!w.iter().any(|x| x == flag), "RL.SETSTATE key spec has {flag}: {w:?}");
+    }
     let w = info(&mut c, "rl.debug");
     assert!(!w.iter().any(|x| x == "begin_search"), "RL.DEBUG declares no key: {w:?}");
 

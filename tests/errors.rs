@@ -517,18 +517,13 @@ fn unknown_repeated_or_valueless_options_are_refused() {
 fn wrongtype_on_other_types() {
     let mut fx = Fx::new();
     for key in OTHER_TYPES {
-        // An integer string is a key redis-cell left: the commands that read GCRA state read it
-        // (tests/cell_interop.rs); every other command answers WRONGTYPE (an algorithm
-        // mismatch). A string that is not an integer says why it is the wrong type.
-        let cell = key == "t:intstring";
+        // A string says why it is the wrong type: an integer string without the TTL redis-cell
+        // gives its keys is not one of them (those: tests/cell_interop.rs).
         let expect = |fx: &mut Fx, args: &[Vec<u8>]| match key {
             "t:string" | "t:intstring" => drop(fx.expect_prefix(args, "WRONGTYPE ")),
             _ => fx.expect(args, WRONGTYPE),
         };
         for (cmd, _, rate) in LIMITERS {
-            if cell && cmd == "RL.GCRA" {
-                continue;
-            }
             for opts in ["", "COST 0", "DRYRUN", "COST 3 PARTIAL"] {
                 expect(&mut fx, &tpl(&format!("{cmd} K 5 10s {opts}"), key, b""));
             }
@@ -539,10 +534,9 @@ fn wrongtype_on_other_types() {
             expect(&mut fx, &tpl(&format!("RL.MULTI 1 K {algo} 5 10s"), key, b""));
             expect(&mut fx, &tpl(&format!("RL.MULTI 2 k:gcra K GCRA 2 36525d {algo} 5 10s"), key, b""));
         }
-        if !cell {
-            expect(&mut fx, &tpl("RL.INFO K", key, b""));
-            expect(&mut fx, &tpl("RL.RESET K", key, b""));
-        }
+        expect(&mut fx, &tpl("RL.INFO K", key, b""));
+        expect(&mut fx, &tpl("RL.RESET K", key, b""));
+        expect(&mut fx, &tpl("RL.RETURN K 1", key, b""));
     }
     // CL.THROTTLE: other types are the wrong type; a string must hold redis-cell's integer.
     for key in ["t:list", "t:hash", "t:set", "t:zset"] {
@@ -552,6 +546,7 @@ fn wrongtype_on_other_types() {
     }
     for q in ["", "0", "1"] {
         fx.expect_prefix(&tpl(&format!("CL.THROTTLE K 4 1 10 {q}"), "t:string", b""), "WRONGTYPE");
+        fx.expect_prefix(&tpl(&format!("CL.THROTTLE K 4 1 10 {q}"), "t:intstring", b""), "WRONGTYPE");
     }
 }
 

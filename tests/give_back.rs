@@ -9,7 +9,7 @@ mod traffic;
 #[path = "common/values.rs"]
 mod values;
 
-use common::{wait_replica_synced, Opts, Server};
+use common::{redis_cell_keys, redis_cell_set, wait_replica_synced, Opts, Server};
 use redis::{Connection, Value};
 use traffic::{assert_same, clock_advance, clock_set, now_ms, snapshot, Rng};
 use values::{full_error, ints};
@@ -167,15 +167,17 @@ fn errors_name_the_problem_and_write_nothing() {
     limiter(&mut c, &["RL.LEAKY", "q", "10", "1m", "COST", "5"]);
     let _: () = redis::cmd("SET").arg("str").arg("x").query(&mut c).unwrap();
     let _: () = redis::cmd("RPUSH").arg("list").arg("x").query(&mut c).unwrap();
-    // A key redis-cell left: an arrival time, without its rate.
-    let _: () = redis::cmd("SET").arg("cell").arg("1699999200000000000").query(&mut c).unwrap();
+    // A key redis-cell left: an arrival time, without its rate (the RL.* commands leave it to
+    // CL.THROTTLE unless the module is loaded with REDIS_CELL_KEYS).
+    let cell = redis_cell_set("cell", (T0_US + 10_000_000) * 1000, T0_US * 1000);
+    let _: () = redis::cmd(&cell[0]).arg(&cell[1..]).query(&mut c).unwrap();
     let before = snapshot(&mut c);
     let wrongtype = "WRONGTYPE Operation against a key holding the wrong kind of value";
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["RL.RETURN", "missing", "1"], "ERR no limiter at this key"),
         (vec!["RL.RETURN", "str", "1"], wrongtype),
         (vec!["RL.RETURN", "list", "1", "AGE", "5"], wrongtype),
-        (vec!["RL.RETURN", "cell", "1"], "ERR RL.RETURN needs the key's rate"),
+        (vec!["RL.RETURN", "cell", "1"], "WRONGTYPE the key holds a redis-cell arrival time"),
         (vec!["RL.RETURN", "l", "1"], "ERR RL.RETURN does not support the sliding log"),
         (vec!["RL.RETURN", "l", "1", "AGE", "0"], "ERR RL.RETURN does not support the sliding log"),
         (vec!["RL.RETURN", "q", "1"], "ERR RL.RETURN does not support the leaky bucket"),
@@ -219,6 +221,14 @@ fn errors_name_the_problem_and_write_nothing() {
     // Every reply is an integer, under RESP3 too.
     let _: Value = redis::cmd("HELLO").arg("3").query(&mut c).unwrap();
     assert_eq!(give(&mut c, &["g", "1"]), 1);
+
+    // With REDIS_CELL_KEYS the RL.* commands read redis-cell keys: RL.RETURN still has no rate.
+    let s = Server::start_with(redis_cell_keys());
+    let mut c = s.conn();
+    clock_set(&mut c, T0_US);
+    let _: () = redis::cmd(&cell[0]).arg(&cell[1..]).query(&mut c).unwrap();
+    let e = error(&mut c, &["RL.RETURN", "cell", "1"]);
+    assert!(e.starts_with("ERR RL.RETURN needs the key's rate"), "{e}");
 }
 
 /// Random claims and returns on every algorithm: the replica holds byte-identical state (DUMP,

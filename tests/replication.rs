@@ -141,13 +141,21 @@ fn wild_traffic(con: &mut Connection, rng: &mut Rng, calls: usize, prefix: &str)
 fn traffic(con: &mut Connection, rng: &mut Rng, calls: usize, prefix: &str, wild: bool) -> Traffic {
     let mut t = Traffic::default();
     let mut specs: HashMap<String, Vec<String>> = HashMap::new();
-    // redis-cell keys: a string holding an arrival time in ns.
+    // redis-cell keys (a string holding an arrival time in ns, with the TTL redis-cell gives
+    // it), taken over by a first admitted CL.THROTTLE before the clock moves: the module reads
+    // such a string only while its TTL still ends at its arrival time (within 60 s), which the
+    // debug clock's jumps below would break (the server's clock does not jump with it).
     let now_us = clock_get(con);
     for i in 0..3 {
         let key = format!("{prefix}:cl:s{i}");
-        let tat_ns = (now_us - 1_000_000 * i as i64) * 1_000;
-        let _: () = redis::cmd("SET").arg(&key).arg(tat_ns.to_string()).query(con).unwrap();
+        let tat_ns = (now_us + 1_000_000 * i as i64) * 1_000;
+        run(con, &common::redis_cell_set(&key, tat_ns, now_us * 1_000));
+        let first = ["CL.THROTTLE", &key, "19", "30", "3600", "1"].map(String::from);
+        let v = run(con, &first);
+        assert!(matches!(&v, Value::Array(a) if a[0] == Value::Int(0)), "{key}: the first call takes it over: {v:?}");
         t.keys.insert(key);
+        t.calls += 1;
+        t.admitted += 1;
     }
     for _ in 0..calls {
         // Clock moves: mostly forward, sometimes backwards, sometimes a big jump.

@@ -754,7 +754,8 @@ fn cl_throttle_takes_over_redis_cell_keys() {
     let (_s, mut c) = start();
     let now_ns = T0 as i128 * 1000;
     // redis-cell left an arrival time 3 s ahead: 1 per second, limit 5 → 2 tokens left.
-    run(&mut c, &format!("SET cell {}", now_ns + 3_000_000_000));
+    let cell = |key: &str, tat: i128| common::redis_cell_set(key, tat as i64, now_ns as i64).join(" ");
+    run(&mut c, &cell("cell", now_ns + 3_000_000_000));
     // A peek does not take it over.
     check(&mut c, "CL.THROTTLE cell 4 1 1 0", &[0, 5, 2, -1, 3]);
     assert_eq!(key_type(&mut c, "cell"), "string");
@@ -772,12 +773,12 @@ fn cl_throttle_takes_over_redis_cell_keys() {
 
     // A full redis-cell key: limited, and the string is left as it was.
     let full = (now_ns + 5_000_000_000).to_string();
-    run(&mut c, &format!("SET cellfull {full}"));
+    run(&mut c, &cell("cellfull", now_ns + 5_000_000_000));
     check(&mut c, "CL.THROTTLE cellfull 4 1 1", &[1, 5, 0, 1, 5]);
     assert_eq!(key_type(&mut c, "cellfull"), "string");
     assert_eq!(redis::cmd("GET").arg("cellfull").query::<String>(&mut c).unwrap(), full);
-    // An arrival time in the past: a full bucket.
-    run(&mut c, &format!("SET cellold {}", now_ns - 100_000_000_000));
+    // An arrival time in the past (its TTL ending within the module's 60 s of it): a full bucket.
+    run(&mut c, &format!("SET cellold {} PX 30000", now_ns - 20_000_000_000));
     check(&mut c, "CL.THROTTLE cellold 4 1 60", &[0, 5, 4, -1, 60]);
     assert_eq!(key_type(&mut c, "cellold"), "ratelimit");
     // A non-integer string is the wrong type, and stays untouched.
@@ -1069,10 +1070,11 @@ fn rl_reset_deletes_limiter_and_redis_cell_keys_only() {
     assert!(err(&mut c, "RL.FIXED rs:x 1 1h").starts_with("WRONGTYPE key holds gcra state"));
     assert_eq!(run(&mut c, "RL.RESET rs:x"), Value::Int(1));
     check(&mut c, "RL.FIXED rs:x 1 10s", &[1, 1, 0, -1, 10_000]);
-    // An integer string is a key redis-cell left: deleted (tests/cell_interop.rs).
+    // An integer string is not rate-limit state: WRONGTYPE, and left alone (a key redis-cell
+    // left is deleted only with REDIS_CELL_KEYS: tests/cell_interop.rs).
     run(&mut c, "SET rs:cell 7");
-    assert_eq!(run(&mut c, "RL.RESET rs:cell"), Value::Int(1));
-    assert!(!exists(&mut c, "rs:cell"));
+    assert!(err(&mut c, "RL.RESET rs:cell").starts_with("WRONGTYPE "));
+    assert_eq!(run(&mut c, "GET rs:cell"), Value::BulkString(b"7".to_vec()));
     // Other types: WRONGTYPE, and left alone.
     run(&mut c, "SET rs:str seven");
     run(&mut c, "RPUSH rs:list a");

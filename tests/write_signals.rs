@@ -22,11 +22,11 @@ struct Case {
 
 const NOW_US: &str = "1700000000000000";
 
-/// A redis-cell key: its arrival time in ns as an integer string (int-encoded by Redis). In the
-/// past, so everything is available.
-const CELL_SET: &str = "SET {k} 1699999999000000000";
+/// A redis-cell key: its arrival time in ns as an integer string (int-encoded by Redis), with
+/// the TTL redis-cell gives it (ending then). 30 s ahead: nearly everything is available.
+const CELL_SET: &str = "SET {k} 1700000030000000000 PX 30000";
 /// A redis-cell arrival time far ahead: every call is limited.
-const CELL_SET_FULL: &str = "SET {k} 1700000500000000000";
+const CELL_SET_FULL: &str = "SET {k} 1700000500000000000 PX 500000";
 
 const CASES: &[Case] = &[
     // ---- calls that write nothing ----
@@ -265,7 +265,8 @@ fn fingerprint(c: &mut Resp, key: &str) -> Vec<Reply> {
 
 #[test]
 fn only_writes_signal_watch_and_tracking() {
-    let s = Server::start();
+    // (REDIS_CELL_KEYS: the RL.* commands read keys redis-cell left, as CL.THROTTLE does.)
+    let s = Server::start_with(common::redis_cell_keys());
     let mut cmd = Resp::connect(s.port);
     let mut watcher = Resp::connect(s.port);
     let mut tracker = Resp::connect(s.port);
@@ -323,7 +324,8 @@ fn state_payload() -> Vec<u8> {
 
 #[test]
 fn a_redis_cell_string_keeps_its_encoding_when_nothing_is_written() {
-    let s = Server::start();
+    // (REDIS_CELL_KEYS: the RL.* commands read keys redis-cell left, as CL.THROTTLE does.)
+    let s = Server::start_with(common::redis_cell_keys());
     let mut c = Resp::connect(s.port);
     c.c(&["RL.DEBUG", "CLOCK", "SET", NOW_US]);
     for (setup, call) in [
@@ -346,7 +348,8 @@ fn a_redis_cell_string_keeps_its_encoding_when_nothing_is_written() {
 /// limited call (documented, module event class `d`).
 #[test]
 fn non_writes_fire_no_keyspace_events_but_rl_limited() {
-    let s = Server::start();
+    // (REDIS_CELL_KEYS: the RL.* commands read keys redis-cell left, as CL.THROTTLE does.)
+    let s = Server::start_with(common::redis_cell_keys());
     let mut c = Resp::connect(s.port);
     c.c(&["RL.DEBUG", "CLOCK", "SET", NOW_US]);
     assert_eq!(c.c(&["CONFIG", "SET", "notify-keyspace-events", "KEA"]), Reply::Status(b"OK".to_vec()));

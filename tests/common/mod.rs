@@ -825,3 +825,17 @@ impl Server {
         ServerVersion::of(self)
     }
 }
+
+/// The command that makes `key` exactly what redis-cell leaves: its arrival time `tat_ns` in
+/// decimal, with the TTL redis-cell sets at a write (until the arrival time, `now_ns` being the
+/// module's clock), but at least 30 s so that the key outlives a slow test (within the 60 s
+/// the module allows between the two, `state::CELL_TTL_SLACK`).
+pub fn redis_cell_set(key: &str, tat_ns: i64, now_ns: i64) -> Vec<String> {
+    let ttl_ms = ((tat_ns - now_ns) / 1_000_000).max(30_000);
+    ["SET", key, &tat_ns.to_string(), "PX", &ttl_ms.to_string()].map(String::from).to_vec()
+}
+
+/// Module arguments that let the RL.* commands read keys redis-cell left.
+pub fn redis_cell_keys() -> Opts {
+    Opts { module_args: vec!["REDIS_CELL_KEYS".to_string()], ..Opts::default() }
+}
