@@ -199,3 +199,43 @@ async fn a_single_file_is_served_and_reloaded_and_health_waits_for_a_config() {
     assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 5);
     assert_eq!(remaining(&r), [3]);
 }
+
+/// `make run-service`'s configuration (service/config) as the README and docs/service.md use
+/// it: their curl answers what they print, seed 003's payment domain is a leaky bucket per IP
+/// and a sliding window per user, and edge_proxy_per_ip blocks its listed address and limits
+/// API keys with a token bucket per 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_configuration_answers_what_the_readme_shows() {
+    let redis = Server::start();
+    let url = format!("127.0.0.1:{}", redis.port);
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let svc = ServiceProc::start(&config, &["--redis-url", &url]);
+    svc.wait_log("domains [edge_proxy_per_ip, payment]", Duration::from_secs(10));
+    let body = r#"{"domain":"payment","descriptors":[{"entries":[{"key":"user_id","value":"alice"}]}]}"#;
+    let (status, b) = svc.http("POST", "/json", body);
+    assert_eq!(status, 200, "{b}");
+    let want = r#"{"overallCode":"OK","statuses":[{"code":"OK","currentLimit":{"requestsPerUnit":1000,"unit":"HOUR"},"limitRemaining":999,"durationUntilReset":""#;
+    assert!(b.starts_with(want), "the README's answer: {b}");
+    assert!(b.contains(r#""responseHeadersToAdd":["#), "{b}");
+    let (_, m) = svc.http("GET", "/metrics", "");
+    assert!(m.contains("ratelimit_service_rate_limit_total_hits{domain=\"payment\",key1=\"user_id\"} 1"), "{m}");
+
+    let mut con = redis.conn();
+    reset_stats(&mut con);
+    let mut c = svc.client().await;
+    let r = ask(&mut c, request("payment", vec![desc(&[("remote_address", "10.1.1.1")]), desc(&[("user_id", "bob")])]))
+        .await;
+    assert!(ok(&r), "{r:?}");
+    assert_eq!(remaining(&r), [49, 999]);
+    assert_eq!(command_calls_of(&mut con, "rl.multi"), 1, "the leaky bucket and the sliding window in one RL.MULTI");
+    let keys: Vec<String> = redis::cmd("KEYS").arg("rls:*").query(&mut con).unwrap();
+    assert!(keys.contains(&"rls:leaky:payment|remote_address=10.1.1.1".to_string()), "{keys:?}");
+    assert!(keys.contains(&"rls:sliding:payment|user_id=bob".to_string()), "{keys:?}");
+
+    let r = ask(&mut c, request("edge_proxy_per_ip", vec![desc(&[("remote_address", "50.0.0.5")])])).await;
+    assert_eq!(codes(&r), [Code::OverLimit], "the blocklisted address");
+    let r = ask(&mut c, request("edge_proxy_per_ip", vec![desc(&[("api_key", "k1")])])).await;
+    let l = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((l.requests_per_unit, r.statuses[0].limit_remaining), (300, 49), "300 per 30 s, burst 50: {r:?}");
+    assert_eq!(header(&r, "RateLimit-Policy"), Some("\"edge_proxy_per_ip.api_key\";q=50;w=5"));
+}
