@@ -256,3 +256,53 @@ async fn redis_killed_and_restarted_under_each_failure_mode_with_leases() {
     let keys: Vec<String> = redis::cmd("KEYS").arg("rls:fixed:lp_*").query(&mut con).unwrap();
     assert!(!keys.is_empty(), "claims reached the restarted server");
 }
+
+/// `lease` per rule: `lease: true` leases a rule of a service started without LEASES, and
+/// `lease: false` keeps a rule per request in one started with LEASES=true.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_are_chosen_per_rule() {
+    let redis = Server::start();
+    let dir = TempDir::new("leases-per-rule");
+    dir.write(
+        "r.yaml",
+        "domain: r
+descriptors:
+  - key: leased
+    rate_limit: {requests_per_unit: 100000, unit: second, lease: true}
+  - key: exact
+    rate_limit: {requests_per_unit: 100000, unit: second, lease: false}
+  - key: default
+    rate_limit: {requests_per_unit: 100000, unit: second}
+",
+    );
+    let url = format!("127.0.0.1:{}", redis.port);
+    let mut con = redis.conn();
+    let n = 400u64;
+    for (leases, leased) in [("false", ["leased"].as_slice()), ("true", ["leased", "default"].as_slice())] {
+        let svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--leases", leases]);
+        svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+        let mut c = svc.client().await;
+        for key in ["leased", "exact", "default"] {
+            // A warm-up, then n more requests: the leased rule claims in batches sized to the
+            // demand it has seen, the others send one RL.FIXED per request.
+            for _ in 0..100 {
+                ask(&mut c, request("r", vec![desc(&[(key, leases)])])).await;
+            }
+            reset_stats(&mut con);
+            for _ in 0..n {
+                assert!(ok(&ask(&mut c, request("r", vec![desc(&[(key, leases)])])).await));
+            }
+            let calls = command_calls(&mut con);
+            if leased.contains(&key) {
+                println!("LEASES={leases}, rule {key}: {calls} commands for {n} requests");
+                // (About 0.05 per request here; a quarter leaves room for a loaded machine.)
+                assert!(calls * 4 <= n, "LEASES={leases}, rule {key}: {calls} commands for {n} requests");
+            } else {
+                // (What the leased rule holds may go back meanwhile: RL.RETURN, not counted.)
+                let returns = command_calls_of(&mut con, "rl.return");
+                assert_eq!(calls - returns, n, "LEASES={leases}, rule {key}: one command per request");
+                assert_eq!(command_calls_of(&mut con, "rl.fixed"), n, "LEASES={leases}, rule {key}");
+            }
+        }
+    }
+}
