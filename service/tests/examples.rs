@@ -366,6 +366,10 @@ async fn examples_5_to_7_unlimited_shadow_mode_and_replaces() {
     assert!(ok(&r));
     assert_eq!(remaining(&r), [u32::MAX]);
     assert_eq!(command_calls(&mut con), 0, "unlimited descriptors are not sent to Redis");
+    // Its hits are counted (envoyproxy/ratelimit leaves an unlimited rule's stats at 0).
+    let labels = "domain=\"internal\",key1=\"ldap\"";
+    assert_eq!(f.svc.metric(&format!("ratelimit_service_rate_limit_total_hits{{{labels}}}")), 1);
+    assert_eq!(f.svc.metric(&format!("ratelimit_service_rate_limit_within_limit{{{labels}}}")), 1);
     let r = ask(&mut c, request("internal", vec![desc(&[("azure", "x")])])).await;
     assert_eq!(remaining(&r), [99]);
 

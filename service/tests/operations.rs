@@ -239,3 +239,75 @@ async fn the_example_configuration_answers_what_the_readme_shows() {
     assert_eq!((l.requests_per_unit, r.statuses[0].limit_remaining), (300, 49), "300 per 30 s, burst 50: {r:?}");
     assert_eq!(header(&r, "RateLimit-Policy"), Some("\"edge_proxy_per_ip.api_key\";q=50;w=5"));
 }
+
+fn signal(pid: u32, sig: &str) {
+    let st = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().unwrap();
+    assert!(st.success(), "kill {sig} {pid}");
+}
+
+/// Redis slow rather than down: the process stopped (SIGSTOP), its connections open and
+/// silent. Each call gives up after REDIS_TIMEOUT and the domain's failure mode answers; once
+/// Redis runs again (SIGCONT) every domain is decided by Redis again, and the late replies of
+/// the calls that timed out are not taken for the answers of later ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_redis_times_out_into_each_failure_mode() {
+    let redis = Server::start();
+    // The module's clock pinned: the per-second windows below cannot roll over mid-count.
+    set_clock(&mut redis.conn(), (T0_S + 1) * 1_000_000);
+    let pid = redis.pid().unwrap();
+    let dir = TempDir::new("stalled");
+    for m in ["error", "open", "closed", "local"] {
+        dir.write(&format!("{m}.yaml"), &policy_yaml(m));
+    }
+    let url = format!("127.0.0.1:{}", redis.port);
+    let svc = ServiceProc::start(
+        dir.path(),
+        &["--redis-url", &url, "--instances", "2", "--redis-timeout", "200ms", "--redis-breaker-cool-down", "300ms"],
+    );
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    let req = |m: &str, v: &str| request(&format!("p_{m}"), vec![desc(&[("k", v)])]);
+    for m in ["error", "open", "closed", "local"] {
+        assert_eq!(remaining(&ask(&mut c, req(m, "up")).await), [3], "{m} with Redis up");
+    }
+
+    signal(pid, "-STOP");
+    let started = std::time::Instant::now();
+    let e = c.should_rate_limit(req("error", "stalled")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(started.elapsed() < Duration::from_millis(1500), "gave up after the timeout: {:?}", started.elapsed());
+    for i in 0..3 {
+        assert!(ok(&ask(&mut c, req("open", &format!("stalled{i}"))).await), "open admits while Redis stalls");
+        let r = ask(&mut c, req("closed", &format!("stalled{i}"))).await;
+        assert_eq!(codes(&r), [Code::OverLimit], "closed refuses while Redis stalls");
+    }
+    let local: Vec<bool> = {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(ok(&ask(&mut c, req("local", "stalled")).await));
+        }
+        v
+    };
+    assert_eq!(local, [true, true, false, false], "local fallback at limit ÷ instances");
+    assert!(started.elapsed() < Duration::from_secs(5), "no call waited on Redis: {:?}", started.elapsed());
+    assert!(svc.metric("ratelimit_service_redis_failures") >= 1);
+
+    signal(pid, "-CONT");
+    for m in ["error", "open", "closed", "local"] {
+        let mut n = 0;
+        wait_until(Duration::from_secs(15), &format!("{m} decided by Redis again"), || {
+            n += 1;
+            let rt = tokio::runtime::Handle::current();
+            let r = tokio::task::block_in_place(|| rt.block_on(c.should_rate_limit(req(m, &format!("back{n}")))));
+            matches!(r, Ok(r) if remaining(r.get_ref()) == [3])
+        });
+        // Each answer is its own request's: a key's count goes 3, 2, 1, 0, then refused.
+        let key = format!("after-{m}");
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let r = ask(&mut c, req(m, &key)).await;
+            seen.push((ok(&r), r.statuses[0].limit_remaining));
+        }
+        assert_eq!(seen, [(true, 3), (true, 2), (true, 1), (true, 0), (false, 0)], "{m}");
+    }
+}
