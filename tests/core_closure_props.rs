@@ -453,7 +453,8 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The leaky bucket: no departure slot is ever handed out twice (issue 17.4).
+// The leaky bucket: no departure slot is ever handed out twice (issue 17.4), also when the
+// parameters of the live key change.
 
 #[derive(Clone, Debug)]
 enum LeakyOp {
@@ -464,6 +465,20 @@ enum LeakyOp {
     /// The clock moves forward, or back.
     Forward(i64),
     Back(i64),
+    /// New parameters on the live key from now on: the limit, the period, BURST (up or down),
+    /// or all three.
+    Limit(u64),
+    Period(Nanos),
+    Burst(u64),
+    Rate(Rate),
+}
+
+fn queue_period() -> impl Strategy<Value = Nanos> {
+    prop_oneof![Just(SEC), Just(7 * SEC), 1i64..=3 * SEC]
+}
+
+fn queue_rate() -> impl Strategy<Value = Rate> {
+    (1u64..=20, queue_period(), 1u64..=60).prop_map(|(l, p, b)| Rate::new(l, p, b).unwrap())
 }
 
 fn leaky_op() -> impl Strategy<Value = LeakyOp> {
@@ -472,55 +487,112 @@ fn leaky_op() -> impl Strategy<Value = LeakyOp> {
         3 => (1u64..=12, age()).prop_map(|(n, a)| LeakyOp::Return(n, a)),
         3 => (0i64..5 * SEC).prop_map(LeakyOp::Forward),
         1 => (0i64..5 * SEC).prop_map(LeakyOp::Back),
+        1 => (1u64..=20).prop_map(LeakyOp::Limit),
+        1 => queue_period().prop_map(LeakyOp::Period),
+        1 => (1u64..=60).prop_map(LeakyOp::Burst),
+        1 => queue_rate().prop_map(LeakyOp::Rate),
     ]
 }
 
-fn queue_rate() -> impl Strategy<Value = Rate> {
-    (1u64..=20, prop_oneof![Just(SEC), Just(7 * SEC), 1i64..=3 * SEC], 1u64..=20)
-        .prop_map(|(l, p, b)| Rate::new(l, p, b).unwrap())
+/// An admitted request as the caller sees it (ns): it leaves at `dep` (arrival + delay) with
+/// `units` slots one interval of `rate` apart, and the queue drains at `drain` (arrival +
+/// reset_after).
+#[derive(Clone, Copy, Debug)]
+struct Admitted {
+    dep: i128,
+    drain: i128,
+    units: u64,
+    rate: Rate,
 }
 
 proptest! {
     #![proptest_config(cfg(3000))]
 
-    /// Claims, single requests, returns and the clock (back too) interleaved: the departures
-    /// (arrival + delay for a request's first unit, one emission interval more for each next
-    /// unit) never come closer than one emission interval (period / limit), up to the 1 ns the
-    /// delay is rounded up by; so no two admitted requests share a slot and the downstream sees
-    /// an even stream. RL.RETURN is refused and leaves the key as it was.
+    /// Claims, single requests, returns, the clock (back too) and changes of limit, period and
+    /// BURST on the live key, interleaved. What holds, from the replies alone (all in ns):
+    ///
+    /// - FIFO without idling: an admitted request leaves exactly at max(its arrival, the instant
+    ///   the queue drained after the previous admitted one), whatever changed in between. So the
+    ///   queue's promises survive every change: no request takes a slot an earlier one holds.
+    /// - The queue drains `units` intervals (`period / limit` of the parameters it was admitted
+    ///   under) after a request's first unit leaves, up to the 1 ns the reported instants are
+    ///   rounded up by. With the above: consecutive departures are at least `units` × the
+    ///   earlier request's interval apart (less than 1 ns of rounding): where the parameters
+    ///   changed, the first departure under the new ones follows the last one under the old
+    ///   ones by the old interval (≥ min(old, new)), and the next by the new interval.
+    /// - The queue is what limits: an admitted request fits the queue depth (BURST) after the
+    ///   queue found on arrival; a limited one does not (a queue deeper than a lowered BURST
+    ///   refuses until it has drained to the new depth). A limited call writes nothing, and
+    ///   retry_after is exact: 1 ns earlier the same request is still limited, at retry_after it
+    ///   is admitted, leaving when the queue drains at the earliest.
+    /// - RL.RETURN is refused and leaves the key as it was; every state stored encodes and
+    ///   decodes to itself.
     #[test]
     fn leaky_bucket_never_gives_a_slot_twice(
         rate in queue_rate(), ops in prop::collection::vec(leaky_op(), 1..80), t0 in instant(),
     ) {
         let t0 = t0.clamp(10 * SEC * 80, MAX_NOW);
-        let spec = Spec::Leaky(rate);
-        let (l, p) = (rate.limit as i128, rate.period as i128);
+        let mut rate = rate;
         let mut st: Option<State> = None;
         let mut now = t0;
-        // The previous admission: its first departure (ns) and units.
-        let mut prev: Option<(i128, u64)> = None;
+        let mut prev: Option<Admitted> = None;
+        let change = |old: Rate, limit: u64, period: Nanos, burst: u64| Rate::new(limit, period, burst).unwrap_or(old);
         for op in &ops {
+            let r = rate;
             match *op {
                 LeakyOp::Claim(n, partial) => {
-                    let (d, u) = spec.check(st.as_ref(), now, Request { cost: n, partial }).unwrap();
-                    if let Some(u) = u {
-                        if let Some(new) = u.apply(st.as_mut()).unwrap() {
-                            st = Some(new);
-                        }
-                    }
+                    let spec = Spec::Leaky(r);
+                    let req = Request { cost: n, partial };
+                    let (l, p, b) = (r.limit as i128, r.period as i128, r.burst as i128);
+                    let (d, u) = spec.check(st.as_ref(), now, req).unwrap();
+                    // The queue found on arrival, in ns (none before the first admission).
+                    let ahead = prev.map_or(0, |a| (a.drain - now as i128).max(0));
                     if d.allowed == 0 {
+                        prop_assert!(u.is_none(), "{:?}: a limited call wrote {:?}", r, u);
+                        let need = if partial { 1 } else { n };
+                        let Some(w) = d.retry_after else {
+                            prop_assert!(need > r.burst, "{:?} {:?}: limited for good", r, req);
+                            continue;
+                        };
+                        prop_assert!(
+                            ahead * l > (b - need as i128) * p,
+                            "{:?} {:?}: limited with {} ns queued, which leaves room", r, req, ahead
+                        );
+                        let (early, _) = spec.check(st.as_ref(), now + w - 1, req).unwrap();
+                        prop_assert_eq!(early.allowed, 0, "{:?} {:?}: admitted 1 ns before retry_after {}", r, req, w);
+                        let (on_time, _) = spec.check(st.as_ref(), now + w, req).unwrap();
+                        prop_assert!(on_time.allowed > 0, "{:?} {:?}: limited at retry_after {}", r, req, w);
+                        let drain = prev.map_or(0, |a| a.drain);
+                        let dep = (now + w) as i128 + on_time.delay.unwrap() as i128;
+                        prop_assert_eq!(dep, drain.max((now + w) as i128), "{:?}: at retry_after", r);
                         continue;
                     }
+                    if let Some(new) = u.expect("an admitted call stores").apply(st.as_mut()).unwrap() {
+                        st = Some(new);
+                    }
+                    assert_loadable(st.as_ref().unwrap(), &format!("{op:?} under {r:?} at {now}"))?;
                     let dep = now as i128 + d.delay.expect("an admitted leaky call has a delay") as i128;
-                    if let Some((before, units)) = prev {
-                        // Exact departures are ≥ units × p / l apart; each is rounded up by < 1 ns.
+                    let drain = now as i128 + d.reset_after as i128;
+                    if let Some(a) = prev {
+                        prop_assert_eq!(
+                            dep, a.drain.max(now as i128),
+                            "{:?} after {:?}: not at the previous drain instant (or on arrival)", r, a
+                        );
+                        let (pl, pp) = (a.rate.limit as i128, a.rate.period as i128);
                         prop_assert!(
-                            (dep - before) * l + l > units as i128 * p,
-                            "{:?}: departure at {} after {} units leaving from {}: closer than one interval",
-                            rate, dep, units, before
+                            (dep - a.dep) * pl + pl > a.units as i128 * pp,
+                            "{:?}: departure at {} after {:?}: closer than its {} intervals", r, dep, a, a.units
                         );
                     }
-                    prev = Some((dep, d.allowed));
+                    prop_assert!(
+                        (dep - now as i128) * l < (b - d.allowed as i128) * p + l,
+                        "{:?}: {} admitted behind {} ns of queue: deeper than BURST", r, d.allowed, dep - now as i128
+                    );
+                    prop_assert!(
+                        ((drain - dep) * l - d.allowed as i128 * p).abs() < l,
+                        "{:?}: {} units leaving from {} drain at {}", r, d.allowed, dep, drain
+                    );
+                    prev = Some(Admitted { dep, drain, units: d.allowed, rate: r });
                 }
                 LeakyOp::Return(n, age) => {
                     if let Some(s) = &st {
@@ -529,6 +601,10 @@ proptest! {
                 }
                 LeakyOp::Forward(dt) => now += dt,
                 LeakyOp::Back(dt) => now -= dt,
+                LeakyOp::Limit(limit) => rate = change(r, limit, r.period, r.burst),
+                LeakyOp::Period(period) => rate = change(r, r.limit, period, r.burst),
+                LeakyOp::Burst(burst) => rate = change(r, r.limit, r.period, burst),
+                LeakyOp::Rate(new) => rate = new,
             }
         }
     }

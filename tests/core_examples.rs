@@ -210,6 +210,60 @@ fn leaky_never_admits_more_than_burst_at_once() {
     }
 }
 
+/// Issue 17.4, through a change of parameters: 50 requests queued at 1/s with BURST 100 (delays
+/// 0–49 s), then BURST 10. The call at BURST 10 used to be admitted with delay 0 (the token
+/// count was carried over, not the queue): the 50 promised slots are kept instead.
+#[test]
+fn leaky_lowered_burst_keeps_the_promised_slots() {
+    let deep = rate(1, SEC, 100);
+    let shallow = rate(1, SEC, 10);
+    let mut st = None;
+    for k in 0..50 {
+        let (d, n) = leaky::check(st.as_ref(), &deep, T0, req(1));
+        assert_eq!((d.allowed, d.delay), (1, Some(k * SEC)), "request {k}");
+        st = n;
+    }
+    // 50 s of queue, 9 s fit at BURST 10: limited for 41 s, and nothing is written (the
+    // drain instant does not depend on the parameters).
+    let (d, n) = leaky::check(st.as_ref(), &shallow, T0, req(1));
+    assert_eq!((d.allowed, d.remaining, d.retry_after, d.reset_after, d.delay), (0, 0, Some(41 * SEC), 50 * SEC, None));
+    assert!(n.is_none(), "a limited call stores nothing");
+    assert_eq!(leaky::check(st.as_ref(), &deep, T0, req(1)).0.delay, Some(50 * SEC), "BURST 100 still queues at 50 s");
+    assert_eq!(leaky::check(st.as_ref(), &shallow, T0 + 41 * SEC - 1, req(1)).0.allowed, 0);
+    // At retry_after: the old drain slot (T0 + 50 s), and the queue is 10 deep again.
+    let now = T0 + 41 * SEC;
+    let (d, n) = leaky::check(st.as_ref(), &shallow, now, req(1));
+    assert_eq!((d.allowed, d.remaining, d.delay, d.reset_after), (1, 0, Some(9 * SEC), 10 * SEC));
+    st = n;
+    let (d, _) = leaky::check(st.as_ref(), &shallow, now, req(1));
+    assert_eq!((d.allowed, d.retry_after), (0, Some(SEC)));
+
+    // A faster rate (2/s, BURST 10) at +42 s: 9 s of queue is 18 new intervals; 9 fit behind
+    // 4.5 s, so the wait is 4.5 s, and the request leaves when the queue drains (+51 s).
+    let fast = rate(2, SEC, 10);
+    let now = T0 + 42 * SEC;
+    let (d, _) = leaky::check(st.as_ref(), &fast, now, req(1));
+    assert_eq!((d.allowed, d.retry_after, d.reset_after), (0, Some(4_500 * MS), 9 * SEC));
+    let now = now + 4_500 * MS;
+    let (d, n) = leaky::check(st.as_ref(), &fast, now, req(1));
+    assert_eq!((d.allowed, d.delay), (1, Some(4_500 * MS)));
+    st = n;
+    assert_eq!(leaky::check(st.as_ref(), &fast, now, req(1)).0.allowed, 0, "10 new intervals queued");
+    // A raised BURST admits behind the queue, the new interval apart: +51.5 s, +52 s, +52.5 s.
+    let wide = rate(2, SEC, 100);
+    for k in 1..=3 {
+        let (d, n) = leaky::check(st.as_ref(), &wide, now, req(1));
+        assert_eq!((d.allowed, d.delay), (1, Some(4_500 * MS + k * 500 * MS)), "request {k} at BURST 100");
+        st = n;
+    }
+    // And a longer period (1 per 2 s): the queue still drains at +53 s; the next leaves then.
+    let slow = rate(1, 2 * SEC, 100);
+    let (d, n) = leaky::check(st.as_ref(), &slow, now, req(1));
+    assert_eq!((d.allowed, d.delay, d.reset_after), (1, Some(6_500 * MS), 8_500 * MS));
+    let (d, _) = leaky::check(n.as_ref(), &slow, now, req(1));
+    assert_eq!(d.delay, Some(8_500 * MS));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Extreme rates stay exact.
 
@@ -669,11 +723,10 @@ fn far_clock_step_back_with_a_rate_change_grants_nothing() {
             assert_eq!(step(algo, &mut st, &Params::Rate(fast), T0, req(1)).allowed, 1);
             let then = T0 - days * 86_400 * SEC;
             let (d, n) = check(algo, st.as_ref(), &Params::Rate(slow), then, req(1));
-            assert_eq!(
-                (d.allowed, d.remaining, d.retry_after, d.reset_after),
-                (0, 0, Some(Nanos::MAX), Nanos::MAX),
-                "{algo:?}"
-            );
+            // The leaky bucket keeps its drain instant (T0 + 1 ns, the one admitted request's
+            // departure slot): the request waits for it, and the queue is empty from then on.
+            let wait = if algo == Algorithm::Leaky { T0 + 1 - then } else { Nanos::MAX };
+            assert_eq!((d.allowed, d.remaining, d.retry_after, d.reset_after), (0, 0, Some(wait), wait), "{algo:?}");
             // A limited call under new parameters may store the converted state (nothing
             // consumed): asked again at once, it answers the same.
             if let Some(n) = n {

@@ -401,33 +401,44 @@ proptest! {
     }
 
     /// GCRA and the token bucket answer identically, field by field, with rate changes and clocks
-    /// stepping back; the leaky bucket answers like GCRA apart from `delay`.
+    /// stepping back; while its parameters stay the same, the leaky bucket answers like GCRA apart
+    /// from `delay`, and stores the same state. (On a change it keeps its drain instant instead:
+    /// `leaky_rate_change_keeps_the_drain_instant`.)
     #[test]
     fn gcra_equals_token_bucket(
         params in prop::collection::vec(rate_params(), 1..=3), ops in ops(80), t0 in start(), back in any::<bool>(),
     ) {
         let g = run(Algorithm::Gcra, &params, &ops, t0, back);
         let t = run(Algorithm::TokenBucket, &params, &ops, t0, back);
-        let l = run(Algorithm::Leaky, &params, &ops, t0, back);
-        for ((g, t), l) in g.iter().zip(&t).zip(&l) {
+        for (g, t) in g.iter().zip(&t) {
             prop_assert_eq!(g.now, t.now);
             prop_assert_eq!(g.d, t.d, "at {} {:?} {:?}", g.now, g.req, g.p);
-            prop_assert_eq!(g.d, Decision { delay: None, ..l.d });
-            prop_assert_eq!(l.d.delay.is_some(), l.d.allowed > 0);
             if let (Some(State::Gcra(gs)), Some(State::TokenBucket(ts))) = (&g.after, &t.after) {
                 prop_assert_eq!(gs.rate, ts.rate);
                 prop_assert_eq!(gs.tokens_scaled(g.now), ts.tokens_scaled(g.now));
             }
+        }
+        let g = run(Algorithm::Gcra, &params[..1], &ops, t0, back);
+        let l = run(Algorithm::Leaky, &params[..1], &ops, t0, back);
+        for (g, l) in g.iter().zip(&l) {
+            prop_assert_eq!(g.d, Decision { delay: None, ..l.d }, "at {} {:?} {:?}", g.now, g.req, g.p);
+            prop_assert_eq!(l.d.delay.is_some(), l.d.allowed > 0);
+            let leaky_as_gcra = l.after.as_ref().map(|s| match s {
+                State::Leaky(leaky::State(s)) => State::Gcra(*s),
+                other => other.clone(),
+            });
+            prop_assert_eq!(&g.after, &leaky_as_gcra);
         }
     }
 
     /// A change of rate converts the balance rounding down, never in the caller's favour:
     /// with T = the old balance in (fractional) tokens, the new remaining is ≤ ⌊T⌋ and the wait
     /// for `need` units is (need − T) × period / limit, rounded up by at most one scaled unit.
+    /// (GCRA and the token bucket; the leaky bucket keeps its queue's drain instant instead.)
     #[test]
     fn rate_change_never_rounds_in_the_callers_favour(
-        algo in bucket_algo(), r1 in rate_params(), r2 in rate_params(), ops in ops(40), t0 in start(),
-        dt in 0u32..4000, probe in op(),
+        algo in prop::sample::select(vec![Algorithm::Gcra, Algorithm::TokenBucket]), r1 in rate_params(),
+        r2 in rate_params(), ops in ops(40), t0 in start(), dt in 0u32..4000, probe in op(),
     ) {
         let (Params::Rate(a), Params::Rate(b)) = (r1, r2) else { unreachable!() };
         let ev = run(algo, &[r1], &ops, t0, false);
@@ -435,7 +446,7 @@ proptest! {
         let now = ev.last().unwrap().now + (dt as i128 * r1.unit() / 1000).min(1 << 50) as Nanos;
         // The old balance in units of 1/a.period.
         let t_scaled = match &st {
-            State::Gcra(g) | State::Leaky(leaky::State(g)) => g.tokens_scaled(now),
+            State::Gcra(g) => g.tokens_scaled(now),
             State::TokenBucket(t) => t.tokens_scaled(now),
             _ => unreachable!(),
         };
@@ -453,6 +464,64 @@ proptest! {
                 prop_assert!(got - l2 * pf < exact + pf, "{algo:?} {a:?} -> {b:?}: retry {w} late");
             }
         }
+    }
+
+    /// A change of parameters on a leaky bucket keeps the instant its queue drains: every
+    /// admitted request holds its departure slot. With D the drain instant under the old
+    /// parameters (ns, as the last admitted call's reset_after reported it) and `ahead` the
+    /// queue left at `now` (D − now, or 0), a request under the new parameters:
+    /// - admitted: leaves at max(now, D), and fits the new BURST behind `ahead` (a PARTIAL grant
+    ///   takes as many units as fit, no more);
+    /// - limited: does not fit behind `ahead` (a queue deeper than a lowered BURST refuses until
+    ///   it has drained to the new depth), writes nothing, and retry_after is exact (1 ns earlier
+    ///   still limited, then admitted, leaving at max(then, D));
+    /// - `remaining` is what a PARTIAL request for BURST units gets right after it.
+    /// All up to the < 1 ns the reported instants are rounded up by.
+    #[test]
+    fn leaky_rate_change_keeps_the_drain_instant(
+        r1 in rate_params(), r2 in rate_params(), ops in ops(40), t0 in start(), dt in 0u32..4000, probe in op(),
+    ) {
+        let Params::Rate(b) = r2 else { unreachable!() };
+        let ev = run(Algorithm::Leaky, &[r1], &ops, t0, false);
+        let Some(last) = ev.iter().rev().find(|e| e.d.allowed > 0) else { return Ok(()) };
+        let st = last.after.clone();
+        let drain = last.now as i128 + last.d.reset_after as i128;
+        let now = ev.last().unwrap().now + (dt as i128 * r1.unit() / 1000).min(1 << 50) as Nanos;
+        let ahead = (drain - now as i128).max(0);
+        let (l, p, cap) = (b.limit as i128, b.period as i128, b.burst as i128);
+        let r = probe.request(b.burst);
+        let (d, u) = check(Algorithm::Leaky, st.as_ref(), &r2, now, r);
+        let after = u.clone().or_else(|| st.clone());
+        if d.allowed > 0 {
+            let dep = now as i128 + d.delay.unwrap() as i128;
+            prop_assert_eq!(dep, drain.max(now as i128), "{:?} -> {:?}: not at the drain instant", r1, r2);
+            prop_assert!(
+                ahead * l < (cap - d.allowed as i128) * p + l,
+                "{:?} -> {:?}: {} admitted behind {} ns", r1, r2, d.allowed, ahead
+            );
+            if d.allowed < r.cost {
+                prop_assert!(ahead * l > (cap - d.allowed as i128 - 1) * p, "{:?} -> {:?}: one more unit fits", r1, r2);
+            }
+        } else if r.cost > 0 {
+            prop_assert!(u.is_none(), "a limited call wrote");
+            let need = if r.partial { 1 } else { r.cost as i128 };
+            if let Some(w) = d.retry_after {
+                prop_assert!(
+                    ahead * l > (cap - need) * p,
+                    "{:?} -> {:?}: limited behind {} ns, which leaves room", r1, r2, ahead
+                );
+                let (early, _) = check(Algorithm::Leaky, st.as_ref(), &r2, now + w - 1, r);
+                prop_assert_eq!(early.allowed, 0, "admitted 1 ns before retry_after {}", w);
+                let (on_time, _) = check(Algorithm::Leaky, st.as_ref(), &r2, now + w, r);
+                prop_assert!(on_time.allowed > 0, "limited at retry_after {}", w);
+                let dep = (now + w) as i128 + on_time.delay.unwrap() as i128;
+                prop_assert_eq!(dep, drain.max((now + w) as i128));
+            } else {
+                prop_assert!(need > cap);
+            }
+        }
+        let (fill, _) = check(Algorithm::Leaky, after.as_ref(), &r2, now, Request { cost: b.burst, partial: true });
+        prop_assert_eq!(fill.allowed, d.remaining, "{:?} -> {:?}: remaining", r1, r2);
     }
 
     /// After any trace, stepping the clock back never hands out capacity: what is available at

@@ -2,7 +2,8 @@
 //! reproduction from the issue (a sliding counter set over its limit, then checked under another
 //! window) through DUMP/RESTORE, DEBUG RELOAD, a replica and an AOF restart; forged RL.SETSTATE
 //! payloads brought into range as the core's decoder brings them. And RL.RETURN on a leaky bucket
-//! (issue 17.4): refused, so no request is handed a slot another already holds.
+//! (issue 17.4): refused, so no request is handed a slot another already holds; nor by a lowered
+//! BURST, which keeps the queue's drain instant.
 
 mod common;
 #[path = "common/traffic.rs"]
@@ -169,4 +170,36 @@ fn leaky_return_is_refused_and_no_slot_is_given_twice() {
     assert_eq!(dump(&mut c, "q"), before, "a refused return writes nothing");
     // The next request queues after C (it used to get C's slot: delay 2000 twice).
     assert_eq!(delay(&mut c), 3000);
+}
+
+/// RL.LEAKY keeps its queue's promises through a change of parameters (issue 17.4, the same bug
+/// through another door): 50 requests queued at 1/s with BURST 100 (delays 0–49 s), then BURST
+/// 10. The call at BURST 10 used to be admitted with delay 0, in the slot of the first request.
+#[test]
+fn leaky_lowered_burst_keeps_the_promised_slots() {
+    let s = Server::start();
+    let mut c = s.conn();
+    clock_set(&mut c, T_US);
+    let deep = ["RL.LEAKY", "q", "1", "1s", "BURST", "100"];
+    let shallow = ["RL.LEAKY", "q", "1", "1s", "BURST", "10"];
+    for k in 0..50 {
+        assert_eq!(limiter(&mut c, &deep)[5], k * 1000, "request {k}");
+    }
+    let before = dump(&mut c, "q");
+    let expiry: i64 = redis::cmd("PEXPIRETIME").arg("q").query(&mut c).unwrap();
+    // 50 s of queue, of which 9 s fit at BURST 10: limited until it has drained for 41 s.
+    assert_eq!(limiter(&mut c, &shallow), [0, 10, 0, 41_000, 50_000, -1]);
+    assert_eq!(dump(&mut c, "q"), before, "a limited call writes nothing");
+    let after: i64 = redis::cmd("PEXPIRETIME").arg("q").query(&mut c).unwrap();
+    assert_eq!(after, expiry, "nor touches the expiry");
+    clock_set(&mut c, T_US + 41_000_000 - 1_000);
+    assert_eq!(limiter(&mut c, &shallow), [0, 10, 0, 1, 9_001, -1], "1 ms before retry_after");
+    // At retry_after: the old drain slot (+50 s), then the queue is 10 deep again.
+    clock_set(&mut c, T_US + 41_000_000);
+    assert_eq!(limiter(&mut c, &shallow), [1, 10, 0, -1, 10_000, 9_000]);
+    assert_eq!(limiter(&mut c, &shallow), [0, 10, 0, 1_000, 10_000, -1]);
+    // BURST 100 again: behind it, one interval apart.
+    assert_eq!(limiter(&mut c, &deep)[5], 10_000);
+    let d = dump(&mut c, "q");
+    assert_eq!(restore(&mut c, "q:copy", &d).as_deref(), Ok("OK"));
 }

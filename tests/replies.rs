@@ -546,16 +546,22 @@ fn parameter_change_never_exceeds_new_capacity() {
         // 2 of 10 used.
         let r = limiter(&mut c, &format!("{cmd} {k} 10 10s COST 2"));
         assert_eq!((r.allowed, r.limit, r.remaining), (2, 10, 8), "{cmd}");
-        // Now limit 3: at most 3 (rate-based: the 8 tokens are capped at 3; windows: 3 − 2 = 1).
+        // Now limit 3: at most 3 (GCRA, token bucket: the 8 tokens are capped at 3; the leaky
+        // bucket keeps its 2 s of queue, 0.6 of the new 3.3 s interval, so 2 more fit; windows:
+        // 3 − 2 = 1).
+        let leaky = cmd == "RL.LEAKY";
         let r = limiter(&mut c, &format!("{cmd} {k} 3 10s COST 0"));
-        assert_eq!(
-            (r.allowed, r.limit, r.remaining),
-            (0, 3, if rate { 3 } else { 1 }),
-            "{cmd} after lowering the limit: {r:?}"
-        );
-        // Limit 1: windows have no room left at all.
+        let left = match (leaky, rate) {
+            (true, _) => 2,
+            (false, true) => 3,
+            (false, false) => 1,
+        };
+        assert_eq!((r.allowed, r.limit, r.remaining), (0, 3, left), "{cmd} after lowering the limit: {r:?}");
+        // Limit 1: windows have no room left at all; the leaky bucket's queue drains in 2 s.
         let r = limiter(&mut c, &format!("{cmd} {k} 1 10s"));
-        if rate {
+        if leaky {
+            assert_eq!((r.allowed, r.limit, r.remaining, r.retry_after_ms), (0, 1, 0, 2000), "{cmd} limit 1: {r:?}");
+        } else if rate {
             assert_eq!((r.allowed, r.limit, r.remaining, r.retry_after_ms), (1, 1, 0, -1), "{cmd} limit 1: {r:?}");
         } else {
             assert_eq!((r.allowed, r.limit, r.remaining), (0, 1, 0), "{cmd} limit 1: {r:?}");
@@ -593,6 +599,21 @@ fn parameter_change_never_exceeds_new_capacity() {
         let k = format!("pb:{cmd}");
         let r = limiter(&mut c, &format!("{cmd} {k} 10 10s BURST 20 COST 5"));
         assert_eq!((r.allowed, r.limit, r.remaining), (5, 20, 15));
+        if cmd == "RL.LEAKY" {
+            // The leaky bucket keeps its 5 s of queue, deeper than BURST 4 allows: nothing fits
+            // until it has drained to 4 s, and 4 more only when it has drained.
+            let r = limiter(&mut c, &format!("{cmd} {k} 10 10s BURST 4 COST 0"));
+            assert_eq!((r.allowed, r.limit, r.remaining, r.retry_after_ms), (0, 4, 0, -1), "{cmd}");
+            let r = limiter(&mut c, &format!("{cmd} {k} 10 10s BURST 4 COST 4"));
+            assert_eq!((r.allowed, r.limit, r.remaining, r.retry_after_ms), (0, 4, 0, 5000), "{cmd}");
+            let r = limiter(&mut c, &format!("{cmd} {k} 10 10s BURST 4"));
+            assert_eq!((r.allowed, r.limit, r.remaining, r.retry_after_ms), (0, 4, 0, 2000), "{cmd}");
+            advance(&mut c, 5 * SEC);
+            let r = limiter(&mut c, &format!("{cmd} {k} 10 10s BURST 4 COST 4"));
+            assert_eq!((r.allowed, r.limit, r.remaining, r.retry_after_ms), (4, 4, 0, -1), "{cmd} once drained");
+            assert_eq!(r.delay_ms, Some(0), "{cmd} once drained");
+            continue;
+        }
         let r = limiter(&mut c, &format!("{cmd} {k} 10 10s BURST 4 COST 0"));
         assert_eq!((r.allowed, r.limit, r.remaining, r.retry_after_ms), (0, 4, 4, -1), "{cmd}");
         let r = limiter(&mut c, &format!("{cmd} {k} 10 10s BURST 4 COST 4"));

@@ -43,29 +43,38 @@ impl State {
 
 /// Decides one request. Returns the decision and, when units were granted, the state to store.
 pub fn check(state: Option<&State>, rate: &Rate, now: Nanos, req: Request) -> (Decision, Option<State>) {
-    let (mut decision, new) = decide(state, rate, now, req);
-    decision.delay = None;
-    (decision, new)
-}
-
-/// `check`, also reporting in `delay` the debt found on arrival (the leaky bucket's wait).
-pub(crate) fn decide(state: Option<&State>, rate: &Rate, now: Nanos, req: Request) -> (Decision, Option<State>) {
-    let l = rate.limit as i128;
-    let n = now as i128 * l;
+    let n = now as i128 * rate.limit as i128;
     let cap = rate.capacity_scaled();
     let tat = match state {
         None => n,
         Some(s) if s.rate == *rate => s.tat,
         Some(s) => n + cap - rescale_tokens(s.tokens_scaled(now), &s.rate, rate),
     };
+    let (mut decision, new) = decide_at(tat, rate, now, req);
+    decision.delay = None;
+    if new.is_some() {
+        return (decision, new);
+    }
+    // New parameters are kept even when nothing is granted (nothing is consumed either):
+    // otherwise the old rate would keep refilling the key and retry_after would be too early.
+    let debt = (tat - n).max(0);
+    let converted = state.is_some_and(|s| s.rate != *rate) && req.cost > 0 && debt > 0 && debt <= cap;
+    (decision, converted.then_some(State { rate: *rate, tat: n + debt }))
+}
+
+/// The decision on a key whose arrival time, in `rate`'s units, is `tat`, also reporting in
+/// `delay` the debt found on arrival (the leaky bucket's wait); and, when units were granted,
+/// the state to store.
+#[inline]
+pub(crate) fn decide_at(tat: i128, rate: &Rate, now: Nanos, req: Request) -> (Decision, Option<State>) {
+    let l = rate.limit as i128;
+    let n = now as i128 * l;
+    let cap = rate.capacity_scaled();
     let debt = (tat - n).max(0);
     let (mut decision, left) = bucket_decision(rate, cap - debt, req);
     if decision.allowed > 0 {
         decision.delay = Some(to_nanos(div_ceil_i128(debt, l)));
         return (decision, Some(State { rate: *rate, tat: n + cap - left }));
     }
-    // New parameters are kept even when nothing is granted (nothing is consumed either):
-    // otherwise the old rate would keep refilling the key and retry_after would be too early.
-    let converted = state.is_some_and(|s| s.rate != *rate) && req.cost > 0 && debt > 0 && debt <= cap;
-    (decision, converted.then_some(State { rate: *rate, tat: n + debt }))
+    (decision, None)
 }
