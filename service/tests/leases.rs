@@ -306,3 +306,39 @@ descriptors:
         }
     }
 }
+
+/// At SIGTERM a service gives back what it holds: after it exits, Redis counts exactly the
+/// requests it admitted, not the batches it claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_gives_the_held_units_back() {
+    let redis = Server::start();
+    set_clock(&mut redis.conn(), (T0_S + 1) * 1_000_000);
+    let dir = TempDir::new("leases-sigterm");
+    dir.write("t.yaml", "domain: t\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 1000, unit: hour}\n");
+    let url = format!("127.0.0.1:{}", redis.port);
+    // A long lease: nothing held expires during the test, so only the shutdown gives it back.
+    let mut svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--leases", "true", "--lease-length", "60s"]);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    let n = 200u32;
+    for i in 0..n {
+        assert!(ok(&ask(&mut c, request("t", vec![desc(&[("k", "v")])])).await), "request {i}");
+    }
+    let mut con = redis.conn();
+    // What Redis counts: a peek (COST 0) at the key the service uses.
+    let mut counted = || {
+        let r: Vec<i64> = redis::cmd("RL.FIXED")
+            .arg("rls:fixed:t|k=v")
+            .arg(1000)
+            .arg("3600s")
+            .arg("COST")
+            .arg(0)
+            .query(&mut con)
+            .unwrap();
+        1000 - r[2]
+    };
+    let held = counted();
+    assert!(held > n as i64, "the service holds claimed units it has not used ({held} counted for {n} admitted)");
+    assert!(svc.terminate(), "a clean exit at SIGTERM");
+    assert_eq!(counted(), n as i64, "after the shutdown Redis counts the admitted requests only");
+}

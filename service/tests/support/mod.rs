@@ -149,6 +149,26 @@ impl ServiceProc {
         }
     }
 
+    /// SIGTERM, then waits for the process to exit (at most 20 s); returns whether it exited
+    /// with success.
+    pub fn terminate(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else { return false };
+        let st = Command::new("kill").args(["-TERM", &c.id().to_string()]).status().unwrap();
+        assert!(st.success());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(st)) = c.try_wait() {
+                return st.success();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("the service did not exit within 20 s of SIGTERM:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// How many times the log says `what`.
     pub fn log_count(&self, what: &str) -> usize {
         self.log().matches(what).count()
