@@ -22,6 +22,9 @@ pub(crate) struct Wheel {
     start: Nanos,
     cursor: usize,
     len: usize,
+    /// While `len > 0`: no slot before `cursor + first` (in wheel order) holds an entry, and
+    /// that one does unless it was emptied by `pop_due`, which recomputes it.
+    first: usize,
 }
 
 impl Wheel {
@@ -32,6 +35,7 @@ impl Wheel {
             start: Nanos::ZERO,
             cursor: 0,
             len: 0,
+            first: 0,
         }
     }
 
@@ -44,6 +48,7 @@ impl Wheel {
         let ahead = (at - self.start).div_span(self.granularity).min(n - 1);
         let slot = (self.cursor + ahead as usize) % self.slots.len();
         self.slots[slot].push(item);
+        self.first = if self.len == 0 { ahead as usize } else { self.first.min(ahead as usize) };
         self.len += 1;
     }
 
@@ -88,6 +93,7 @@ impl Wheel {
             None => false,
         });
         self.len -= before - slot.len();
+        self.first = (0..n).find(|k| !self.slots[(self.cursor + k) % n].is_empty()).unwrap_or(0);
         for (item, at) in later {
             self.insert(now, at, item);
         }
@@ -95,19 +101,48 @@ impl Wheel {
 
     /// The end of the earliest granule holding an entry (`None`: nothing scheduled).
     pub fn next_due(&self) -> Option<Nanos> {
-        if self.len == 0 {
-            return None;
-        }
-        let n = self.slots.len();
-        (0..n)
-            .find(|k| !self.slots[(self.cursor + k) % n].is_empty())
-            .map(|k| self.start + self.granularity * (k as u64 + 1))
+        (self.len > 0).then(|| self.start + self.granularity * (self.first as u64 + 1))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `next_due` by a scan of every slot (what the cached `first` stands for).
+    fn scanned(w: &Wheel) -> Option<Nanos> {
+        let n = w.slots.len();
+        (0..n)
+            .find(|k| !w.slots[(w.cursor + k) % n].is_empty())
+            .map(|k| w.start + w.granularity * (k as u64 + 1))
+            .filter(|_| w.len > 0)
+    }
+
+    #[test]
+    fn next_due_is_the_earliest_non_empty_granule() {
+        let ms = Nanos::from_millis;
+        let mut w = Wheel::new(ms(10), 16);
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut at: std::collections::HashMap<u32, Nanos> = Default::default();
+        let (mut now, mut out) = (Nanos::ZERO, Vec::new());
+        for id in 0..5_000u32 {
+            if next() % 3 == 0 {
+                now += ms(next() % 40);
+                w.pop_due(now, |(k, _)| at.get(&k).copied(), &mut out);
+            } else {
+                let t = now + ms(next() % 400);
+                at.insert(id, t);
+                w.insert(now, t, (id, 0));
+            }
+            assert_eq!(w.next_due(), scanned(&w), "after step {id}");
+        }
+    }
 
     #[test]
     fn exact_when_asked_and_far_deadlines_come_round() {
