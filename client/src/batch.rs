@@ -21,6 +21,7 @@ use crate::time::Nanos;
 /// x⁵/120 < 1e-11 for x < 1/64, so `expected`'s ceiling changes only for a product within
 /// 1e-11 of an integer), and the other calls of the same check see `dt = 0`. Slower keys (fewer
 /// than 64 checks per τ) pay one `exp` per check.
+#[inline]
 pub(crate) fn decay(dt: Nanos, tau: Nanos) -> f64 {
     let x = dt.as_f64() / tau.as_f64().max(1.0);
     if x < 1.0 / 64.0 {
@@ -45,6 +46,7 @@ pub struct Demand {
 impl Demand {
     /// Records `units` requested at `now` (time constant `tau`); `last` is the previous
     /// observation's units, and becomes this one's.
+    #[inline]
     pub fn observe(&mut self, now: Nanos, units: u64, tau: Nanos, last: &mut u32) {
         self.before = self.rate_at(now, tau, *last);
         *last = units.min(u32::MAX as u64) as u32;
@@ -52,13 +54,23 @@ impl Demand {
     }
 
     /// The decayed rate at `now`, in units per ns (`last`: the newest observation's units).
+    #[inline]
     pub fn rate_at(&self, now: Nanos, tau: Nanos, last: u32) -> f64 {
         (self.before + last as f64 / tau.as_f64().max(1.0)) * decay(now - self.at, tau)
     }
 
     /// The decayed rate at `now` without the newest observation.
+    #[inline]
     pub fn rate_before(&self, now: Nanos, tau: Nanos) -> f64 {
         self.before * decay(now - self.at, tau)
+    }
+
+    /// Whether [`Demand::expected`] over `span` is above `held`, without rounding it up:
+    /// `held < ⌈e⌉` ⟺ `held < e` for a whole `held` (exact below 2^53 units).
+    #[inline]
+    pub fn exceeds(&self, held: u64, now: Nanos, tau: Nanos, span: Nanos) -> bool {
+        let e = self.rate_before(now, tau) * span.as_f64();
+        e.is_finite() && (held as f64) < e
     }
 
     /// Expected units over the next `span`, rounded up, from the traffic before the newest
@@ -143,6 +155,21 @@ mod tests {
             assert!((decay(dt, tau) - exact).abs() <= exact * 1e-11, "{dt:?}");
         }
         assert_eq!(decay(Nanos::ZERO, tau), 1.0);
+    }
+
+    #[test]
+    fn exceeds_is_below_expected() {
+        let (mut d, mut last) = (Demand::default(), 0);
+        for i in 0..3_000u64 {
+            d.observe(Nanos::new(i * 337_123), 1 + i % 3, S, &mut last);
+            let now = Nanos::new(i * 337_123 + i % 7 * 1_000_000);
+            for span in [Nanos::ZERO, MS, MS * 25, S / 10, S * 3] {
+                let e = d.expected(now, S, span);
+                for held in [0, 1, e.saturating_sub(1), e, e + 1, 1 << 40] {
+                    assert_eq!(d.exceeds(held, now, S, span), held < e, "{i} {span:?} {held} {e}");
+                }
+            }
+        }
     }
 
     #[test]

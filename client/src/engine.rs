@@ -22,7 +22,7 @@
 use std::borrow::Borrow;
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hash};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hashbrown::HashTable;
@@ -31,7 +31,7 @@ use crate::breaker::{Breaker, BreakerConfig, Permit};
 use crate::commands::{self, Options};
 use crate::decision::Decision;
 use crate::lease::{ClaimSpec, KeyState, LeaseConfig, LimitedBy, ReturnSpec, Taken, Verdict};
-use crate::metrics::{add, sub, Metrics, MetricsSnapshot};
+use crate::metrics::{add, add_shared, sub, Metrics, MetricsSnapshot};
 use crate::policy::{FailurePolicy, LocalBucket};
 use crate::spec::Limit;
 use crate::time::Nanos;
@@ -313,13 +313,18 @@ pub enum Step<K> {
     Wait(Waiter),
 }
 
-/// State shared by all shards of one limiter: config, breaker, metrics, hasher.
+/// State shared by all shards of one limiter: config, breaker, hasher, and the metrics of
+/// every shard (each engine counts in its own [`Metrics`], written only under its `&mut`, so a
+/// check updates no cache line another shard's thread writes; [`Shared::snapshot`] sums them).
 #[derive(Debug)]
 pub struct Shared {
     pub config: EngineConfig,
     pub breaker: Breaker,
-    pub metrics: Metrics,
     pub hasher: KeyHasher,
+    /// What no shard counts: the answers of returns sent by a driver without its shard.
+    unsharded: Metrics,
+    /// The metrics of every engine made with this state.
+    engines: Mutex<Vec<Arc<Metrics>>>,
 }
 
 impl Shared {
@@ -327,9 +332,17 @@ impl Shared {
         Arc::new(Shared {
             config,
             breaker: Breaker::new(config.breaker),
-            metrics: Metrics::default(),
             hasher: KeyHasher::default(),
+            unsharded: Metrics::default(),
+            engines: Mutex::new(Vec::new()),
         })
+    }
+
+    /// A new engine's own metrics, counted in [`Shared::snapshot`].
+    fn register(&self) -> Arc<Metrics> {
+        let m = Arc::new(Metrics::default());
+        self.engines.lock().unwrap_or_else(|e| e.into_inner()).push(m.clone());
+        m
     }
 
     /// The hash every shard uses for `key`.
@@ -339,26 +352,31 @@ impl Shared {
 
     /// A return's answer (see [`Engine::on_return`]): needs no shard.
     pub fn on_return(&self, now: Nanos, result: Result<u64, CallError>) {
-        let m = &self.metrics;
+        let m = &self.unsharded;
         match result {
             Ok(credited) => {
                 self.breaker.on_success();
-                add(&m.units_credited, credited);
+                add_shared(&m.units_credited, credited);
             }
             Err(CallError::Refused) => self.breaker.on_success(),
             Err(CallError::Unavailable) => {
-                add(&m.redis_errors, 1);
+                add_shared(&m.redis_errors, 1);
                 if self.breaker.on_failure(now) {
-                    add(&m.breaker_opens, 1);
+                    add_shared(&m.breaker_opens, 1);
                 }
             }
             Err(CallError::Abandoned) => {}
         }
     }
 
-    /// The metrics, with the breaker's state.
+    /// The metrics of every engine made with this state, with the breaker's state.
     pub fn snapshot(&self) -> MetricsSnapshot {
-        let mut s = self.metrics.snapshot();
+        let mut s = MetricsSnapshot::default();
+        self.unsharded.accumulate(&mut s);
+        for m in self.engines.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            m.accumulate(&mut s);
+        }
+        s.derive();
         s.breaker_state = self.breaker.state() as u64;
         s
     }
@@ -381,6 +399,8 @@ struct Slot<K> {
 #[derive(Debug)]
 pub struct Engine<K> {
     shared: Arc<Shared>,
+    /// This engine's counters (registered with `shared`).
+    metrics: Arc<Metrics>,
     slots: Vec<Slot<K>>,
     index: HashTable<u32>,
     wheel: Wheel,
@@ -400,6 +420,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     pub fn with_shared(shared: Arc<Shared>) -> Engine<K> {
         let wheel = Wheel::new(shared.config.granularity, 256);
         Engine {
+            metrics: shared.register(),
             shared,
             slots: Vec::new(),
             index: HashTable::new(),
@@ -420,6 +441,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         &self.shared.config
     }
 
+    /// The metrics of every engine sharing this one's [`Shared`] (one engine: its own).
     pub fn metrics(&self) -> MetricsSnapshot {
         self.shared.snapshot()
     }
@@ -451,6 +473,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         self.slots.iter().map(|s| (&s.key, &s.state))
     }
 
+    #[inline]
     fn find<Q>(&self, hash: u64, key: &Q) -> Option<usize>
     where
         K: Borrow<Q>,
@@ -465,14 +488,26 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         self.next_gen
     }
 
+    #[inline]
     fn find_or_insert<Q>(&mut self, now: Nanos, hash: u64, key: &Q) -> usize
     where
         K: Borrow<Q> + From<Q::Owned>,
         Q: Eq + ToOwned + ?Sized,
     {
-        if let Some(i) = self.find(hash, key) {
-            return i;
+        match self.find(hash, key) {
+            Some(i) => i,
+            None => self.insert(now, hash, key),
         }
+    }
+
+    /// A key not remembered yet (kept out of line: the local path finds its key).
+    #[cold]
+    #[inline(never)]
+    fn insert<Q>(&mut self, now: Nanos, hash: u64, key: &Q) -> usize
+    where
+        K: Borrow<Q> + From<Q::Owned>,
+        Q: Eq + ToOwned + ?Sized,
+    {
         let cap = self.shared.config.max_keys;
         if cap > 0 && self.slots.len() >= cap {
             self.evict(now);
@@ -488,11 +523,12 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         });
         let (slots, hasher) = (&self.slots, &self.shared.hasher);
         self.index.insert_unique(hash, i as u32, |&j| hasher.hash_one(&slots[j as usize].key));
-        add(&self.shared.metrics.keys, 1);
+        add(&self.metrics.keys, 1);
         i
     }
 
     /// Makes sure the wheel wakes key `i` by its next deadline.
+    #[inline]
     fn arm(&mut self, now: Nanos, i: usize) {
         let (cfg, slot) = (&self.shared.config, &mut self.slots[i]);
         let at = slot.state.next_deadline(now, &cfg.lease, cfg.forget_after);
@@ -520,8 +556,8 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             }
         }
         self.slots.swap_remove(i);
-        sub(&self.shared.metrics.keys, 1);
-        add(&self.shared.metrics.keys_forgotten, 1);
+        sub(&self.metrics.keys, 1);
+        add(&self.metrics.keys_forgotten, 1);
         if i != last {
             // The moved key's wheel entries name its old position: arm it again here.
             let gen = self.new_gen();
@@ -556,7 +592,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             }
         }
         let Some(i) = victim else { return };
-        let (cfg, m) = (&self.shared.config, &self.shared.metrics);
+        let (cfg, m) = (&self.shared.config, &self.metrics);
         self.slots[i].state.drain(now, &cfg.lease, m, &mut self.returns);
         let key = &self.slots[i].key;
         let deadline = now + cfg.lease.return_margin;
@@ -580,9 +616,9 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         K: Borrow<Q> + From<Q::Owned>,
         Q: Eq + ToOwned + ?Sized,
     {
-        add(&self.shared.metrics.requests, 1);
+        add(&self.metrics.requests, 1);
         let i = self.find_or_insert(now, hash, key);
-        let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
+        let (lease, m) = (&self.shared.config.lease, &self.metrics);
         let v = self.slots[i].state.on_request(now, cost, lease, m);
         self.step(now, i, cost, v)
     }
@@ -596,7 +632,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         Q: Hash + Eq + ToOwned + ?Sized,
     {
         let i = self.find_or_insert(now, self.hash(key), key);
-        let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
+        let (lease, m) = (&self.shared.config.lease, &self.metrics);
         let step = match self.slots[i].state.peek(now, cost, lease, m) {
             Some(Verdict::Admit { .. }) => {
                 Step::Done { outcome: self.known(now, i, true, Source::Local, None, None), refill: None }
@@ -630,7 +666,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         Q: Hash + Eq + ?Sized,
     {
         let i = self.find(self.hash(key), key)?;
-        let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
+        let (lease, m) = (&self.shared.config.lease, &self.metrics);
         match self.slots[i].state.peek(now, cost, lease, m)? {
             Verdict::Admit { .. } => Some(self.known(now, i, true, Source::Local, None, None)),
             Verdict::Limited { retry_after, by, .. } => {
@@ -657,7 +693,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             self.arm(now, i);
             return Step::Done { outcome: self.shadow(o), refill: None };
         }
-        let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
+        let (lease, m) = (&self.shared.config.lease, &self.metrics);
         let v = self.slots[i].state.resume(now, waiter.cost, Some(waiter.claim), lease, m);
         self.step(now, i, waiter.cost, v)
     }
@@ -670,7 +706,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             return Some(Step::Done { outcome: self.peeked(now, claim, d), refill: None });
         }
         let i = self.find_or_insert(now, self.hash(&claim.key), &claim.key);
-        let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
+        let (lease, m) = (&self.shared.config.lease, &self.metrics);
         let state = &mut self.slots[i].state;
         let Some((v, cost)) = state.on_claim_reply(now, &claim.spec, d, lease, m) else {
             if claim.spec.background {
@@ -692,7 +728,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     /// `claim` failed. `Some(step)` for the request that sent it (`None` for a background
     /// claim, or an abandoned one: its request is gone).
     pub fn on_error(&mut self, now: Nanos, claim: &Claim<K>, error: CallError) -> Option<Step<K>> {
-        let m = &self.shared.metrics;
+        let m = &self.metrics;
         match error {
             CallError::Unavailable => {
                 add(&m.redis_errors, 1);
@@ -712,7 +748,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             return (error != CallError::Abandoned).then_some(Step::Done { outcome: self.shadow(o), refill: None });
         }
         let i = self.find_or_insert(now, self.hash(&claim.key), &claim.key);
-        let m = &self.shared.metrics;
+        let m = &self.metrics;
         let state = &mut self.slots[i].state;
         state.expire(now, m);
         let step = match state.on_claim_error(&claim.spec, m) {
@@ -720,7 +756,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             Some((v, cost)) => Some(self.step(now, i, cost, v)),
             // The request's own claim, already given up: it failed all the same.
             None if !claim.spec.background => {
-                let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
+                let (lease, m) = (&self.shared.config.lease, &self.metrics);
                 let v = self.slots[i].state.resume(now, claim.spec.cost, Some(claim.spec.id), lease, m);
                 Some(self.step(now, i, claim.spec.cost, v))
             }
@@ -745,7 +781,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         Q: Hash + Eq + ?Sized,
     {
         let Some(i) = self.find(self.hash(key), key) else { return false };
-        let (cfg, m) = (&self.shared.config, &self.shared.metrics);
+        let (cfg, m) = (&self.shared.config, &self.metrics);
         let done = match (outcome.source, outcome.taken) {
             (Source::Local | Source::Redis, Some(t)) if outcome.enforced => self.slots[i].state.refund(now, t, m),
             (Source::Fallback, Some(t)) if outcome.enforced => match cfg.policy {
@@ -761,18 +797,22 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         done
     }
 
+    /// The step of a verdict on key `i`; the key is armed (its next deadline in the wheel)
+    /// before the step is built, so that the step is written once, in place.
+    #[inline]
     fn step(&mut self, now: Nanos, i: usize, cost: u64, v: Verdict) -> Step<K> {
-        let step = self.step_inner(now, i, cost, v);
-        self.arm(now, i);
-        step
-    }
-
-    fn step_inner(&mut self, now: Nanos, i: usize, cost: u64, v: Verdict) -> Step<K> {
         let (outcome, refill) = match v {
-            Verdict::Admit { from_claim, refill, delay, taken } => {
+            Verdict::Admit { from_claim, refill, delay, taken, held } => {
                 let source = if from_claim { Source::Redis } else { Source::Local };
-                let mut o = self.known(now, i, true, source, None, delay);
-                o.taken = taken;
+                let st = &self.slots[i].state;
+                let o = Outcome {
+                    limit: st.capacity(),
+                    remaining: st.remaining_with(held),
+                    reset_after: st.reset_after(now),
+                    delay,
+                    taken,
+                    ..Outcome::plain(true, source, None)
+                };
                 (o, refill)
             }
             Verdict::Limited { retry_after, by, refill } => {
@@ -785,33 +825,40 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             }
             Verdict::Wait { claim } => {
                 let until = now + self.shared.config.call_timeout * 3 / 2;
+                self.arm(now, i);
                 return Step::Wait(Waiter { claim, cost, until });
             }
             Verdict::Claim(c) => match self.shared.breaker.permit(now) {
                 Permit::Reject { retry_in } => {
-                    self.slots[i].state.cancel_claim(c.id, &self.shared.metrics);
+                    self.slots[i].state.cancel_claim(c.id, &self.metrics);
                     (self.fallback(now, i, cost, retry_in, true), None)
                 }
-                _ => return Step::Send(self.claim(i, c)),
+                _ => {
+                    self.arm(now, i);
+                    return Step::Send(self.claim(i, c));
+                }
             },
             Verdict::Failed => (self.fallback(now, i, cost, self.shared.config.breaker.cool_down, true), None),
             Verdict::Retry => {
                 // on_reply resolves it; any other path treats it as a new decision.
-                let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
+                let (lease, m) = (&self.shared.config.lease, &self.metrics);
                 let v = self.slots[i].state.resume(now, cost, None, lease, m);
-                return self.step_inner(now, i, cost, v);
+                return self.step(now, i, cost, v);
             }
         };
         // A background refill only when Redis may be called (it may be the half-open probe).
         let refill = match refill {
             Some(c) if !self.shared.breaker.permit(now).allows_call() => {
-                self.slots[i].state.cancel_claim(c.id, &self.shared.metrics);
+                self.slots[i].state.cancel_claim(c.id, &self.metrics);
                 None
             }
             Some(c) => Some(self.claim(i, c)),
             None => None,
         };
-        Step::Done { outcome: self.shadow(outcome), refill }
+        self.arm(now, i);
+        let mut outcome = outcome;
+        self.shadow_in_place(&mut outcome);
+        Step::Done { outcome, refill }
     }
 
     fn claim(&self, i: usize, spec: ClaimSpec) -> Claim<K> {
@@ -857,7 +904,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     /// Redis cannot decide this request: the failure policy does. `take`: false for a peek
     /// (nothing consumed, nothing counted).
     fn fallback(&mut self, now: Nanos, i: usize, cost: u64, retry_in: Nanos, take: bool) -> Outcome {
-        let m = &self.shared.metrics;
+        let m = &self.metrics;
         let count = |c| {
             if take {
                 add(c, 1)
@@ -897,11 +944,16 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     }
 
     fn shadow(&self, mut o: Outcome) -> Outcome {
+        self.shadow_in_place(&mut o);
+        o
+    }
+
+    /// Shadow mode: a refusal is counted and let through.
+    fn shadow_in_place(&self, o: &mut Outcome) {
         if self.shared.config.shadow && !o.allowed {
-            add(&self.shared.metrics.shadow_would_blocks, 1);
+            add(&self.metrics.shadow_would_blocks, 1);
             o.allowed = true;
         }
-        o
     }
 
     fn shadow_quiet(&self, mut o: Outcome) -> Outcome {
@@ -941,8 +993,8 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         self.wheel.pop_due(now, at_of, &mut due);
         let any = !due.is_empty();
         let may_call = !self.shared.breaker.is_open();
-        let shared = Arc::clone(&self.shared);
-        let (cfg, m) = (&shared.config, &shared.metrics);
+        let (shared, metrics) = (Arc::clone(&self.shared), Arc::clone(&self.metrics));
+        let (cfg, m) = (&shared.config, &*metrics);
         for (i, gen) in due.drain(..) {
             let i = i as usize;
             if self.slots.get(i).is_none_or(|s| s.gen != gen || s.armed.is_zero() || s.armed > now) {
@@ -987,7 +1039,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
 
     /// Shutdown: every held unit to give back (and any return still queued).
     pub fn drain(&mut self, now: Nanos) -> Vec<Return<K>> {
-        let (lease, m) = (&self.shared.config.lease, &self.shared.metrics);
+        let (lease, m) = (&self.shared.config.lease, &self.metrics);
         let mut out: Vec<Return<K>> = self.transmit.drain(..).collect();
         let deadline = now + lease.return_margin;
         for s in self.slots.iter_mut() {
@@ -995,6 +1047,14 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             out.extend(self.returns.drain(..).map(|spec| Return { key: s.key.clone(), spec, deadline }));
         }
         out
+    }
+}
+
+impl<K> Drop for Engine<K> {
+    /// Its counters stay in the limiter's totals; its gauges go (its keys and claims with it).
+    fn drop(&mut self) {
+        self.metrics.keys.store(0, std::sync::atomic::Ordering::Relaxed);
+        self.metrics.claims_in_flight.store(0, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -204,8 +204,9 @@ pub(crate) enum LimitedBy {
 pub(crate) enum Verdict {
     /// Admitted. `from_claim`: served by the claim it made (a round trip); else from held
     /// units. `refill`: send this background claim now (units are running low). `delay`:
-    /// RL.LEAKY's delay for a Redis admit. `taken`: what a refund would put back.
-    Admit { from_claim: bool, refill: Option<ClaimSpec>, delay: Option<Nanos>, taken: Option<Taken> },
+    /// RL.LEAKY's delay for a Redis admit. `taken`: what a refund would put back. `held`: the
+    /// units held after it (all unexpired at the decision's `now`).
+    Admit { from_claim: bool, refill: Option<ClaimSpec>, delay: Option<Nanos>, taken: Option<Taken>, held: u64 },
     /// Refused; `retry_after` is when it can pass (never early), `None` when it never can.
     /// `refill`: send this background claim now (a held key nearing the end of its hold).
     Limited { retry_after: Option<Nanos>, by: LimitedBy, refill: Option<ClaimSpec> },
@@ -343,6 +344,7 @@ impl KeyState {
         (self.failed != 0).then_some(self.failed as u64)
     }
 
+    #[inline]
     fn known_remaining(&self) -> Option<u64> {
         (self.remaining != u64::MAX).then_some(self.remaining)
     }
@@ -352,6 +354,7 @@ impl KeyState {
     }
 
     /// Units held (unexpired as of the last call that expired leases).
+    #[inline]
     pub fn held(&self) -> u64 {
         self.leases.iter().map(|l| l.units).sum()
     }
@@ -380,6 +383,7 @@ impl KeyState {
     }
 
     /// The limit's capacity, once a reply reported it.
+    #[inline]
     pub fn capacity(&self) -> Option<u64> {
         (self.capacity != 0).then_some(self.capacity)
     }
@@ -387,11 +391,18 @@ impl KeyState {
     /// The units still admissible overall, as best known: the server's last `remaining` plus
     /// what is held here.
     pub fn remaining_estimate(&self, now: Nanos) -> Option<u64> {
-        let r = self.known_remaining()?.saturating_add(self.held_at(now));
+        self.remaining_with(self.held_at(now))
+    }
+
+    /// [`KeyState::remaining_estimate`] with the units servable now already counted.
+    #[inline]
+    pub(crate) fn remaining_with(&self, held: u64) -> Option<u64> {
+        let r = self.known_remaining()?.saturating_add(held);
         Some(self.capacity().map_or(r, |c| r.min(c)))
     }
 
     /// Time until the limiter is fresh again, as of the last reply.
+    #[inline]
     pub fn reset_after(&self, now: Nanos) -> Option<Nanos> {
         (!self.reset_at.is_zero()).then(|| self.reset_at - now)
     }
@@ -407,6 +418,7 @@ impl KeyState {
     /// When housekeeping next has something to do for this key: the claim in flight given up
     /// as lost, the first lease expiry, the idle return (while units are held and the key is
     /// not idle yet), or, with nothing held, the instant it may be forgotten.
+    #[inline]
     pub(crate) fn next_deadline(&self, now: Nanos, cfg: &LeaseConfig, forget_after: Nanos) -> Nanos {
         let mut at = Nanos::MAX;
         if let Some(f) = self.flight() {
@@ -426,6 +438,7 @@ impl KeyState {
     }
 
     /// Drops expired leases (counted as expired).
+    #[inline]
     pub(crate) fn expire(&mut self, now: Nanos, m: &Metrics) {
         if self.leases.first().is_none_or(|l| now < l.expires_at) {
             return;
@@ -446,8 +459,14 @@ impl KeyState {
         add(&m.units_expired, expired);
     }
 
+    #[inline]
     fn take(&mut self, mut units: u64) -> Taken {
         self.tally(|t| t.served += units);
+        if let Some(first) = self.leases.first_mut().filter(|l| l.units > units) {
+            // The usual case: the earliest lease covers it and keeps some.
+            first.units -= units;
+            return Taken { units, expires_at: first.expires_at, claim_sent_at: first.claim_sent_at };
+        }
         let first = self.leases[0];
         let mut taken = Taken { units, expires_at: first.expires_at, claim_sent_at: first.claim_sent_at };
         for l in self.leases.iter_mut() {
@@ -537,6 +556,7 @@ impl KeyState {
         }
     }
 
+    #[inline]
     fn hold_active(&self, now: Nanos) -> bool {
         now < self.hold_until
     }
@@ -567,6 +587,7 @@ impl KeyState {
 
     /// The refill lead: claim this long before the units are expected to run out (4 round
     /// trips, at least a quarter of the horizon).
+    #[inline]
     fn lead(&self, cfg: &LeaseConfig) -> Nanos {
         (cfg.horizon / 4).max(self.rtt() * 4)
     }
@@ -583,14 +604,16 @@ impl KeyState {
     /// A background claim when units run low: held below the demand of the refill lead time,
     /// sized for the span, only for a demand of at least 2 units per span, with a call credit,
     /// never while a claim is in flight or the key is held.
-    fn refill(&mut self, now: Nanos, cfg: &LeaseConfig, m: &Metrics) -> Option<ClaimSpec> {
-        if self.hold_active(now) || self.held() >= self.demand.expected(now, cfg.demand_tau, self.lead(cfg)) {
+    #[inline]
+    fn refill(&mut self, now: Nanos, held: u64, cfg: &LeaseConfig, m: &Metrics) -> Option<ClaimSpec> {
+        if self.hold_active(now) || !self.demand.exceeds(held, now, cfg.demand_tau, self.lead(cfg)) {
             return None;
         }
         self.background(now, cfg, m)
     }
 
     /// A new request for `cost` units at `now`.
+    #[inline]
     pub(crate) fn on_request(&mut self, now: Nanos, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Verdict {
         self.tally(|t| t.requests += 1);
         self.call_credit = self.call_credit.saturating_add(1);
@@ -609,7 +632,7 @@ impl KeyState {
         }
         let held = self.held();
         if held >= cost {
-            return Some(Verdict::Admit { from_claim: false, refill: None, delay: None, taken: None });
+            return Some(Verdict::Admit { from_claim: false, refill: None, delay: None, taken: None, held });
         }
         match self.hold() {
             Some(d) if now < d.until && cost - held >= d.need => {
@@ -631,21 +654,29 @@ impl KeyState {
     ) -> Verdict {
         if waited.is_some() && self.failed_claim() == waited {
             self.expire(now, m);
-            if self.held() >= cost && cost > 0 {
+            let held = self.held();
+            if held >= cost && cost > 0 {
                 let taken = self.take(cost);
                 add(&m.local_admits, 1);
                 add(&m.units_served, cost);
-                return Verdict::Admit { from_claim: false, refill: None, delay: None, taken: Some(taken) };
+                return Verdict::Admit {
+                    from_claim: false,
+                    refill: None,
+                    delay: None,
+                    taken: Some(taken),
+                    held: held - cost,
+                };
             }
             return Verdict::Failed;
         }
         self.decide(now, cost, cfg, m)
     }
 
+    #[inline]
     fn decide(&mut self, now: Nanos, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Verdict {
         self.expire(now, m);
         if cost == 0 {
-            return Verdict::Admit { from_claim: false, refill: None, delay: None, taken: None };
+            return Verdict::Admit { from_claim: false, refill: None, delay: None, taken: None, held: self.held() };
         }
         if cost > self.capacity().unwrap_or(cfg.limit.capacity()) {
             add(&m.never_denials, 1);
@@ -656,8 +687,9 @@ impl KeyState {
             let taken = self.take(cost);
             add(&m.local_admits, 1);
             add(&m.units_served, cost);
-            let refill = self.refill(now, cfg, m);
-            return Verdict::Admit { from_claim: false, refill, delay: None, taken: Some(taken) };
+            let held = held - cost;
+            let refill = self.refill(now, held, cfg, m);
+            return Verdict::Admit { from_claim: false, refill, delay: None, taken: Some(taken), held };
         }
         if let Some(f) = self.flight() {
             if now - f.claim.sent_at <= cfg.stale_claim {
@@ -761,14 +793,13 @@ impl KeyState {
         }
         self.expire(now, m);
         let cost = initiator?;
-        if self.held() >= cost {
+        let held = self.held();
+        if held >= cost {
             let taken = self.take(cost);
             add(&m.redis_admits, 1);
             add(&m.units_served, cost);
-            Some((
-                Verdict::Admit { from_claim: true, refill: None, delay: d.delay.map(Nanos::from), taken: Some(taken) },
-                cost,
-            ))
+            let (delay, held) = (d.delay.map(Nanos::from), held - cost);
+            Some((Verdict::Admit { from_claim: true, refill: None, delay, taken: Some(taken), held }, cost))
         } else if granted == 0 {
             add(&m.redis_denials, 1);
             // The hold's end: the server-named instant, or later while paced.

@@ -18,6 +18,7 @@
 
 pub mod batch;
 pub mod breaker;
+mod clock;
 pub mod commands;
 pub mod connection;
 pub mod decision;

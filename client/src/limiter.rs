@@ -41,6 +41,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::breaker::BreakerConfig;
+use crate::clock::Clock;
 use crate::commands;
 use crate::decision::Decision;
 use crate::engine::{CallError, Claim, Engine, EngineConfig, Outcome, Return, Shared, Step, Waiter};
@@ -209,10 +210,15 @@ impl LimiterConfig {
     }
 }
 
+/// The rest of a request that waits for Redis.
+type Slow<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
+
 /// The driver's keys: inline up to 24 bytes (no allocation for the usual API key, IP or user
 /// id), hashed as the `str` they hold.
 type Key = compact_str::CompactString;
 
+/// Aligned so that neighbouring shards' locks never share a cache line.
+#[repr(align(128))]
 struct Shard {
     engine: Mutex<Engine<Key>>,
     /// Woken after every claim of this shard completes.
@@ -226,7 +232,7 @@ struct Inner<C: ConnectionLike + Clone + Send + Sync + 'static> {
     config: LimiterConfig,
     shared: Arc<Shared>,
     shards: Box<[Shard]>,
-    epoch: Instant,
+    clock: Clock,
     /// Wakes the housekeeping task when a deadline earlier than its sleep appears.
     housekeeper: Arc<Notify>,
     sleeping_until: AtomicU64,
@@ -326,7 +332,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
             config,
             shared,
             shards,
-            epoch: Instant::now(),
+            clock: Clock::new(),
             housekeeper: housekeeper.clone(),
             sleeping_until: AtomicU64::new(u64::MAX),
         });
@@ -348,7 +354,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
         let inner = &self.inner;
         let hash = inner.shared.hash(key);
         let step = inner.with_engine(hash, |e, now| e.check_hashed(now, hash, key, cost));
-        inner.run(key, step).await
+        match inner.first_step(key, step) {
+            Ok(outcome) => outcome,
+            Err(rest) => rest.await,
+        }
     }
 
     /// Decides a request for `cost` units of `key` without taking anything: from the units
@@ -358,7 +367,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
     pub async fn peek(&self, key: &str, cost: u64) -> Outcome {
         let inner = &self.inner;
         let step = inner.with_engine(inner.shared.hash(key), |e, now| e.peek(now, key, cost));
-        inner.run(key, step).await
+        match inner.first_step(key, step) {
+            Ok(outcome) => outcome,
+            Err(rest) => rest.await,
+        }
     }
 
     /// Puts back the units an admitted `outcome` of `key` took, at no cost (no Redis call):
@@ -467,17 +479,17 @@ pub async fn check_all<C: ConnectionLike + Clone + Send + Sync + 'static>(
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     fn now(&self) -> Nanos {
-        // +1: 0 is never a real instant.
-        Nanos::from(self.epoch.elapsed()) + Nanos::new(1)
+        self.clock.now()
     }
 
     fn instant(&self, t: Nanos) -> Instant {
-        self.epoch + Duration::from(t)
+        self.clock.instant(t)
     }
 
     fn shard(&self, hash: u64) -> &Shard {
-        // The high bits: the shard's table indexes by the low ones.
-        &self.shards[((hash >> 32) % self.shards.len() as u64) as usize]
+        // The high bits (the shard's table indexes by the low ones), mapped onto the shards by
+        // a multiply and a shift rather than a division.
+        &self.shards[(((hash >> 32) as u128 * self.shards.len() as u128) >> 32) as usize]
     }
 
     fn lock(shard: &Shard) -> MutexGuard<'_, Engine<Key>> {
@@ -501,10 +513,35 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         if next < self.sleeping_until.load(Ordering::Relaxed) {
             self.housekeeper.notify_one();
         }
-        for r in transmit {
-            tokio::spawn(self.clone().give_back(r));
+        if !transmit.is_empty() {
+            for r in transmit {
+                tokio::spawn(self.clone().give_back(r));
+            }
         }
         out
+    }
+
+    /// A request's first step: decided at once (the local path: ready on the first poll, no
+    /// allocation, nothing awaited), or the rest of the request ([`Inner::run`]) boxed, so that
+    /// the check's own future stays a few words (the whole wait is only built when needed).
+    fn first_step<'a>(self: &'a Arc<Self>, key: &'a str, step: Step<Key>) -> Result<Outcome, Slow<'a>> {
+        match step {
+            Step::Done { outcome, refill } => {
+                if let Some(c) = refill {
+                    self.refill(c);
+                }
+                Ok(outcome)
+            }
+            step => Err(Box::pin(self.run(key, step))),
+        }
+    }
+
+    /// Sends a background claim from a task of its own: nobody waits for it.
+    fn refill(self: &Arc<Self>, c: Claim<Key>) {
+        let inner = self.clone();
+        tokio::spawn(async move {
+            let _ = inner.claim(c).await;
+        });
     }
 
     /// Carries a request's steps to its outcome.
@@ -513,10 +550,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
             step = match step {
                 Step::Done { outcome, refill } => {
                     if let Some(c) = refill {
-                        let inner = self.clone();
-                        tokio::spawn(async move {
-                            let _ = inner.claim(c).await;
-                        });
+                        self.refill(c);
                     }
                     return outcome;
                 }
@@ -633,10 +667,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Inner<C> {
         if returns.is_empty() {
             return;
         }
-        let (mut conn, epoch) = (self.conn.clone(), self.epoch);
+        let deadlines: Vec<Instant> = returns.iter().map(|r| self.instant(r.deadline())).collect();
+        let mut conn = self.conn.clone();
         rt.spawn(async move {
-            for r in returns {
-                let deadline = epoch + Duration::from(r.deadline());
+            for (r, deadline) in returns.into_iter().zip(deadlines) {
                 let _ = tokio::time::timeout_at(deadline, r.command().query_async::<i64>(&mut conn)).await;
             }
         });

@@ -9,8 +9,10 @@ macro_rules! metrics {
     (counters { $($(#[$cdoc:meta])* $c:ident),* $(,)? }
      gauges { $($(#[$gdoc:meta])* $g:ident),* $(,)? }
      derived { $($(#[$ddoc:meta])* $d:ident),* $(,)? }) => {
-        /// Live counters and gauges (relaxed atomics).
+        /// Live counters and gauges (relaxed atomics), one set per engine (shard); aligned so
+        /// that two shards' sets never share a cache line.
         #[derive(Debug, Default)]
+        #[repr(align(128))]
         pub struct Metrics {
             $($(#[$cdoc])* pub $c: AtomicU64,)*
             $($(#[$gdoc])* pub $g: AtomicU64,)*
@@ -28,9 +30,17 @@ macro_rules! metrics {
             /// The counters and the engine's gauges; the derived gauges are filled by
             /// [`MetricsSnapshot::derive`] (the driver adds `breaker_state`).
             pub fn snapshot(&self) -> MetricsSnapshot {
-                let mut s = MetricsSnapshot { $($c: self.$c.load(Relaxed),)* $($g: self.$g.load(Relaxed),)* ..Default::default() };
+                let mut s = MetricsSnapshot::default();
+                self.accumulate(&mut s);
                 s.derive();
                 s
+            }
+
+            /// Adds these counters and gauges to `s` (a sum over shards; derived gauges
+            /// untouched).
+            pub fn accumulate(&self, s: &mut MetricsSnapshot) {
+                $(s.$c = s.$c.wrapping_add(self.$c.load(Relaxed));)*
+                $(s.$g = s.$g.wrapping_add(self.$g.load(Relaxed));)*
             }
         }
 
@@ -161,17 +171,29 @@ fn escape(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// `m.field += n`.
+/// `m.field += n` on an engine's own metrics: only the holder of the engine (`&mut`, under its
+/// shard's lock) writes them, so a plain load and store (no locked instruction) is exact;
+/// readers see each value whole (atomics) and at most one update late.
+#[inline]
 pub(crate) fn add(c: &AtomicU64, n: u64) {
     if n > 0 {
-        c.fetch_add(n, Relaxed);
+        c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
     }
 }
 
-/// `m.field -= n` (gauges, and a claim cancelled before it was sent).
+/// `m.field -= n` (gauges, and a claim cancelled before it was sent), as [`add`].
+#[inline]
 pub(crate) fn sub(c: &AtomicU64, n: u64) {
     if n > 0 {
-        c.fetch_sub(n, Relaxed);
+        c.store(c.load(Relaxed).wrapping_sub(n), Relaxed);
+    }
+}
+
+/// `m.field += n` on metrics several threads write at once (a limiter's unsharded ones).
+#[inline]
+pub(crate) fn add_shared(c: &AtomicU64, n: u64) {
+    if n > 0 {
+        c.fetch_add(n, Relaxed);
     }
 }
 

@@ -17,38 +17,49 @@ impl Nanos {
     pub const ZERO: Nanos = Nanos(0);
     pub const MAX: Nanos = Nanos(u64::MAX);
 
+    #[inline]
     pub const fn new(ns: u64) -> Nanos {
         Nanos(ns)
     }
+    #[inline]
     pub const fn from_micros(us: u64) -> Nanos {
         Nanos(us.saturating_mul(1_000))
     }
+    #[inline]
     pub const fn from_millis(ms: u64) -> Nanos {
         Nanos(ms.saturating_mul(1_000_000))
     }
+    #[inline]
     pub const fn from_secs(s: u64) -> Nanos {
         Nanos(s.saturating_mul(1_000_000_000))
     }
+    #[inline]
     pub const fn as_u64(self) -> u64 {
         self.0
     }
+    #[inline]
     pub fn as_f64(self) -> f64 {
         self.0 as f64
     }
     /// Whole milliseconds, rounded up (what the module's `AGE` and the headers never understate).
+    #[inline]
     pub const fn as_millis_ceil(self) -> u64 {
         self.0.div_ceil(1_000_000)
     }
+    #[inline]
     pub const fn is_zero(self) -> bool {
         self.0 == 0
     }
+    #[inline]
     pub const fn saturating_add(self, o: Nanos) -> Nanos {
         Nanos(self.0.saturating_add(o.0))
     }
+    #[inline]
     pub const fn saturating_sub(self, o: Nanos) -> Nanos {
         Nanos(self.0.saturating_sub(o.0))
     }
     /// `self ÷ o` as a count (0 when `o` is zero).
+    #[inline]
     pub const fn div_span(self, o: Nanos) -> u64 {
         match self.0.checked_div(o.0) {
             Some(q) => q,
@@ -59,12 +70,14 @@ impl Nanos {
 
 impl From<Duration> for Nanos {
     /// The one conversion: saturating.
+    #[inline]
     fn from(d: Duration) -> Nanos {
         Nanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
     }
 }
 
 impl From<Nanos> for Duration {
+    #[inline]
     fn from(n: Nanos) -> Duration {
         Duration::from_nanos(n.0)
     }
@@ -72,12 +85,14 @@ impl From<Nanos> for Duration {
 
 impl Add for Nanos {
     type Output = Nanos;
+    #[inline]
     fn add(self, o: Nanos) -> Nanos {
         self.saturating_add(o)
     }
 }
 
 impl AddAssign for Nanos {
+    #[inline]
     fn add_assign(&mut self, o: Nanos) {
         *self = *self + o;
     }
@@ -86,6 +101,7 @@ impl AddAssign for Nanos {
 impl Sub for Nanos {
     type Output = Nanos;
     /// Saturating at zero: the span from a later instant to an earlier one is zero.
+    #[inline]
     fn sub(self, o: Nanos) -> Nanos {
         self.saturating_sub(o)
     }
@@ -93,6 +109,7 @@ impl Sub for Nanos {
 
 impl Mul<u64> for Nanos {
     type Output = Nanos;
+    #[inline]
     fn mul(self, k: u64) -> Nanos {
         Nanos(self.0.saturating_mul(k))
     }
@@ -100,6 +117,7 @@ impl Mul<u64> for Nanos {
 
 impl Div<u64> for Nanos {
     type Output = Nanos;
+    #[inline]
     fn div(self, k: u64) -> Nanos {
         Nanos(self.0 / k.max(1))
     }
