@@ -1,0 +1,203 @@
+//! Instruction counts per check, for `valgrind --tool=callgrind` (stable where timings on a
+//! shared machine are not): one process per case runs `IR_N` checks after a warm-up, and
+//! `client/benches/ir.sh` runs each case at N and 2N checks and reports the difference ÷ N
+//! (the warm-up, the server's start and the runtime's cancel out). The cases are those of
+//! `local_path.rs`, with governor's keyed limiter and a direct `commands::check` measured the
+//! same way in the same run:
+//!
+//! * `limiter_1`, `limiter_1000`: `Limiter::check` of a key holding units (polled once; a check
+//!   that must wait is finished on the runtime, the same future); `engine_*`: the sans-IO
+//!   engine alone; `governor_*`: `RateLimiter::keyed` `check_key`;
+//! * `cold_limiter`, `cold_direct`: a key never seen (an exact claim, a round trip) against
+//!   `commands::check`, on the same connection type, against a real redis-server.
+//!
+//! `bash client/benches/ir.sh` (needs valgrind and the module: `make build`).
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::future::Future;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use governor::{Quota, RateLimiter};
+use redis_ratelimit_client::commands::{self, Options};
+use redis_ratelimit_client::{Decision, Engine, Limit, Limiter, LimiterConfig, Nanos, Reconnecting, Step};
+
+/// A limit no case reaches: every check is admitted.
+fn huge() -> Limit {
+    Limit::token_bucket(1_000_000_000_000, Duration::from_secs(1000)).with_burst(1_000_000_000_000)
+}
+
+fn keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("apikey:{i:08}")).collect()
+}
+
+/// The configuration of the warm cases: batches for 50 s of demand, so that every key holds
+/// units whatever the speed of the loop (under valgrind it runs ~50× slower), and a call
+/// timeout valgrind never reaches.
+fn warm_config() -> LimiterConfig {
+    LimiterConfig::new(huge())
+        .lease(Duration::from_secs(100))
+        .horizon(Duration::from_secs(50))
+        .max_batch(1_000_000)
+        .timeout(Duration::from_secs(60))
+}
+
+struct Direct {
+    engine: Engine<String>,
+    now: u64,
+}
+
+impl Direct {
+    fn new() -> Direct {
+        Direct { engine: Engine::new(warm_config().engine_config()), now: 1 }
+    }
+
+    fn check(&mut self, key: &str) -> bool {
+        self.now += 100;
+        let now = Nanos::new(self.now);
+        let grant = |units: u64| Decision::from_fields(units as i64, 1_000_000_000, 500_000_000, -1, 1, None);
+        let mut step = self.engine.check(now, key, 1);
+        loop {
+            step = match step {
+                Step::Done { outcome, refill } => {
+                    if let Some(c) = refill {
+                        let _ = self.engine.on_reply(now, &c, &grant(c.units()));
+                    }
+                    return outcome.allowed;
+                }
+                Step::Send(c) => self.engine.on_reply(now, &c, &grant(c.units())).unwrap(),
+                Step::Wait(w) => self.engine.resume(now, key, w),
+            }
+        }
+    }
+}
+
+/// The process's CPU time (every thread): on a shared machine a check's cost, where wall time
+/// also counts the other processes.
+fn cpu_now() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_PROCESS_CPUTIME_ID always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Prints the CPU time per check of the measured loop (for `ir.sh cpu`).
+fn report(case: &str, n: usize, cpu: Duration) {
+    eprintln!("cpu {case} {:.1} ns/check", cpu.as_nanos() as f64 / n as f64);
+}
+
+/// Polls `fut` once; if it is not ready (it waits for Redis), finishes it on the runtime.
+fn drive<F: Future>(rt: &tokio::runtime::Runtime, fut: F, pending: &mut u64) -> F::Output {
+    let mut fut = pin!(fut);
+    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => {
+            *pending += 1;
+            rt.block_on(fut)
+        }
+    }
+}
+
+fn main() {
+    let case = std::env::var("IR_CASE").unwrap_or_else(|_| "engine_1".into());
+    let n: usize = std::env::var("IR_N").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+    let width: usize = case.rsplit('_').next().and_then(|w| w.parse().ok()).unwrap_or(1);
+    let ks = keys(width);
+    let mut pending = 0u64;
+    match case.as_str() {
+        c if c.starts_with("engine_") => {
+            let mut e = Direct::new();
+            for _ in 0..20 {
+                for k in &ks {
+                    e.check(k);
+                }
+            }
+            let t = cpu_now();
+            for i in 0..n {
+                black_box(e.check(&ks[i % width]));
+            }
+            report(c, n, cpu_now() - t);
+        }
+        c if c.starts_with("governor_") => {
+            let gov = RateLimiter::keyed(Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()));
+            for _ in 0..20 {
+                for k in &ks {
+                    black_box(gov.check_key(k).is_ok());
+                }
+            }
+            let t = cpu_now();
+            for i in 0..n {
+                black_box(gov.check_key(&ks[i % width]).is_ok());
+            }
+            report(c, n, cpu_now() - t);
+        }
+        c => {
+            let server = common::Server::start_with(common::Opts { debug_clock: false, ..Default::default() });
+            // One thread: background claims and replies run only when a check waits (inside
+            // `block_on`), so that N and 2N checks differ by exactly the checks (valgrind runs
+            // one thread at a time and would otherwise starve the runtime's worker).
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let client = redis::Client::open(server.url()).unwrap();
+            let conn = rt.block_on(Reconnecting::connect(client, Duration::from_secs(5))).unwrap();
+            let _g = rt.enter();
+            match c {
+                "limiter_1" | "limiter_1000" => {
+                    let l = Limiter::new(conn, warm_config());
+                    // Warm: each key in a burst, until it holds a batch for more than the
+                    // measured checks (a cold key's first claims are exact), so that the
+                    // measured ones never wait for a refill.
+                    for k in &ks {
+                        for _ in 0..40 {
+                            drive(&rt, l.check(k, 1), &mut pending);
+                        }
+                    }
+                    // Every claim of the warm-up answered before the measured checks.
+                    rt.block_on(async {
+                        while l.metrics().claims_in_flight > 0 {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                    });
+                    pending = 0;
+                    let t = cpu_now();
+                    for i in 0..n {
+                        black_box(drive(&rt, l.check(&ks[i % width], 1), &mut pending));
+                    }
+                    report(c, n, cpu_now() - t);
+                    let m = l.metrics();
+                    let nonzero: Vec<String> =
+                        m.fields().into_iter().filter(|f| f.1 > 0).map(|(k, v)| format!("{k} {v}")).collect();
+                    eprintln!("{c}: {n} checks, {pending} waited; {}", nonzero.join(", "));
+                }
+                "cold_limiter" => {
+                    let limit = Limit::token_bucket(1000, Duration::from_secs(60));
+                    let l = Limiter::new(conn, LimiterConfig::new(limit));
+                    let t = cpu_now();
+                    rt.block_on(async {
+                        for i in 0..n {
+                            black_box(l.check(&format!("cold:{i}"), 1).await);
+                        }
+                    });
+                    report(c, n, cpu_now() - t);
+                }
+                "cold_direct" => {
+                    let limit = Limit::token_bucket(1000, Duration::from_secs(60));
+                    let mut conn = conn;
+                    let t = cpu_now();
+                    rt.block_on(async {
+                        for i in 0..n {
+                            let key = format!("direct:{i}");
+                            black_box(commands::check(&mut conn, &key, &limit, Options::cost(1)).await.unwrap());
+                        }
+                    });
+                    report(c, n, cpu_now() - t);
+                }
+                other => panic!("unknown IR_CASE {other}"),
+            }
+        }
+    }
+}
