@@ -21,7 +21,7 @@ ir() { # case n -> total Ir of the process (every thread)
   local out; out=$(mktemp)
   IR_CASE=$1 IR_N=$2 valgrind --tool=callgrind --fair-sched=yes --callgrind-out-file="$out" "$BIN" >/dev/null 2>"$out.err" ||
     { cat "$out.err" >&2; exit 1; }
-  grep -h '^summary:' "$out"* | awk '{s += $2} END {print s}'
+  grep -h '^summary:' "$out"* | awk '{s += $2} END {printf "%.0f\n", s}'
   rm -f "$out" "$out".* "$out.err"
 }
 cpu() { # case n -> median ns per check of 5 runs
