@@ -198,7 +198,7 @@ unsafe extern "C" fn defrag(
         // SAFETY: the word now names the moved allocation, with the same tag.
         unsafe { *value = value::moved_word(word, moved(allocation)) };
         if compact {
-            return 0; // a compact token bucket is one allocation
+            return 0; // a compact box is one allocation
         }
         // SAFETY: an untagged, non-inline word is a `Box<State>` (value.rs), just moved.
         if let State::SlidingLog(log) = unsafe { &mut *(*value as *mut State) } {

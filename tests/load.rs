@@ -615,6 +615,82 @@ fn token_bucket_compact_and_general_forms() {
     }
 }
 
+/// GCRA and leaky keys whose limit shares few factors with the period in µs (11, 13, 17 and
+/// 23 per second, whose inline range is a few years), and windows of wide counts, stay inline
+/// or in the 16-byte compact box while the clock moves decades past their first use (issue
+/// 17.5): MEMORY USAGE is an inline key's or 16 bytes more, never the general box's, and every
+/// reply and DUMP is the core's, before and after DEBUG RELOAD.
+#[test]
+fn compact_forms_hold_ordinary_rates_for_decades() {
+    const YEAR_US: i64 = 31_557_600_000_000;
+    let server = Server::start();
+    let mut c = Resp::connect(server.port);
+    let t0 = now_us();
+    c.clock_set(t0);
+    limiter_ints(&c.c(&["RL.GCRA", "d:bb", "10", "1h"]), false).unwrap();
+    let base = memory_usage(&mut c, "d:bb");
+    assert_eq!(c.c(&["CONFIG", "SET", "rdbcompression", "no"]), Reply::Status(b"OK".to_vec()));
+    let sec = 1_000 * NANOS_PER_MILLI;
+    // (command, limit, period): each key's calls cost 20 periods' worth of a 30-period burst
+    // (half the limit for windows), so no key expires on the server's own clock meanwhile.
+    let cases: [(&str, u64, &str, i64); 9] = [
+        ("RL.GCRA", 11, "1s", sec),
+        ("RL.GCRA", 13, "1s", sec),
+        ("RL.GCRA", 17, "1s", sec),
+        ("RL.LEAKY", 23, "1s", sec),
+        ("RL.GCRA", 1000, "1m", 60 * sec),
+        ("RL.GCRA", 7, "1s", sec),
+        ("RL.GCRA", 3, "1s", sec),
+        ("RL.SLIDING", 100_000, "1m", 60 * sec),
+        ("RL.FIXED", 1_000_000, "1d", 86_400 * sec),
+    ];
+    let mut models = vec![Model::default(); cases.len()];
+    let mut forms = Vec::new();
+    for years in [0, 10, 30] {
+        for (i, &(cmd, limit, period, ns)) in cases.iter().enumerate() {
+            let key = format!("d:{i:02}");
+            let window = matches!(cmd, "RL.SLIDING" | "RL.FIXED");
+            let (burst, cost) = if window { (None, limit / 2) } else { (Some(limit * 30), limit * 20) };
+            let spec = spec_of(cmd, limit, ns, burst);
+            for step in 0..2 {
+                let now = t0 + years * YEAR_US + step * 1_000;
+                c.clock_set(now);
+                let mut args = vec![cmd.to_string(), key.clone(), limit.to_string(), period.to_string()];
+                if let Some(b) = burst {
+                    args.extend(["BURST".to_string(), b.to_string()]);
+                }
+                args.extend(["COST".to_string(), (cost / 2).to_string()]);
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let got = limiter_ints(&c.c(&args), cmd == "RL.LEAKY").unwrap();
+                let want =
+                    decision_ints(&models[i].check(&spec, now, Request::new(cost / 2), false), cmd == "RL.LEAKY");
+                assert_eq!(got, want, "{cmd} {limit}/{period} at +{years} y");
+            }
+            let dump = c.c(&["DUMP", &key]);
+            assert!(contains(dump.bulk().expect("DUMP"), &models[i].encoded().unwrap()), "{cmd} {limit}/{period}");
+            let extra = memory_usage(&mut c, &key) - base;
+            assert!(extra == 0 || extra == 16, "{cmd} {limit}/{period} at +{years} y: {extra} B more than inline");
+            if years == 0 {
+                assert_eq!(extra, 0, "{cmd} {limit}/{period}: inline at its first use");
+            }
+            forms.push(format!("{cmd} {limit}/{period} +{years}y: +{extra}"));
+        }
+    }
+    // 11/1s has 6.5 inline years: compact 30 years on.
+    assert!(forms.contains(&"RL.GCRA 11/1s +30y: +16".to_string()), "{forms:?}");
+    println!("memory: compact forms over decades (B above an inline key): {}", forms.join(", "));
+    assert_eq!(c.c(&["DEBUG", "RELOAD"]), Reply::Status(b"OK".to_vec()));
+    // (Valkey lays a loaded key out differently from a written one: the inline key again.)
+    let base = memory_usage(&mut c, "d:bb");
+    for (i, &(cmd, limit, period, _)) in cases.iter().enumerate() {
+        let key = format!("d:{i:02}");
+        let dump = c.c(&["DUMP", &key]);
+        assert!(contains(dump.bulk().expect("DUMP"), &models[i].encoded().unwrap()), "{cmd} after DEBUG RELOAD");
+        let extra = memory_usage(&mut c, &key) - base;
+        assert!(extra == 0 || extra == 16, "{cmd} {limit}/{period} after DEBUG RELOAD: {extra} B more than inline");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // (d) maxmemory with noeviction: RL commands answer OOM and write nothing.
 
