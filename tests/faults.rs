@@ -17,7 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::resp::{Reply, Resp};
-use common::{now_ms, Opts, Rng, Server};
+use common::{hex, now_ms, unhex, Opts, Rng, Server};
 use redis_ratelimit::core::spec::Spec;
 use redis_ratelimit::core::{Decision, Request, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
 use robust::*;

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use common::resp::{Reply, Resp};
-use common::{now_ms, Opts, Rng, Server};
+use common::{hex, now_ms, Opts, Rng, Server};
 use redis_ratelimit::args;
 use redis_ratelimit::core::codec::{Algorithm, State};
 use redis_ratelimit::core::spec::{Spec, Update};

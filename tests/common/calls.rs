@@ -113,6 +113,11 @@ pub fn rl_info<C: ConnectionLike>(con: &mut C, key: &str) -> Option<RlInfo> {
     RlInfo::of(&run(con, &["RL.INFO", key]))
 }
 
+/// An integer field of RL.INFO `key`; panics if the key or the field is missing.
+pub fn rl_info_int<C: ConnectionLike>(con: &mut C, key: &str, field: &str) -> i64 {
+    rl_info(con, key).unwrap_or_else(|| panic!("RL.INFO {key}: no such key")).int(field)
+}
+
 pub fn exists<C: ConnectionLike>(con: &mut C, key: &str) -> bool {
     redis::cmd("EXISTS").arg(key).query::<i64>(con).unwrap() == 1
 }
@@ -120,6 +125,11 @@ pub fn exists<C: ConnectionLike>(con: &mut C, key: &str) -> bool {
 /// DUMP of `key`; None when it is missing.
 pub fn dump<C: ConnectionLike>(con: &mut C, key: &str) -> Option<Vec<u8>> {
     redis::cmd("DUMP").arg(key).query(con).unwrap()
+}
+
+/// DUMP of a key that must exist.
+pub fn payload<C: ConnectionLike>(con: &mut C, key: &str) -> Vec<u8> {
+    dump(con, key).unwrap_or_else(|| panic!("DUMP {key}: no such key"))
 }
 
 pub fn pttl<C: ConnectionLike>(con: &mut C, key: &str) -> i64 {
