@@ -11,7 +11,7 @@ mod common;
 #[path = "common/traffic.rs"]
 mod traffic;
 
-use common::{clock_set, ints, rl_info, Opts, Rng, Server};
+use common::{clock_set, ints, rl_info_int, Opts, Rng, Server};
 use redis::{Connection, Value};
 use redis_ratelimit::args;
 use redis_ratelimit::core::codec::{Algorithm, State};
@@ -89,10 +89,6 @@ fn pinned_clock_decisions_equal_the_core_on_this_server() {
     println!("servers figures [{}]: {compared} pinned-clock replies equal to the core", v.describe());
 }
 
-fn last_us(con: &mut Connection, key: &str) -> i64 {
-    rl_info(con, key).unwrap_or_else(|| panic!("RL.INFO {key}")).int("last_us")
-}
-
 /// The instants at which RL.TOKENBUCKET last updated keys a, b and c after running all three in
 /// one MULTI/EXEC block and then in one Lua script.
 fn transaction_instants(con: &mut Connection) -> [Vec<i64>; 2] {
@@ -103,10 +99,10 @@ fn transaction_instants(con: &mut Connection) -> [Vec<i64>; 2] {
         pipe.add_command(check(k)).ignore();
     }
     let () = pipe.query(con).unwrap();
-    let in_multi: Vec<i64> = ["tx:a", "tx:b", "tx:c"].iter().map(|k| last_us(con, k)).collect();
+    let in_multi: Vec<i64> = ["tx:a", "tx:b", "tx:c"].iter().map(|k| rl_info_int(con, k, "last_us")).collect();
     let script = "for _, k in ipairs(KEYS) do redis.call('RL.TOKENBUCKET', k, 10, '1h') end return 1";
     let _: i64 = redis::cmd("EVAL").arg(script).arg(3).arg("sc:a").arg("sc:b").arg("sc:c").query(con).unwrap();
-    let in_script: Vec<i64> = ["sc:a", "sc:b", "sc:c"].iter().map(|k| last_us(con, k)).collect();
+    let in_script: Vec<i64> = ["sc:a", "sc:b", "sc:c"].iter().map(|k| rl_info_int(con, k, "last_us")).collect();
     [in_multi, in_script]
 }
 
