@@ -10,7 +10,6 @@
 //! replicate decodes on the replica as the same update.
 
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
 use redis_ratelimit::core::codec::{Algorithm, State};
 use redis_ratelimit::core::give_back::{give_back, Refusal};
@@ -20,16 +19,17 @@ use redis_ratelimit::core::{
     NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
 };
 
+#[path = "common/core_dispatch.rs"]
+mod core_dispatch;
+
+use core_dispatch::config;
+
 const SEC: Nanos = NANOS_PER_SEC;
 const T0: Nanos = 1_800_000_000 * SEC;
 /// Latest instant the module's clock reaches (the debug clock's and the sliding log's range).
 const MAX_NOW: Nanos = sliding_log::MAX_TS * NANOS_PER_MICRO;
 /// The decoder's bound on stored scaled values (codec.rs).
 const SCALED_BOUND: i128 = 1 << 115;
-
-fn cfg(cases: u32) -> Config {
-    Config { cases, failure_persistence: None, ..Config::default() }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The loadability check.
@@ -347,7 +347,7 @@ fn run_from(mut st: State, mut now: Nanos, ops: &[Op]) -> Result<(), TestCaseErr
 }
 
 proptest! {
-    #![proptest_config(cfg(4000))]
+    #![proptest_config(config(4000))]
 
     /// From any payload the decoder accepts, any sequence of calls leaves loadable states.
     #[test]
@@ -404,7 +404,7 @@ fn sliding_window_change_on_an_overfull_key_stays_loadable() {
 // Normalising on load changes no answer that matters.
 
 proptest! {
-    #![proptest_config(cfg(3000))]
+    #![proptest_config(config(3000))]
 
     /// What decoding brings back into range answers as the payload would have: the same units
     /// granted and remaining for every request at every instant of the module's clock (but for
@@ -506,7 +506,7 @@ struct Admitted {
 }
 
 proptest! {
-    #![proptest_config(cfg(3000))]
+    #![proptest_config(config(3000))]
 
     /// Claims, single requests, returns, the clock (back too) and changes of limit, period and
     /// BURST on the live key, interleaved. What holds, from the replies alone (all in ns):

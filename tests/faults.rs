@@ -81,10 +81,7 @@ impl Lim {
     }
 
     fn capacity(&self) -> u64 {
-        match self.spec {
-            Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => r.burst,
-            Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => w.limit,
-        }
+        capacity(&self.spec)
     }
 
     /// The time unit to step by: one emission interval or one window (µs).

@@ -510,13 +510,6 @@ fn algo_of(cmd: &str) -> Option<(Algorithm, &'static str)> {
     })
 }
 
-fn capacity(spec: &Spec) -> u64 {
-    match spec {
-        Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => r.burst,
-        Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => w.limit,
-    }
-}
-
 /// The arity each command declares through RedisModule_SetCommandInfo: Redis itself refuses a
 /// call with the wrong number of arguments before the module sees it.
 fn declared_arity(cmd: &str) -> i64 {

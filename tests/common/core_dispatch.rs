@@ -1,5 +1,6 @@
 //! A uniform driver over all six algorithms of the pure core (state kept as the codec's
-//! `State`), shared by the core tests (core_examples, core_props). No Redis needed.
+//! `State`) and the proptest configuration, shared by the core tests (core_examples,
+//! core_props, give_back_props, core_closure_props). No Redis needed.
 //! Included with `#[path = "common/core_dispatch.rs"] mod core_dispatch;` (not a test target).
 #![allow(dead_code)]
 
@@ -7,6 +8,11 @@ use redis_ratelimit::core::codec::{Algorithm, State};
 use redis_ratelimit::core::{
     fixed, gcra, leaky, sliding, sliding_log, token_bucket, Decision, Nanos, Rate, Request, Window,
 };
+
+/// proptest's configuration for `cases` cases, without a regressions file.
+pub fn config(cases: u32) -> proptest::test_runner::Config {
+    proptest::test_runner::Config { cases, failure_persistence: None, ..Default::default() }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Params {

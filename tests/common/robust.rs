@@ -122,6 +122,15 @@ pub fn spec_of(cmd: &str, limit: u64, period: Nanos, burst: Option<u64>) -> Spec
     }
 }
 
+/// What a spec admits at once: BURST for the buckets, the limit for the windows (the `limit`
+/// field of its replies).
+pub fn capacity(spec: &Spec) -> u64 {
+    match spec {
+        Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => r.burst,
+        Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => w.limit,
+    }
+}
+
 /// CL.THROTTLE's model: GCRA at `count` per `secs` with a burst of max_burst + 1.
 pub fn throttle_spec(max_burst: u64, count: u64, secs: i64) -> Spec {
     Spec::Gcra(Rate::new(count, secs * NANOS_PER_SEC, max_burst + 1).unwrap())
