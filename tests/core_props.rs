@@ -4,7 +4,6 @@
 //! No Redis needed. Run with `cargo test --release --test core_props`.
 
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
 use redis_ratelimit::core::{
     codec, leaky, sliding_log, Decision, Nanos, Rate, Request, Window, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI,
@@ -16,15 +15,11 @@ use codec::{Algorithm, State};
 #[path = "common/core_dispatch.rs"]
 mod core_dispatch;
 
-use core_dispatch::{check, Params};
+use core_dispatch::{check, config, Params};
 
 const T0: Nanos = 1_700_000_000 * NANOS_PER_SEC;
 const US: Nanos = NANOS_PER_MICRO;
 const SEC: Nanos = NANOS_PER_SEC;
-
-fn cfg(cases: u32) -> Config {
-    Config { cases, failure_persistence: None, ..Config::default() }
-}
 
 // ---------------------------------------------------------------------------------------------
 // A uniform driver over all six algorithms: `check` and `Params` in common/core_dispatch.rs.
@@ -290,7 +285,7 @@ fn grant(r: Request, available: u64) -> u64 {
 // Properties.
 
 proptest! {
-    #![proptest_config(cfg(1500))]
+    #![proptest_config(config(1500))]
 
     /// GCRA, token bucket and leaky bucket never admit more than burst + limit × elapsed / period.
     #[test]
@@ -621,7 +616,7 @@ proptest! {
 
     /// Invariants of every decision, whatever the trace (parameter changes, clocks stepping back).
     #[test]
-    fn decision_invariants(
+    fn every_decision_is_within_capacity_and_consistent(
         (algo, params) in algo_and_params(3), ops in ops(80), t0 in start(), back in any::<bool>(),
     ) {
         for e in run(algo, &params, &ops, t0, back) {
@@ -657,7 +652,7 @@ proptest! {
 
     /// Every state a trace produces survives encode → decode unchanged.
     #[test]
-    fn codec_round_trips(
+    fn every_state_a_trace_produces_survives_encode_decode(
         (algo, params) in algo_and_params(3), ops in ops(60), t0 in start(), back in any::<bool>(),
     ) {
         for e in run(algo, &params, &ops, t0, back) {
@@ -784,7 +779,7 @@ fn divisor() -> impl Strategy<Value = i128> {
 }
 
 proptest! {
-    #![proptest_config(cfg(20_000))]
+    #![proptest_config(config(20_000))]
 
     /// Floor, ceiling and truncating division give the same quotient on both paths.
     #[test]
@@ -843,7 +838,7 @@ fn log_op() -> impl Strategy<Value = (Nanos, u64, bool, usize)> {
 }
 
 proptest! {
-    #![proptest_config(cfg(3000))]
+    #![proptest_config(config(3000))]
 
     /// The byte log holds exactly what the word log held (entries, total, encoding byte for
     /// byte) and decides as the naive model does, on traces with merges, big counts, window
