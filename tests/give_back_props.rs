@@ -6,7 +6,6 @@
 //! Run with `cargo test --release --test give_back_props`.
 
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
 use redis_ratelimit::core::codec::{Algorithm, State};
 use redis_ratelimit::core::give_back::{give_back, Credit, Refusal};
@@ -15,16 +14,13 @@ use redis_ratelimit::core::{fixed, gcra, sliding, token_bucket, Nanos, Rate, Req
 #[path = "common/core_dispatch.rs"]
 mod core_dispatch;
 
-use core_dispatch::{check, Params};
+use core_dispatch::{check, config, Params};
 
 const T0: Nanos = 1_700_000_000 * NANOS_PER_SEC;
 const SEC: Nanos = NANOS_PER_SEC;
 
-fn cfg(cases: u32) -> Config {
-    Config { cases, failure_persistence: None, ..Config::default() }
-}
-
-/// The buckets that take units back (the leaky bucket refuses: see `refusals`).
+/// The buckets that take units back (the leaky bucket refuses: see
+/// `give_back_refuses_the_sliding_log_the_leaky_bucket_and_unaged_windows`).
 const BUCKETS: [Algorithm; 2] = [Algorithm::Gcra, Algorithm::TokenBucket];
 const WINDOWS: [Algorithm; 2] = [Algorithm::Fixed, Algorithm::Sliding];
 
@@ -192,7 +188,7 @@ fn sliding_credits_the_current_count_only() {
 }
 
 #[test]
-fn refusals() {
+fn give_back_refuses_the_sliding_log_the_leaky_bucket_and_unaged_windows() {
     let win = Window::new(10, 60 * SEC).unwrap();
     let mut log = None;
     call(Algorithm::SlidingLog, &mut log, &Params::Win(win), T0, Request::new(3));
@@ -322,7 +318,7 @@ fn claim_with_alternative(
 }
 
 proptest! {
-    #![proptest_config(cfg(600))]
+    #![proptest_config(config(600))]
 
     /// Any state, any n, any age: credited ≤ n, the balance becomes min(capacity, balance +
     /// n − rate × age) when that makes `remaining` grow (by exactly `credited`), and is left
