@@ -551,13 +551,6 @@ impl Lcg {
     }
 }
 
-fn unit(p: &Params) -> Nanos {
-    match p {
-        Params::Rate(r) => (r.period / r.limit as Nanos).max(1),
-        Params::Win(w) => w.window,
-    }
-}
-
 #[test]
 fn retry_after_is_exact_for_every_algorithm() {
     for (algo, p) in all_cases() {
@@ -570,8 +563,8 @@ fn retry_after_is_exact_for_every_algorithm() {
             // Mostly small steps, so the limiter is often full.
             now += match rng.next() % 4 {
                 0 => 0,
-                1 => (rng.next() as i64) % (unit(&p) / 3 + 1),
-                2 => (rng.next() as i64) % (unit(&p) + 1),
+                1 => (rng.next() as i64) % ((p.unit() as Nanos) / 3 + 1),
+                2 => (rng.next() as i64) % ((p.unit() as Nanos) + 1),
                 _ => (rng.next() as i64) % 1000,
             };
             if algo == Algorithm::SlidingLog && rng.next().is_multiple_of(2) {
@@ -602,7 +595,7 @@ fn reset_after_returns_to_a_fresh_key() {
         let mut st = None;
         let mut now = T0 + 987_654_321;
         for i in 0..200 {
-            now += (rng.next() as i64) % (unit(&p) / 2 + 1);
+            now += (rng.next() as i64) % ((p.unit() as Nanos) / 2 + 1);
             let r = Request { cost: rng.next() % (cap + 2), partial: rng.next().is_multiple_of(3) };
             let d = step(algo, &mut st, &p, now, r);
             if i % 5 != 0 {
@@ -640,7 +633,7 @@ fn partial_grants_take_what_is_available() {
         if cap < 4 {
             continue;
         }
-        let now = T0 - T0 % unit(&p).max(1) + 1; // early in a window
+        let now = T0 - T0 % (p.unit() as Nanos).max(1) + 1; // early in a window
         let mut st = None;
         assert_eq!(step(algo, &mut st, &p, now, req(cap - 3)).allowed, cap - 3, "{algo:?}");
         let d = step(algo, &mut st, &p, now, req(5));
