@@ -9,102 +9,35 @@
 //! `cargo test --release --test cluster -- --nocapture`. docs/operations.md summarises them.
 
 mod common;
-#[path = "common/values.rs"]
-mod values;
 
-use common::{Cluster, Server};
+use common::{
+    clock_get, err_text, keyslot, now_us, payload, pexpiretime, rl_info, run, text, try_run, Args, CellReply, Cluster,
+    LimiterReply, MultiReply, RlInfo, Server,
+};
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::cluster_routing::{get_slot, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{ConnectionLike, ErrorKind, RedisResult, Value};
+use redis::{ConnectionLike, ErrorKind, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::sleep;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use values::ints;
+use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
-fn now_us() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
-}
-
-fn err_text(e: &redis::RedisError) -> String {
-    format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or(&e.to_string()))
-}
-
-fn build(args: &[&str]) -> redis::Cmd {
-    let mut c = redis::cmd(args[0]);
-    for a in &args[1..] {
-        c.arg(*a);
-    }
-    c
-}
-
-/// Runs a command, panicking with the command line on error.
-fn run<C: ConnectionLike>(con: &mut C, args: &[&str]) -> Value {
-    build(args).query::<Value>(con).unwrap_or_else(|e| panic!("{} failed: {}", args.join(" "), err_text(&e)))
-}
-
-fn try_run<C: ConnectionLike>(con: &mut C, args: &[&str]) -> RedisResult<Value> {
-    build(args).query::<Value>(con)
-}
-
-fn text(v: &Value) -> String {
-    match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::Int(i) => i.to_string(),
-        Value::Okay => "OK".into(),
-        other => format!("{other:?}"),
-    }
-}
-
-/// RL.INFO as an ordered field → value list, without `ttl_ms` (it runs on the real clock).
-fn rl_info<C: ConnectionLike>(con: &mut C, key: &str) -> Vec<(String, String)> {
-    match run(con, &["RL.INFO", key]) {
-        Value::Array(a) => a.chunks(2).map(|kv| (text(&kv[0]), text(&kv[1]))).filter(|(k, _)| k != "ttl_ms").collect(),
-        other => panic!("RL.INFO {key}: expected a flat array, got {other:?}"),
-    }
-}
-
-fn info_field(info: &[(String, String)], field: &str) -> String {
-    info.iter()
-        .find(|(k, _)| k == field)
-        .map(|(_, v)| v.clone())
-        .unwrap_or_else(|| panic!("RL.INFO has no field {field}: {info:?}"))
-}
-
-fn dump(con: &mut redis::Connection, key: &str) -> Vec<u8> {
-    match run(con, &["DUMP", key]) {
-        Value::BulkString(b) => b,
-        other => panic!("DUMP {key}: expected a payload, got {other:?}"),
-    }
-}
-
-fn pexpiretime(con: &mut redis::Connection, key: &str) -> i64 {
-    match run(con, &["PEXPIRETIME", key]) {
-        Value::Int(t) => t,
-        other => panic!("PEXPIRETIME {key}: {other:?}"),
-    }
+/// RL.INFO without `ttl_ms` (it runs on the real clock); panics when the key is missing.
+fn state_info<C: ConnectionLike>(con: &mut C, key: &str) -> RlInfo {
+    rl_info(con, key).unwrap_or_else(|| panic!("RL.INFO {key}: no such key")).without_ttl()
 }
 
 fn role(n: &Server) -> String {
-    let info = n.info("replication");
-    info.lines().find_map(|l| l.strip_prefix("role:")).map(|r| r.trim().to_string()).unwrap_or_default()
+    common::info_field(&n.info("replication"), "role").unwrap_or_default().to_string()
 }
 
 fn myid(n: &Server) -> String {
     text(&run(&mut n.conn(), &["CLUSTER", "MYID"]))
-}
-
-fn keyslot(n: &Server, key: &str) -> i64 {
-    match run(&mut n.conn(), &["CLUSTER", "KEYSLOT", key]) {
-        Value::Int(s) => s,
-        other => panic!("CLUSTER KEYSLOT: {other:?}"),
-    }
 }
 
 /// The port of the primary serving `slot` according to `n`'s own view (CLUSTER SLOTS).
@@ -321,17 +254,16 @@ fn limiter_args<'a>(l: &'a Limiter, key: &'a str) -> Vec<&'a str> {
 
 /// Checks the reply of the first call on a fresh key.
 fn check_fresh_reply(l: &Limiter, key: &str, v: &Value) {
-    let r = ints(v);
     if l.cmd == "CL.THROTTLE" {
-        assert_eq!(r, vec![0, 10, 9, -1, 360], "{} {key}", l.cmd);
+        assert_eq!(CellReply::of(v), [0, 10, 9, -1, 360], "{} {key}", l.cmd);
         return;
     }
-    let want_len = if l.cmd == "RL.LEAKY" { 6 } else { 5 };
-    assert_eq!(r.len(), want_len, "{} {key}: {r:?}", l.cmd);
-    assert_eq!(&r[..4], &[1, 10, 9, -1], "{} {key}: {r:?}", l.cmd);
-    assert!(r[4] > 0, "{} {key}: reset_after {r:?}", l.cmd);
+    let r = LimiterReply::of(v);
+    assert_eq!(r.delay_ms.is_some(), l.cmd == "RL.LEAKY", "{} {key}: {r:?}", l.cmd);
+    assert_eq!((r.allowed, r.limit, r.remaining, r.retry_after_ms), (1, 10, 9, -1), "{} {key}: {r:?}", l.cmd);
+    assert!(r.reset_after_ms > 0, "{} {key}: reset_after {r:?}", l.cmd);
     if l.cmd == "RL.LEAKY" {
-        assert_eq!(r[5], 0, "first request into an empty leaky bucket waits 0 ms");
+        assert_eq!(r.delay_ms, Some(0), "first request into an empty leaky bucket waits 0 ms");
     }
 }
 
@@ -361,8 +293,8 @@ fn routing_follows_moved_and_keys_land_on_their_slot_owner() {
             };
             let v = run(&mut cc, &limiter_args(l, &key));
             check_fresh_reply(l, &key, &v);
-            let info = rl_info(&mut cc, &key);
-            assert_eq!(info_field(&info, "algorithm"), l.algo, "RL.INFO {key}");
+            let info = state_info(&mut cc, &key);
+            assert_eq!(info.algorithm(), l.algo, "RL.INFO {key}");
             ops += 2;
             keys.push(key);
         }
@@ -382,9 +314,10 @@ fn routing_follows_moved_and_keys_land_on_their_slot_owner() {
     for t in 0..10 {
         let (a, b) = (format!("{{m{t}}}:ip"), format!("{{m{t}}}:user"));
         let v = run(&mut cc, &["RL.MULTI", "2", &a, &b, "GCRA", "10", "1h", "SLIDINGLOG", "5", "1h"]);
-        let Value::Array(parts) = &v else { panic!("RL.MULTI: {v:?}") };
-        assert_eq!(parts.len(), 4, "RL.MULTI reply {v:?}");
-        assert_eq!(parts[0], Value::Int(1), "RL.MULTI admitted {v:?}");
+        assert!(matches!(v, Value::Array(_)), "RL.MULTI: {v:?}");
+        let m = MultiReply::of(&v);
+        assert_eq!(m.limits.len(), 2, "RL.MULTI reply {v:?}");
+        assert_eq!(m.allowed, 1, "RL.MULTI admitted {v:?}");
         ops += 1;
         keys.push(a);
         keys.push(b);
@@ -402,8 +335,8 @@ fn routing_follows_moved_and_keys_land_on_their_slot_owner() {
             SlotAddr::Master,
         )));
         let v = cc.route_command(&cmd, route).expect("RL.MULTI routed by its first key");
-        let Value::Array(parts) = &v else { panic!("RL.MULTI: {v:?}") };
-        assert_eq!(parts[0], Value::Int(1), "RL.MULTI admitted {v:?}");
+        assert!(matches!(v, Value::Array(_)), "RL.MULTI: {v:?}");
+        assert_eq!(MultiReply::of(&v).allowed, 1, "RL.MULTI admitted {v:?}");
         ops += 1;
         keys.push(a);
         keys.push(b);
@@ -439,7 +372,7 @@ fn routing_follows_moved_and_keys_land_on_their_slot_owner() {
         let slots: std::collections::BTreeSet<i64> = keys
             .iter()
             .filter(|k| k.starts_with(&format!("{{tenant{t}}}:")))
-            .map(|k| keyslot(&c.nodes[0], k))
+            .map(|k| keyslot(&mut c.nodes[0].conn(), k))
             .collect();
         assert_eq!(slots.len(), 1, "tenant{t} keys span slots {slots:?}");
     }
@@ -448,7 +381,7 @@ fn routing_follows_moved_and_keys_land_on_their_slot_owner() {
     let mut moved = 0;
     let probe_keys = ["rt:probe:1", "rt:probe:2", "{tenant1}:probe", "{tenantX}:probe", "zz"];
     for key in probe_keys {
-        let slot = keyslot(&c.nodes[0], key);
+        let slot = keyslot(&mut c.nodes[0].conn(), key);
         let owner = c.primary_for_key(key.as_bytes());
         let wrong = primaries.iter().find(|p| p.port != owner.port).unwrap();
         let mut con = wrong.conn();
@@ -496,9 +429,14 @@ fn routing_follows_moved_and_keys_land_on_their_slot_owner() {
     let e = try_run(&mut rc, &["RL.MULTI", "1", key, "GCRA", "10", "1h"]).expect_err("RL.MULTI on a replica");
     assert_eq!(e.kind(), ErrorKind::Moved, "RL.MULTI on a READONLY replica: {}", err_text(&e));
     ops += 1;
-    let on_replica = rl_info(&mut rc, key);
-    let on_primary = rl_info(&mut owner.conn(), key);
-    assert_eq!(on_replica[..4], on_primary[..4], "RL.INFO on the READONLY replica");
+    let on_replica = state_info(&mut rc, key);
+    let on_primary = state_info(&mut owner.conn(), key);
+    assert_eq!(on_replica.names(), on_primary.names(), "RL.INFO on the READONLY replica");
+    // The parameters (tat_us and available move with the real clock between the two reads).
+    for field in ["algorithm", "limit", "period_us", "burst"] {
+        let want = on_primary.get(field).unwrap_or_else(|| panic!("RL.INFO {key} has no {field}: {on_primary:?}"));
+        assert_eq!(on_replica.get(field), Some(want), "RL.INFO {field} on the READONLY replica");
+    }
     ops += 2;
 
     let crashed = crashes(&c);
@@ -556,10 +494,10 @@ fn build_slot_keys(c: &Cluster, owner: &Server, tag: &str, ops: &mut u64) -> Vec
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
                     let cost = (1 + rng % 3000).to_string();
-                    let mut cmd = build(&a);
+                    let mut cmd = a.cmd();
                     cmd.arg("COST").arg(cost);
                     p.add_command(cmd).ignore();
-                    p.add_command(build(&["RL.DEBUG", "CLOCK", "ADVANCE", "3"])).ignore();
+                    p.add_command(["RL.DEBUG", "CLOCK", "ADVANCE", "3"].cmd()).ignore();
                     *ops += 1;
                 }
                 let () = p.query(&mut con).expect("big log pipeline");
@@ -578,8 +516,8 @@ fn build_slot_keys(c: &Cluster, owner: &Server, tag: &str, ops: &mut u64) -> Vec
         // Distinct instants between rounds (token-bucket refills, GCRA instants, log entries).
         run(&mut con, &["RL.DEBUG", "CLOCK", "ADVANCE", "37123"]);
     }
-    let now = text(&run(&mut con, &["RL.DEBUG", "CLOCK", "GET"]));
-    pin_clock(c, now.parse().unwrap());
+    let now = clock_get(&mut con);
+    pin_clock(c, now);
     specs
 }
 
@@ -596,7 +534,7 @@ fn reshard_moves_state_and_expiry_exactly() {
     pin_clock(&c, t0);
     let tag = "rs";
     let probe = format!("{{{tag}}}:x");
-    let slot = keyslot(&c.nodes[0], &probe);
+    let slot = keyslot(&mut c.nodes[0].conn(), &probe);
     let src = c.primary_for_key(probe.as_bytes());
     let dst = c.current_primaries().into_iter().find(|p| p.port != src.port).unwrap();
     let mut ops = 0u64;
@@ -605,7 +543,7 @@ fn reshard_moves_state_and_expiry_exactly() {
     // A key left by redis-cell (a string holding the arrival time in ns): migrates as a string
     // and is taken over by CL.THROTTLE on the new owner.
     let cell = format!("{{{tag}}}:cell");
-    let now_ns = text(&run(&mut sc, &["RL.DEBUG", "CLOCK", "GET"])).parse::<i64>().unwrap() * 1000;
+    let now_ns = clock_get(&mut sc) * 1000;
     let set = common::redis_cell_set(&cell, now_ns + 2_000_000_000, now_ns);
     run(&mut sc, &set.iter().map(String::as_str).collect::<Vec<_>>());
     keys.push((cell.clone(), vec![]));
@@ -613,11 +551,11 @@ fn reshard_moves_state_and_expiry_exactly() {
     // Record the source's view.
     let mut before = Vec::new();
     for (key, args) in &keys {
-        let d = dump(&mut sc, key);
+        let d = payload(&mut sc, key);
         let exp = pexpiretime(&mut sc, key);
         assert!(exp > 0, "{key} has no expiry");
         let (info, dry) = if args.is_empty() {
-            (vec![], Value::Nil)
+            (RlInfo(Vec::new()), Value::Nil)
         } else {
             let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
             if a[0] != "CL.THROTTLE" {
@@ -626,7 +564,7 @@ fn reshard_moves_state_and_expiry_exactly() {
                 a.push("0"); // quantity 0 peeks
             }
             ops += 2;
-            (rl_info(&mut sc, key), run(&mut sc, &a))
+            (state_info(&mut sc, key), run(&mut sc, &a))
         };
         before.push((d, exp, info, dry));
     }
@@ -643,12 +581,12 @@ fn reshard_moves_state_and_expiry_exactly() {
     let mut dc = dst.conn();
     let mut drift = Vec::new();
     for ((key, args), (d, exp, info, dry)) in keys.iter().zip(&before) {
-        assert_eq!(&dump(&mut dc, key), d, "{key}: DUMP differs after the reshard");
+        assert_eq!(&payload(&mut dc, key), d, "{key}: DUMP differs after the reshard");
         let e2 = pexpiretime(&mut dc, key);
         assert!((0..=50).contains(&(e2 - exp)), "{key}: expiry {exp} became {e2}");
         drift.push(e2 - exp);
         if !args.is_empty() {
-            assert_eq!(&rl_info(&mut dc, key), info, "{key}: RL.INFO differs after the reshard");
+            assert_eq!(&state_info(&mut dc, key), info, "{key}: RL.INFO differs after the reshard");
             let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
             a.push(if a[0] != "CL.THROTTLE" { "DRYRUN" } else { "0" });
             assert_eq!(&run(&mut dc, &a), dry, "{key}: the next decision differs after the reshard");
@@ -668,7 +606,7 @@ fn reshard_moves_state_and_expiry_exactly() {
     let mut rc = drep.conn();
     run(&mut rc, &["READONLY"]);
     for (key, _) in &keys {
-        assert_eq!(dump(&mut rc, key), dump(&mut dc, key), "{key}: replica of the new owner");
+        assert_eq!(payload(&mut rc, key), payload(&mut dc, key), "{key}: replica of the new owner");
         assert_eq!(pexpiretime(&mut rc, key), pexpiretime(&mut dc, key), "{key}: replica expiry");
     }
 
@@ -680,8 +618,8 @@ fn reshard_moves_state_and_expiry_exactly() {
     for (key, args) in &keys {
         if args.is_empty() {
             // The redis-cell string is taken over by the first admitted CL.THROTTLE.
-            let v = ints(&run(&mut cc, &["CL.THROTTLE", key, "19", "5", "60"]));
-            assert_eq!(v[0], 0, "CL.THROTTLE on the migrated redis-cell key: {v:?}");
+            let v = CellReply::of(&run(&mut cc, &["CL.THROTTLE", key, "19", "5", "60"]));
+            assert_eq!(v.limited, 0, "CL.THROTTLE on the migrated redis-cell key: {v:?}");
             assert_eq!(text(&run(&mut dc, &["TYPE", key])), "ratelimit");
         } else {
             let a: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -746,8 +684,11 @@ impl Hammer {
                         ops.fetch_add(1, Ordering::Relaxed);
                         match try_run(&mut cc, &a) {
                             Ok(v) => {
-                                let r = ints(&v);
-                                let got = if a[0] == "CL.THROTTLE" { (r[0] == 0) as u64 } else { r[0] as u64 };
+                                let got = if a[0] == "CL.THROTTLE" {
+                                    (CellReply::of(&v).limited == 0) as u64
+                                } else {
+                                    LimiterReply::of(&v).allowed as u64
+                                };
                                 *local.entry(key.clone()).or_default() += got;
                             }
                             Err(e) => {
@@ -818,13 +759,13 @@ fn manual_failover_keeps_exact_state() {
     let mut rc = new.conn();
     run(&mut rc, &["READONLY"]);
     for (key, args) in &keys {
-        let d = dump(&mut pc, key);
+        let d = payload(&mut pc, key);
         let e = pexpiretime(&mut pc, key);
-        assert_eq!(dump(&mut rc, key), d, "{key}: replica before the failover");
+        assert_eq!(payload(&mut rc, key), d, "{key}: replica before the failover");
         assert_eq!(pexpiretime(&mut rc, key), e, "{key}: replica expiry before the failover");
         let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
         a.push(if a[0] != "CL.THROTTLE" { "DRYRUN" } else { "0" });
-        before.push((d, e, rl_info(&mut pc, key), run(&mut pc, &a)));
+        before.push((d, e, state_info(&mut pc, key), run(&mut pc, &a)));
         ops += 2;
     }
 
@@ -908,10 +849,10 @@ fn manual_failover_keeps_exact_state() {
     let mut oc = old.conn();
     run(&mut oc, &["READONLY"]);
     for ((key, args), (d, e, info, dry)) in keys.iter().zip(&before) {
-        assert_eq!(&dump(&mut nc, key), d, "{key}: DUMP differs on the new primary");
+        assert_eq!(&payload(&mut nc, key), d, "{key}: DUMP differs on the new primary");
         assert_eq!(pexpiretime(&mut nc, key), *e, "{key}: expiry differs on the new primary");
-        assert_eq!(&dump(&mut oc, key), d, "{key}: DUMP differs on the demoted primary");
-        assert_eq!(&rl_info(&mut nc, key), info, "{key}: RL.INFO differs on the new primary");
+        assert_eq!(&payload(&mut oc, key), d, "{key}: DUMP differs on the demoted primary");
+        assert_eq!(&state_info(&mut nc, key), info, "{key}: RL.INFO differs on the new primary");
         let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
         a.push(if a[0] != "CL.THROTTLE" { "DRYRUN" } else { "0" });
         assert_eq!(&run(&mut nc, &a), dry, "{key}: next decision differs on the new primary");
@@ -939,7 +880,7 @@ fn manual_failover_keeps_exact_state() {
         }
         assert_eq!(got, *cap, "{key}: the hammer should have used the whole capacity");
     }
-    let log_units: u64 = info_field(&rl_info(&mut nc, &hot[0].0), "units").parse().unwrap();
+    let log_units = state_info(&mut nc, &hot[0].0).int("units") as u64;
     assert_eq!(log_units, admitted[&hot[0].0], "sliding log on the new primary remembers every admitted unit");
     let crashed = crashes(&c);
     Figures {
@@ -974,7 +915,7 @@ fn load_across_reshards_never_over_admits() {
     let c = Cluster::start(3, 1);
     let tag = "hot";
     let probe = format!("{{{tag}}}:x");
-    let slot = keyslot(&c.nodes[0], &probe);
+    let slot = keyslot(&mut c.nodes[0].conn(), &probe);
     // (command, arguments after the key); the bound each may admit is computed below.
     let specs: Vec<(&str, Vec<&str>)> = vec![
         ("RL.SLIDINGLOG", vec!["50", "60s"]),
@@ -1037,11 +978,11 @@ fn load_across_reshards_never_over_admits() {
     assert_eq!(admitted[&keys[0].0], 50, "the sliding log admits exactly its limit in a 60 s window");
     // The final owner's state accounts for every admitted unit.
     let mut dc = d.conn();
-    let info = rl_info(&mut dc, &keys[0].0);
-    assert_eq!(info_field(&info, "units"), "50", "sliding log on the final owner: {info:?}");
+    let info = state_info(&mut dc, &keys[0].0);
+    assert_eq!(info.int("units"), 50, "sliding log on the final owner: {info:?}");
     if hours_touched(3_600_000_000) == 1 {
-        let fixed = rl_info(&mut dc, "{hot}:rl.fixed");
-        assert_eq!(info_field(&fixed, "count"), admitted["{hot}:rl.fixed"].to_string(), "fixed window count");
+        let fixed = state_info(&mut dc, "{hot}:rl.fixed");
+        assert_eq!(fixed.int("count") as u64, admitted["{hot}:rl.fixed"], "fixed window count");
     }
     // All three owners served checks; clients followed ASK (during migration) and MOVED.
     let stats_after: Vec<u64> = [a, b, d].iter().map(|n| calls(n, "rl.slidinglog")).collect();
