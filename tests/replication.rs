@@ -6,16 +6,16 @@
 mod common;
 #[path = "common/traffic.rs"]
 mod traffic;
-#[path = "common/values.rs"]
-mod values;
 
-use common::{wait_replica_synced, wait_until, Opts, Server};
+use common::{
+    clock_get, clock_set, info_field, ints, limiter, now_ms, rl_info, run, wait_replica_synced, wait_until, CellReply,
+    LimiterReply, MultiReply, Opts, Rng, Server,
+};
 use redis::{Connection, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use traffic::{assert_same, clock_get, clock_set, cmd_of, err_text, now_ms, snapshot, Rng, ALGOS};
-use values::ints;
+use traffic::{assert_same, snapshot, ALGOS};
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers
@@ -24,16 +24,13 @@ use values::ints;
 /// 2023-11-14T22:13:20Z, a multiple of 1 h (and so of every window used here).
 const T0_US: i64 = 1_699_999_200_000_000;
 
-fn run(con: &mut Connection, args: &[String]) -> Value {
-    cmd_of(args).query::<Value>(con).unwrap_or_else(|e| panic!("{} failed: {}", args.join(" "), err_text(&e)))
-}
-
-fn info_field(info: &str, field: &str) -> Option<String> {
-    info.lines().find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')).map(|v| v.trim().to_string()))
-}
-
-fn repl_offset(s: &Server) -> i64 {
-    info_field(&s.info("replication"), "master_repl_offset").expect("master_repl_offset").parse().unwrap()
+/// Whether a check admitted: CL.THROTTLE not limited, the others some units allowed.
+fn admitted(args: &[String], v: &Value) -> bool {
+    match args[0].as_str() {
+        "CL.THROTTLE" => CellReply::of(v).limited == 0,
+        "RL.MULTI" => MultiReply::of(v).allowed > 0,
+        _ => LimiterReply::of(v).allowed > 0,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -178,7 +175,8 @@ fn traffic(con: &mut Connection, rng: &mut Rng, calls: usize, prefix: &str, wild
         }
         let kind = rng.below(100);
         let args: Vec<String>;
-        let mut expect_len = 5usize;
+        // RL.MULTI: how many limits its reply holds.
+        let mut expect_limits = 0usize;
         if kind < 66 {
             let algo = *rng.pick(&ALGOS);
             let key = format!("{prefix}:{}:{}", algo.to_lowercase(), rng.below(6));
@@ -189,9 +187,6 @@ fn traffic(con: &mut Connection, rng: &mut Rng, calls: usize, prefix: &str, wild
             let mut a = vec![format!("RL.{algo}"), key.clone()];
             a.extend(spec.iter().cloned());
             a.extend(random_options(rng, spec_capacity(&spec), wild));
-            if algo == "LEAKY" {
-                expect_len = 6;
-            }
             t.keys.insert(key);
             args = a;
         } else if kind < 78 {
@@ -240,7 +235,7 @@ fn traffic(con: &mut Connection, rng: &mut Rng, calls: usize, prefix: &str, wild
                 a.extend(spec.iter().cloned());
             }
             a.extend(random_options(rng, cap, wild));
-            expect_len = 2 + n;
+            expect_limits = n;
             t.keys.extend(keys);
             args = a;
         } else {
@@ -255,14 +250,16 @@ fn traffic(con: &mut Connection, rng: &mut Rng, calls: usize, prefix: &str, wild
             continue;
         }
         let v = run(con, &args);
-        let Value::Array(items) = &v else { panic!("{}: unexpected reply {v:?}", args.join(" ")) };
-        assert_eq!(items.len(), expect_len, "{}: reply {v:?}", args.join(" "));
-        let first = match &items[0] {
-            Value::Int(i) => *i,
-            other => panic!("{}: reply {other:?}", args.join(" ")),
-        };
-        let admitted = if args[0] == "CL.THROTTLE" { first == 0 } else { first > 0 };
-        if admitted {
+        assert!(matches!(v, Value::Array(_)), "{}: unexpected reply {v:?}", args.join(" "));
+        match args[0].as_str() {
+            "RL.MULTI" => assert_eq!(MultiReply::of(&v).limits.len(), expect_limits, "{}: reply {v:?}", args.join(" ")),
+            "CL.THROTTLE" => drop(CellReply::of(&v)),
+            cmd => {
+                let r = LimiterReply::of(&v);
+                assert_eq!(r.delay_ms.is_some(), cmd == "RL.LEAKY", "{}: reply {v:?}", args.join(" "));
+            }
+        }
+        if admitted(&args, &v) {
             t.admitted += 1;
         } else {
             t.limited += 1;
@@ -275,35 +272,6 @@ fn traffic(con: &mut Connection, rng: &mut Rng, calls: usize, prefix: &str, wild
 // ---------------------------------------------------------------------------------------------
 // Snapshots: DUMP and PEXPIRETIME of every key
 // ---------------------------------------------------------------------------------------------
-
-fn rl_info(con: &mut Connection, key: &str) -> Vec<(String, Value)> {
-    let v: Value = redis::cmd("RL.INFO").arg(key).query(con).unwrap();
-    let Value::Array(items) = v else {
-        return Vec::new();
-    };
-    items
-        .chunks(2)
-        .map(|kv| {
-            let name = match &kv[0] {
-                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                Value::SimpleString(s) => s.clone(),
-                other => panic!("RL.INFO field name {other:?}"),
-            };
-            (name, kv[1].clone())
-        })
-        .collect()
-}
-
-fn without_ttl(info: &[(String, Value)]) -> Vec<(String, Value)> {
-    info.iter().filter(|(k, _)| k != "ttl_ms").cloned().collect()
-}
-
-fn ttl_of(info: &[(String, Value)]) -> i64 {
-    match info.iter().find(|(k, _)| k == "ttl_ms") {
-        Some((_, Value::Int(t))) => *t,
-        other => panic!("RL.INFO without integer ttl_ms: {other:?}"),
-    }
-}
 
 fn read_dir_files(dir: &Path, suffix: &str) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
@@ -329,11 +297,11 @@ const CHECK_COMMANDS: [&str; 8] =
 fn wait_aof_rewrite_done(s: &Server) {
     wait_until(Duration::from_secs(15), "AOF rewrite to finish", || {
         let info = s.info("persistence");
-        info_field(&info, "aof_rewrite_in_progress").as_deref() == Some("0")
-            && info_field(&info, "aof_rewrite_scheduled").as_deref() == Some("0")
+        info_field(&info, "aof_rewrite_in_progress") == Some("0")
+            && info_field(&info, "aof_rewrite_scheduled") == Some("0")
     });
     let info = s.info("persistence");
-    assert_eq!(info_field(&info, "aof_last_bgrewrite_status").as_deref(), Some("ok"), "{info}");
+    assert_eq!(info_field(&info, "aof_last_bgrewrite_status"), Some("ok"), "{info}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -375,13 +343,11 @@ fn replica_holds_identical_state_after_random_traffic() {
     clock_set(&mut r, now);
     let mut infos = 0;
     for key in t.keys.iter().chain(&w.keys) {
-        let ip = rl_info(&mut p, key);
-        let ir = rl_info(&mut r, key);
-        if ip.is_empty() || ir.is_empty() {
-            continue; // missing (reset/expired) or a plain string
-        }
-        assert_eq!(without_ttl(&ip), without_ttl(&ir), "RL.INFO {key} differs (primary vs replica)");
-        let (tp, tr) = (ttl_of(&ip), ttl_of(&ir));
+        let (Some(ip), Some(ir)) = (rl_info(&mut p, key), rl_info(&mut r, key)) else {
+            continue; // missing (reset/expired)
+        };
+        assert_eq!(ip.without_ttl(), ir.without_ttl(), "RL.INFO {key} differs (primary vs replica)");
+        let (tp, tr) = (ip.int("ttl_ms"), ir.int("ttl_ms"));
         assert!((tp - tr).abs() <= 250, "RL.INFO {key}: ttl_ms {tp} on the primary vs {tr} on the replica");
         infos += 1;
     }
@@ -452,15 +418,7 @@ fn dryrun_peek_and_limited_calls_propagate_nothing() {
     ];
     for a in &setups {
         let v = run(&mut p, a);
-        let first = match &v {
-            Value::Array(items) => match items[0] {
-                Value::Int(i) => i,
-                _ => panic!("{v:?}"),
-            },
-            _ => panic!("{v:?}"),
-        };
-        let admitted = if a[0] == "CL.THROTTLE" { first == 0 } else { first > 0 };
-        assert!(admitted, "{}: setup call not admitted: {v:?}", a.join(" "));
+        assert!(admitted(a, &v), "{}: setup call not admitted: {v:?}", a.join(" "));
     }
     wait_replica_synced(&primary, &replica);
     let before_snap = snapshot(&mut p);
@@ -499,9 +457,9 @@ fn dryrun_peek_and_limited_calls_propagate_nothing() {
         s(&["RL.RESET", "nz:missing"]),
     ];
     for a in &quiet {
-        let before = repl_offset(&primary);
+        let before = primary.repl_offset();
         let v = run(&mut p, a);
-        let after = repl_offset(&primary);
+        let after = primary.repl_offset();
         assert_eq!(after, before, "`{}` (reply {v:?}) moved master_repl_offset from {before} to {after}", a.join(" "));
     }
     // Peeks/dry runs/limited calls left no key behind and changed nothing.
@@ -511,10 +469,10 @@ fn dryrun_peek_and_limited_calls_propagate_nothing() {
     assert_eq!(before_snap.len(), after_snap.len());
 
     // An admitted call moves it.
-    let before = repl_offset(&primary);
-    let v = ints(&run(&mut p, &s(&["RL.GCRA", "nz:other", "3", "1h"])));
-    assert_eq!(v[0], 1);
-    let after = repl_offset(&primary);
+    let before = primary.repl_offset();
+    let v = limiter(&mut p, &s(&["RL.GCRA", "nz:other", "3", "1h"]));
+    assert_eq!(v.allowed, 1);
+    let after = primary.repl_offset();
     assert!(after > before, "an admitted call did not propagate anything (offset {before} → {after})");
     wait_replica_synced(&primary, &replica);
 }
@@ -665,11 +623,10 @@ fn rdb_restart_dump_restore_copy_digest() {
         let payload: Vec<u8> = redis::cmd("DUMP").arg(key).query(&mut c).unwrap();
         let new = format!("{key}:restored");
         let _: () = redis::cmd("RESTORE").arg(&new).arg(0).arg(&payload).query(&mut c).unwrap();
-        let orig = rl_info(&mut c, key);
-        let restored = rl_info(&mut c, &new);
-        assert!(!orig.is_empty(), "RL.INFO {key} is nil");
-        assert_eq!(without_ttl(&orig), without_ttl(&restored), "RL.INFO of {key} vs its DUMP/RESTORE copy");
-        assert_eq!(ttl_of(&restored), -1, "RESTORE with ttl 0 keeps no TTL");
+        let orig = rl_info(&mut c, key).unwrap_or_else(|| panic!("RL.INFO {key} is nil"));
+        let restored = rl_info(&mut c, &new).unwrap_or_else(|| panic!("RL.INFO {new} is nil"));
+        assert_eq!(orig.without_ttl(), restored.without_ttl(), "RL.INFO of {key} vs its DUMP/RESTORE copy");
+        assert_eq!(restored.int("ttl_ms"), -1, "RESTORE with ttl 0 keeps no TTL");
         let d2: Vec<u8> = redis::cmd("DUMP").arg(&new).query(&mut c).unwrap();
         assert_eq!(d2, payload, "DUMP of the restored key differs");
         // The restored key keeps working.
@@ -682,7 +639,8 @@ fn rdb_restart_dump_restore_copy_digest() {
             redis::cmd("RESTORE").arg(&new).arg(at).arg(&payload).arg("REPLACE").arg("ABSTTL").query(&mut c).unwrap();
         let at2: i64 = redis::cmd("PEXPIRETIME").arg(&new).query(&mut c).unwrap();
         assert_eq!(at, at2);
-        assert_eq!(without_ttl(&orig), without_ttl(&rl_info(&mut c, &new)), "RL.INFO of {key} vs RESTORE ABSTTL");
+        let restored = rl_info(&mut c, &new).unwrap_or_else(|| panic!("RL.INFO {new} is nil"));
+        assert_eq!(orig.without_ttl(), restored.without_ttl(), "RL.INFO of {key} vs RESTORE ABSTTL");
 
         // COPY: same value and the same absolute expiry.
         let copy = format!("{key}:copy");
@@ -695,7 +653,8 @@ fn rdb_restart_dump_restore_copy_digest() {
             redis::pipe().cmd("PEXPIRETIME").arg(key).cmd("PEXPIRETIME").arg(&copy).query(&mut c).unwrap();
         assert_eq!(e1, e2, "COPY of {key}: PEXPIRETIME differs");
         assert!(e1 > 0);
-        assert_eq!(without_ttl(&orig), without_ttl(&rl_info(&mut c, &copy)), "RL.INFO of the COPY of {key}");
+        let of_copy = rl_info(&mut c, &copy).unwrap_or_else(|| panic!("RL.INFO {copy} is nil"));
+        assert_eq!(orig.without_ttl(), of_copy.without_ttl(), "RL.INFO of the COPY of {key}");
 
         // MEMORY USAGE answers a positive size.
         let mem: i64 = redis::cmd("MEMORY").arg("USAGE").arg(key).query(&mut c).unwrap();
@@ -715,12 +674,12 @@ fn rdb_restart_dump_restore_copy_digest() {
         a2[1] = format!("{key}:copy");
         a1.push("DRYRUN".into());
         a2.push("DRYRUN".into());
-        assert_eq!(ints(&run(&mut c, &a1)), ints(&run(&mut c, &a2)), "{key} vs its COPY");
+        assert_eq!(ints(run(&mut c, &a1)), ints(run(&mut c, &a2)), "{key} vs its COPY");
     }
     // A sliding log with many entries uses more memory than an empty-ish one.
     for i in 0..200 {
         clock_set(&mut c, clock + i);
-        run(&mut c, &["RL.SLIDINGLOG".into(), "rdbfix:biglog".into(), "1000".into(), "1h".into()]);
+        run(&mut c, &["RL.SLIDINGLOG", "rdbfix:biglog", "1000", "1h"]);
     }
     let big: i64 = redis::cmd("MEMORY").arg("USAGE").arg("rdbfix:biglog").query(&mut c).unwrap();
     let small: i64 = redis::cmd("MEMORY").arg("USAGE").arg("rdbfix:slidinglog").query(&mut c).unwrap();
