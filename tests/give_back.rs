@@ -6,30 +6,23 @@
 mod common;
 #[path = "common/traffic.rs"]
 mod traffic;
-#[path = "common/values.rs"]
-mod values;
 
-use common::{redis_cell_keys, redis_cell_set, wait_replica_synced, Opts, Server};
+use common::{
+    clock_advance, clock_set, err_text, limiter, now_ms, pttl, redis_cell_keys, redis_cell_set, rl_info_int, run,
+    run_err, try_run, wait_replica_synced, Opts, Rng, Server,
+};
 use redis::{Connection, Value};
-use traffic::{assert_same, clock_advance, clock_set, now_ms, snapshot, Rng};
-use values::{full_error, ints};
+use traffic::{assert_same, snapshot};
 
 /// A multiple of 1 h (and so of every window used here), in µs.
 const T0_US: i64 = 1_699_999_200_000_000;
 const SEC_US: i64 = 1_000_000;
 
-fn cmd(c: &mut Connection, args: &[&str]) -> redis::RedisResult<Value> {
-    let mut cmd = redis::cmd(args[0]);
-    args[1..].iter().for_each(|a| {
-        cmd.arg(*a);
-    });
-    cmd.query(c)
-}
-
+/// RL.RETURN's reply: the units credited.
 fn give(c: &mut Connection, args: &[&str]) -> i64 {
     let mut all = vec!["RL.RETURN"];
     all.extend_from_slice(args);
-    match cmd(c, &all) {
+    match try_run(c, &all) {
         Ok(Value::Int(n)) => n,
         other => panic!("{all:?}: {other:?}"),
     }
@@ -40,42 +33,11 @@ fn give(c: &mut Connection, args: &[&str]) -> i64 {
 fn give_or_gone(c: &mut Connection, args: &[&str]) -> i64 {
     let mut all = vec!["RL.RETURN"];
     all.extend_from_slice(args);
-    match cmd(c, &all) {
+    match try_run(c, &all) {
         Ok(Value::Int(n)) => n,
-        Err(e) if full_error(&e).starts_with("ERR no limiter at this key") => 0,
+        Err(e) if err_text(&e).starts_with("ERR no limiter at this key") => 0,
         other => panic!("{all:?}: {other:?}"),
     }
-}
-
-fn error(c: &mut Connection, args: &[&str]) -> String {
-    match cmd(c, args) {
-        Err(e) => full_error(&e),
-        Ok(v) => panic!("{args:?} did not fail: {v:?}"),
-    }
-}
-
-fn limiter(c: &mut Connection, args: &[&str]) -> Vec<i64> {
-    ints(&cmd(c, args).unwrap_or_else(|e| panic!("{args:?}: {e}")))
-}
-
-/// RL.INFO's field as an integer.
-fn info_int(c: &mut Connection, key: &str, field: &str) -> i64 {
-    let v: Vec<Value> = redis::cmd("RL.INFO").arg(key).query(c).unwrap();
-    let i = v.iter().position(|x| matches!(x, Value::BulkString(b) if b == field.as_bytes())).expect(field);
-    match &v[i + 1] {
-        Value::Int(n) => *n,
-        other => panic!("{field}: {other:?}"),
-    }
-}
-
-fn pttl(c: &mut Connection, key: &str) -> i64 {
-    redis::cmd("PTTL").arg(key).query(c).unwrap()
-}
-
-fn repl_offset(s: &Server) -> i64 {
-    let info = s.info("replication");
-    let line = info.lines().find_map(|l| l.strip_prefix("master_repl_offset:")).expect("master_repl_offset");
-    line.trim().parse().unwrap()
 }
 
 #[test]
@@ -87,10 +49,10 @@ fn buckets_take_units_back_up_to_their_capacity() {
         let key = format!("b:{algo}");
         let k = key.as_str();
         // 10 per minute, a batch of 7 claimed.
-        assert_eq!(limiter(&mut c, &[algo, k, "10", "1m", "COST", "7", "PARTIAL"])[0], 7);
+        assert_eq!(limiter(&mut c, &[algo, k, "10", "1m", "COST", "7", "PARTIAL"]).allowed, 7);
         assert_eq!(give(&mut c, &[k, "4"]), 4, "{algo}");
         let d = limiter(&mut c, &[algo, k, "10", "1m", "COST", "0"]);
-        assert_eq!(d[2], 7, "{algo}: remaining after giving 4 of 7 back");
+        assert_eq!(d.remaining, 7, "{algo}: remaining after giving 4 of 7 back");
         // The TTL is the new reset_after: 3 units owed at 6 s each.
         let ttl = pttl(&mut c, k);
         assert!((17_000..=18_000).contains(&ttl), "{algo}: PTTL {ttl}");
@@ -102,15 +64,15 @@ fn buckets_take_units_back_up_to_their_capacity() {
         // A full bucket's state is a missing key's: it expires right away (1 ms), so what
         // follows may find the key gone; either way it is full and nothing more comes back.
         assert!(pttl(&mut c, k) <= 1, "{algo}");
-        assert_eq!(limiter(&mut c, &[algo, k, "10", "1m", "COST", "0"])[2], 10, "{algo}");
+        assert_eq!(limiter(&mut c, &[algo, k, "10", "1m", "COST", "0"]).remaining, 10, "{algo}");
         assert_eq!(give_or_gone(&mut c, &[k, "1"]), 0, "{algo}: a full bucket");
         // 3 claimed, 12 s pass (2 refilled), 3 returned: 3 − 2 = 1 comes back, full again.
         clock_set(&mut c, T0_US);
         let k2 = format!("b2:{algo}");
-        assert_eq!(limiter(&mut c, &[algo, &k2, "10", "1m", "COST", "3"])[0], 3);
+        assert_eq!(limiter(&mut c, &[algo, k2.as_str(), "10", "1m", "COST", "3"]).allowed, 3);
         clock_advance(&mut c, 12 * SEC_US);
         assert_eq!(give(&mut c, &[&k2, "3", "AGE", "12000"]), 1, "{algo}");
-        assert_eq!(limiter(&mut c, &[algo, &k2, "10", "1m", "COST", "0"])[2], 10);
+        assert_eq!(limiter(&mut c, &[algo, k2.as_str(), "10", "1m", "COST", "0"]).remaining, 10);
         clock_set(&mut c, T0_US);
     }
 }
@@ -124,11 +86,11 @@ fn windows_take_units_back_only_into_the_claims_window() {
         let k = key.as_str();
         // Claim 6 of 10 at 10 s into a 1-minute window.
         clock_set(&mut c, T0_US + 10 * SEC_US);
-        assert_eq!(limiter(&mut c, &[algo, k, "10", "1m", "COST", "6", "PARTIAL"])[0], 6);
+        assert_eq!(limiter(&mut c, &[algo, k, "10", "1m", "COST", "6", "PARTIAL"]).allowed, 6);
         clock_advance(&mut c, 20 * SEC_US);
         // Claimed 20 s ago (at most): the claim was in this window.
         assert_eq!(give(&mut c, &[k, "2", "AGE", "20000"]), 2, "{algo}");
-        assert_eq!(limiter(&mut c, &[algo, k, "10", "1m", "COST", "0"])[2], 6, "{algo}");
+        assert_eq!(limiter(&mut c, &[algo, k, "10", "1m", "COST", "0"]).remaining, 6, "{algo}");
         // The TTL is the new reset_after.
         let ttl = pttl(&mut c, k);
         let expected = if algo == "RL.FIXED" { 30_000 } else { 90_000 };
@@ -140,7 +102,7 @@ fn windows_take_units_back_only_into_the_claims_window() {
         // Nothing counted any more: the key expires at once (1 ms) and may be gone already.
         assert_eq!(give_or_gone(&mut c, &[k, "1", "AGE", "0"]), 0, "{algo}");
         // Units taken in one window are gone once it has passed.
-        assert_eq!(limiter(&mut c, &[algo, k, "10", "1m", "COST", "5"])[0], 5);
+        assert_eq!(limiter(&mut c, &[algo, k, "10", "1m", "COST", "5"]).allowed, 5);
         clock_advance(&mut c, 30 * SEC_US);
         assert_eq!(give(&mut c, &[k, "5", "AGE", "0"]), 0, "{algo}: the window has passed");
         assert_eq!(give(&mut c, &[k, "5", "AGE", "30000"]), 0, "{algo}");
@@ -151,8 +113,8 @@ fn windows_take_units_back_only_into_the_claims_window() {
     clock_advance(&mut c, 70 * SEC_US);
     limiter(&mut c, &["RL.SLIDING", "w:prev", "10", "1m", "COST", "2"]);
     assert_eq!(give(&mut c, &["w:prev", "6", "AGE", "0"]), 2);
-    assert_eq!(info_int(&mut c, "w:prev", "previous"), 4);
-    assert_eq!(info_int(&mut c, "w:prev", "current"), 0);
+    assert_eq!(rl_info_int(&mut c, "w:prev", "previous"), 4);
+    assert_eq!(rl_info_int(&mut c, "w:prev", "current"), 0);
 }
 
 #[test]
@@ -170,7 +132,7 @@ fn errors_name_the_problem_and_write_nothing() {
     // A key redis-cell left: an arrival time, without its rate (the RL.* commands leave it to
     // CL.THROTTLE unless the module is loaded with REDIS_CELL_KEYS).
     let cell = redis_cell_set("cell", (T0_US + 10_000_000) * 1000, T0_US * 1000);
-    let _: () = redis::cmd(&cell[0]).arg(&cell[1..]).query(&mut c).unwrap();
+    run(&mut c, &cell);
     let before = snapshot(&mut c);
     let wrongtype = "WRONGTYPE Operation against a key holding the wrong kind of value";
     let cases: Vec<(Vec<&str>, &str)> = vec![
@@ -207,12 +169,12 @@ fn errors_name_the_problem_and_write_nothing() {
         (vec!["RL.RETURN", "str", "x"], "ERR n must be a positive integer"),
     ];
     for (args, expected) in &cases {
-        let e = error(&mut c, args);
+        let e = run_err(&mut c, args);
         assert!(e.starts_with(expected), "{args:?}: {e}");
     }
     // Arity is Redis's own (declared -3): test the code, not the sentence.
     for args in [vec!["RL.RETURN"], vec!["RL.RETURN", "g"]] {
-        let e = cmd(&mut c, &args).unwrap_err();
+        let e = try_run(&mut c, &args).unwrap_err();
         assert_eq!(e.code(), Some("ERR"), "{args:?}: {e}");
     }
     let after = snapshot(&mut c);
@@ -226,8 +188,8 @@ fn errors_name_the_problem_and_write_nothing() {
     let s = Server::start_with(redis_cell_keys());
     let mut c = s.conn();
     clock_set(&mut c, T0_US);
-    let _: () = redis::cmd(&cell[0]).arg(&cell[1..]).query(&mut c).unwrap();
-    let e = error(&mut c, &["RL.RETURN", "cell", "1"]);
+    run(&mut c, &cell);
+    let e = run_err(&mut c, &["RL.RETURN", "cell", "1"]);
     assert!(e.starts_with("ERR RL.RETURN needs the key's rate"), "{e}");
 }
 
@@ -256,11 +218,11 @@ fn returns_replicate_as_effects_and_replay_from_the_aof() {
         let window = ["1s", "1m", "1h"][rng.below(3) as usize];
         if rng.chance(50) || i < 20 {
             let cost = (1 + rng.below(12)).to_string();
-            cmd(&mut p, &[algo, &key, limit, window, "COST", &cost, "PARTIAL"]).unwrap();
+            run(&mut p, &[algo, key.as_str(), limit, window, "COST", cost.as_str(), "PARTIAL"]);
         } else {
             let n = (1 + rng.below(8)).to_string();
             let age = rng.below(90_000).to_string();
-            match cmd(&mut p, &["RL.RETURN", &key, &n, "AGE", &age]) {
+            match try_run(&mut p, &["RL.RETURN", key.as_str(), n.as_str(), "AGE", age.as_str()]) {
                 Ok(Value::Int(k)) => credited_total += k,
                 Ok(v) => panic!("{v:?}"),
                 // A key that expired, or a leaky bucket (refused).
@@ -290,15 +252,15 @@ fn returns_replicate_as_effects_and_replay_from_the_aof() {
 
     // Returns that credit nothing write and propagate nothing.
     clock_set(&mut p, T0_US + 3_600 * SEC_US);
-    cmd(&mut p, &["RL.GCRA", "q:full", "10", "1h"]).unwrap();
+    run(&mut p, &["RL.GCRA", "q:full", "10", "1h"]);
     give(&mut p, &["q:full", "5"]); // now full, expiring
-    cmd(&mut p, &["RL.GCRA", "q:gcra", "10", "1h", "COST", "3"]).unwrap();
-    cmd(&mut p, &["RL.GCRA", "q:gcra", "10", "1h", "COST", "0"]).unwrap();
-    cmd(&mut p, &["RL.FIXED", "q:fixed", "10", "1h", "COST", "3"]).unwrap();
-    cmd(&mut p, &["RL.SLIDING", "q:sliding", "10", "1h", "COST", "3"]).unwrap();
-    cmd(&mut p, &["RL.SLIDINGLOG", "q:log", "10", "1h", "COST", "3"]).unwrap();
+    run(&mut p, &["RL.GCRA", "q:gcra", "10", "1h", "COST", "3"]);
+    run(&mut p, &["RL.GCRA", "q:gcra", "10", "1h", "COST", "0"]);
+    run(&mut p, &["RL.FIXED", "q:fixed", "10", "1h", "COST", "3"]);
+    run(&mut p, &["RL.SLIDING", "q:sliding", "10", "1h", "COST", "3"]);
+    run(&mut p, &["RL.SLIDINGLOG", "q:log", "10", "1h", "COST", "3"]);
     give(&mut p, &["q:gcra", "3"]);
-    cmd(&mut p, &["RL.GCRA", "q:gcra", "10", "1h", "COST", "2"]).unwrap();
+    run(&mut p, &["RL.GCRA", "q:gcra", "10", "1h", "COST", "2"]);
     clock_advance(&mut p, 3_600 * SEC_US);
     wait_replica_synced(&primary, &replica);
     let quiet: Vec<Vec<&str>> = vec![
@@ -313,17 +275,17 @@ fn returns_replicate_as_effects_and_replay_from_the_aof() {
     // must not land between two reads of the offset.
     let _: () = redis::cmd("DEBUG").arg("SET-ACTIVE-EXPIRE").arg(0).query(&mut p).unwrap();
     for args in &quiet {
-        let before = repl_offset(&primary);
-        let v = cmd(&mut p, args);
+        let before = primary.repl_offset();
+        let v = try_run(&mut p, args);
         assert!(matches!(v, Ok(Value::Int(0)) | Err(_)), "{args:?}: {v:?}");
-        assert_eq!(repl_offset(&primary), before, "{args:?} ({v:?}) moved the replication offset");
+        assert_eq!(primary.repl_offset(), before, "{args:?} ({v:?}) moved the replication offset");
     }
     let _: () = redis::cmd("DEBUG").arg("SET-ACTIVE-EXPIRE").arg(1).query(&mut p).unwrap();
     // A crediting return does move it.
-    cmd(&mut p, &["RL.FIXED", "q:fixed", "10", "1h", "COST", "3"]).unwrap();
-    let before = repl_offset(&primary);
+    run(&mut p, &["RL.FIXED", "q:fixed", "10", "1h", "COST", "3"]);
+    let before = primary.repl_offset();
     assert_eq!(give(&mut p, &["q:fixed", "2", "AGE", "0"]), 2);
-    assert!(repl_offset(&primary) > before);
+    assert!(primary.repl_offset() > before);
     wait_replica_synced(&primary, &replica);
     assert_same(&snapshot(&mut p), &snapshot(&mut r), now_ms(), "primary vs replica after the quiet calls");
 
