@@ -786,6 +786,21 @@ mod tests {
         assert_eq!(x.rule.burst, Some(60));
         assert_eq!(x.rule.capacity(), 60);
         assert_eq!(c.domains["d"].failure_mode, Some(FailureMode::Local));
+        // Any length; a period that is one unit reports that unit.
+        for (period, secs, unit) in [("5m", 300, Unit::Unknown), ("1500ms", 1, Unit::Unknown), ("1h", 3600, Unit::Hour)]
+        {
+            let y = format!(
+                "domain: p\ndescriptors:\n  - key: k\n    rate_limit: {{requests_per_unit: 9, period: {period}}}\n"
+            );
+            let c = load(&[("p.yaml", y.as_str())]).unwrap();
+            let x = c.get_limit("p", &[("k", "v")], &m).unwrap();
+            assert_eq!((x.rule.period.as_secs(), x.rule.unit), (secs, unit), "{period}");
+        }
+        assert!(load(&[(
+            "q.yaml",
+            "domain: q\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 9, period: 5m, unit: minute}\n"
+        )])
+        .is_err());
     }
 
     #[test]
