@@ -7,7 +7,7 @@
 mod common;
 
 use common::resp::{Reply, Resp};
-use common::{redis_cell_keys, redis_cell_set, wait_replica_synced, Opts, Server};
+use common::{redis_cell_keys, redis_cell_set, text, wait_replica_synced, Opts, Server};
 
 const NOW_US: i64 = 1_700_000_000_000_000;
 const NOW_NS: i64 = NOW_US * 1000;
@@ -15,10 +15,6 @@ const NOW_NS: i64 = NOW_US * 1000;
 fn ok(r: Reply) -> Reply {
     assert!(!r.is_error(), "unexpected error {:?}", r.error_text());
     r
-}
-
-fn set_clock(c: &mut Resp, us: i64) {
-    assert_eq!(c.c(&["RL.DEBUG", "CLOCK", "SET", &us.to_string()]), Reply::Status(b"OK".to_vec()));
 }
 
 /// A redis-cell key: `tat_ns` as a decimal string with the TTL redis-cell gives it (the clock
@@ -35,17 +31,13 @@ fn body(c: &mut Resp, key: &str) -> Vec<u8> {
     d[..d.len() - 10].to_vec()
 }
 
-fn info(c: &mut Resp, key: &str) -> Vec<(String, Reply)> {
-    ok(c.c(&["RL.INFO", key])).pairs().unwrap()
-}
-
 /// With REDIS_CELL_KEYS, every native reader agrees with CL.THROTTLE on a redis-cell key, and
 /// the first write takes it over with the same state CL.THROTTLE would have stored.
 #[test]
 fn native_commands_read_and_take_over_redis_cell_keys() {
     let s = Server::start_with(redis_cell_keys());
     let mut c = Resp::connect(s.port);
-    set_clock(&mut c, NOW_US);
+    c.clock_set(NOW_US);
     // 10 per 60 s with max_burst 4 (capacity 5): an arrival time 18 s ahead leaves 2 units.
     let tat = NOW_NS + 18_000_000_000;
     for k in ["by_cell", "by_gcra", "by_multi", "peek_gcra", "peek_multi", "info", "reset"] {
@@ -57,25 +49,25 @@ fn native_commands_read_and_take_over_redis_cell_keys() {
     let gcra_peek = ok(c.c(&["RL.GCRA", "peek_gcra", "10", "60s", "BURST", "5", "DRYRUN"])).ints().unwrap();
     assert_eq!(gcra_peek, vec![1, 5, 1, -1, 24_000], "DRYRUN of one unit on a redis-cell key");
     let multi_peek = ok(c.c(&["RL.MULTI", "1", "peek_multi", "GCRA", "10", "60s", "BURST", "5", "COST", "0"]));
-    assert_eq!(multi_peek.array().unwrap()[2].ints().unwrap(), vec![0, 5, 2, -1, 18_000]);
+    assert_eq!(multi_peek.multi().limits, [vec![0, 5, 2, -1, 18_000]]);
     for k in ["by_cell", "peek_gcra", "peek_multi"] {
         assert_eq!(c.c(&["TYPE", k]), Reply::Status(b"string".to_vec()), "{k}: a peek takes nothing over");
     }
     // RL.INFO: what redis-cell stores, no more.
-    let i = info(&mut c, "info");
-    let names: Vec<&str> = i.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, vec!["algorithm", "source", "tat_us", "ttl_ms"]);
-    assert_eq!(i[0].1.bulk(), Some(&b"gcra"[..]));
-    assert_eq!(i[1].1.bulk(), Some(&b"redis-cell"[..]));
-    assert_eq!(i[2].1.int(), Some(tat / 1000));
-    assert!(matches!(i[3].1.int(), Some(t) if t > 0 && t <= 600_000));
+    let i = ok(c.c(&["RL.INFO", "info"])).rl_info().expect("RL.INFO info");
+    assert_eq!(i.names(), vec!["algorithm", "source", "tat_us", "ttl_ms"]);
+    assert_eq!(i.algorithm(), "gcra");
+    assert_eq!(i.get("source").map(text), Some("redis-cell".to_string()));
+    assert_eq!(i.int("tat_us"), tat / 1000);
+    let ttl = i.int("ttl_ms");
+    assert!(ttl > 0 && ttl <= 600_000, "ttl_ms {ttl}");
     // Admitted calls: each takes its key over with exactly the state CL.THROTTLE stores.
     let a = ok(c.c(&["CL.THROTTLE", "by_cell", "4", "10", "60"])).ints().unwrap();
     assert_eq!(a, vec![0, 5, 1, -1, 24]);
     let b = ok(c.c(&["RL.GCRA", "by_gcra", "10", "60s", "BURST", "5"])).ints().unwrap();
     assert_eq!(b, vec![1, 5, 1, -1, 24_000]);
     let m = ok(c.c(&["RL.MULTI", "1", "by_multi", "GCRA", "10", "60s", "BURST", "5"]));
-    assert_eq!(m.array().unwrap()[2].ints().unwrap(), vec![1, 5, 1, -1, 24_000]);
+    assert_eq!(m.multi().limits, [vec![1, 5, 1, -1, 24_000]]);
     let reference = body(&mut c, "by_cell");
     for k in ["by_cell", "by_gcra", "by_multi"] {
         assert_eq!(c.c(&["TYPE", k]), Reply::Status(b"ratelimit".to_vec()), "{k} taken over");
@@ -115,7 +107,7 @@ fn native_commands_read_and_take_over_redis_cell_keys() {
 fn only_cl_throttle_reads_redis_cell_keys_by_default() {
     let s = Server::start();
     let mut c = Resp::connect(s.port);
-    set_clock(&mut c, NOW_US);
+    c.clock_set(NOW_US);
     let tat = NOW_NS + 18_000_000_000;
     cell_key(&mut c, "cell", tat);
     for cmd in [
@@ -166,14 +158,15 @@ fn only_cl_throttle_reads_redis_cell_keys_by_default() {
 fn cl_throttle_reads_what_rl_gcra_wrote() {
     let s = Server::start();
     let mut c = Resp::connect(s.port);
-    set_clock(&mut c, NOW_US);
+    c.clock_set(NOW_US);
     for _ in 0..3 {
         ok(c.c(&["RL.GCRA", "k", "10", "60s", "BURST", "5"]));
     }
     ok(c.c(&["COPY", "k", "twin"]));
-    let native = ok(c.c(&["RL.GCRA", "twin", "10", "60s", "BURST", "5"])).ints().unwrap();
-    let cell = ok(c.c(&["CL.THROTTLE", "k", "4", "10", "60"])).ints().unwrap();
-    assert_eq!((cell[0], cell[1], cell[2]), (0, 5, native[2]), "CL.THROTTLE {cell:?} vs RL.GCRA {native:?}");
+    let native = ok(c.c(&["RL.GCRA", "twin", "10", "60s", "BURST", "5"])).limiter();
+    let cell = ok(c.c(&["CL.THROTTLE", "k", "4", "10", "60"])).cell();
+    let seen = (cell.limited, cell.limit, cell.remaining);
+    assert_eq!(seen, (0, 5, native.remaining), "CL.THROTTLE {cell:?} vs RL.GCRA {native:?}");
     assert_eq!(body(&mut c, "k"), body(&mut c, "twin"));
 }
 
@@ -185,7 +178,7 @@ fn take_over_is_replicated_exactly() {
     let r = Server::start_with(Opts { replica_of: Some(p.port), ..redis_cell_keys() });
     wait_replica_synced(&p, &r);
     let mut c = Resp::connect(p.port);
-    set_clock(&mut c, NOW_US);
+    c.clock_set(NOW_US);
     let keys = ["g", "m", "t"];
     for k in keys {
         cell_key(&mut c, k, NOW_NS + 6_000_000_000);
@@ -207,7 +200,7 @@ fn take_over_is_replicated_exactly() {
 fn setstate_without_pxat_keeps_the_ttl() {
     let s = Server::start();
     let mut c = Resp::connect(s.port);
-    set_clock(&mut c, NOW_US);
+    c.clock_set(NOW_US);
     ok(c.c(&["RL.GCRA", "src", "10", "60s"]));
     // A whole-state payload, taken from what the module replicates for `src`: RL.SETSTATE of
     // the same state onto other keys.
@@ -252,23 +245,23 @@ fn cl_throttle_seconds_rounding_is_as_documented() {
     let s = Server::start();
     let mut c = Resp::connect(s.port);
     // 1 per second, no burst: admitted at NOW, the next unit is due at NOW + 1 s.
-    set_clock(&mut c, NOW_US);
+    c.clock_set(NOW_US);
     assert_eq!(ok(c.c(&["CL.THROTTLE", "r", "0", "1", "1"])).ints().unwrap(), vec![0, 1, 0, -1, 1]);
     // (µs after NOW, expected retry_after_s): wait = 1 s − elapsed.
     for (after_us, retry_s) in [(1, 1), (998_999, 1), (999_000, 1), (999_001, 0), (999_500, 0), (999_999, 0)] {
-        set_clock(&mut c, NOW_US + after_us);
-        let r = ok(c.c(&["CL.THROTTLE", "r", "0", "1", "1", "1"])).ints().unwrap();
-        assert_eq!(r[0], 1, "limited {after_us} µs after");
-        assert_eq!(r[3], retry_s, "retry_after {after_us} µs after: wait {} µs", 1_000_000 - after_us);
-        assert_eq!(r[4], retry_s, "reset_after equals retry_after here");
+        c.clock_set(NOW_US + after_us);
+        let r = ok(c.c(&["CL.THROTTLE", "r", "0", "1", "1", "1"])).cell();
+        assert_eq!(r.limited, 1, "limited {after_us} µs after");
+        assert_eq!(r.retry_after_s, retry_s, "retry_after {after_us} µs after: wait {} µs", 1_000_000 - after_us);
+        assert_eq!(r.reset_after_s, retry_s, "reset_after equals retry_after here");
     }
-    set_clock(&mut c, NOW_US + 1_000_000);
-    assert_eq!(ok(c.c(&["CL.THROTTLE", "r", "0", "1", "1"])).ints().unwrap()[0], 0, "admitted when due");
+    c.clock_set(NOW_US + 1_000_000);
+    assert_eq!(ok(c.c(&["CL.THROTTLE", "r", "0", "1", "1"])).cell().limited, 0, "admitted when due");
     // 2.0005 s → 2, 2.000999 s → 2 and 2.001 s → 3 (a longer period).
-    set_clock(&mut c, NOW_US);
+    c.clock_set(NOW_US);
     ok(c.c(&["CL.THROTTLE", "p", "0", "1", "5"]));
     for (after_us, retry_s) in [(2_999_500, 2), (2_999_001, 2), (2_999_000, 3)] {
-        set_clock(&mut c, NOW_US + after_us);
-        assert_eq!(ok(c.c(&["CL.THROTTLE", "p", "0", "1", "5"])).ints().unwrap()[3], retry_s, "{after_us} µs after");
+        c.clock_set(NOW_US + after_us);
+        assert_eq!(ok(c.c(&["CL.THROTTLE", "p", "0", "1", "5"])).cell().retry_after_s, retry_s, "{after_us} µs after");
     }
 }
