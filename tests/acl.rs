@@ -7,43 +7,10 @@
 
 mod common;
 
-use common::{Opts, Server};
+use common::{err_text, now_us, run, try_run, Args, CellReply, LimiterReply, Opts, Server};
 use redis::{Connection, Value};
 use redis_ratelimit::core::{codec::State, gcra, Rate, Request, NANOS_PER_MICRO, NANOS_PER_SEC};
 use redis_ratelimit::{acl, COMMANDS};
-use std::time::{SystemTime, UNIX_EPOCH};
-
-fn now_us() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
-}
-
-fn err_text(e: &redis::RedisError) -> String {
-    format!("{} {}", e.code().unwrap_or("?"), e.detail().unwrap_or(&e.to_string()))
-}
-
-fn build(args: &[Vec<u8>]) -> redis::Cmd {
-    let mut c = redis::Cmd::new();
-    for a in args {
-        c.arg(a.as_slice());
-    }
-    c
-}
-
-fn try_run(con: &mut Connection, args: &[Vec<u8>]) -> redis::RedisResult<Value> {
-    build(args).query::<Value>(con)
-}
-
-fn shown(args: &[Vec<u8>]) -> String {
-    args.iter()
-        .map(|a| String::from_utf8(a.clone()).unwrap_or_else(|_| format!("<{} bytes>", a.len())))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn run(con: &mut Connection, args: &[&str]) -> Value {
-    let a: Vec<Vec<u8>> = args.iter().map(|s| s.as_bytes().to_vec()).collect();
-    try_run(con, &a).unwrap_or_else(|e| panic!("{} failed: {}", args.join(" "), err_text(&e)))
-}
 
 fn user_conn(s: &Server, user: &str, pw: &str) -> Connection {
     let client = redis::Client::open(format!("redis://{user}:{pw}@127.0.0.1:{}/", s.port)).unwrap();
@@ -138,11 +105,11 @@ fn check_tenant_user(s: &Server, con: &mut Connection, denied: &[&str]) -> usize
     for outside in ["tenantB:x", "other", "tenantA"] {
         for (name, args, _) in all_commands(outside, &payload) {
             let r = try_run(con, &args);
-            assert!(is_noperm(&r), "{} outside ~tenantA:* must be NOPERM, got {r:?}", shown(&args));
+            assert!(is_noperm(&r), "{} outside ~tenantA:* must be NOPERM, got {r:?}", args.shown());
             // What was refused, from ACL LOG (the sentences differ between servers).
             let expected =
                 if denied.contains(&name) { ("command", name.to_string()) } else { ("key", outside.to_string()) };
-            assert_eq!(last_denial(&mut admin), (expected.0.to_string(), expected.1), "{}", shown(&args));
+            assert_eq!(last_denial(&mut admin), (expected.0.to_string(), expected.1), "{}", args.shown());
             checked += 1;
         }
     }
@@ -172,7 +139,7 @@ fn check_tenant_user(s: &Server, con: &mut Connection, denied: &[&str]) -> usize
             assert!(is_noperm(&r), "{name} must be refused to this user: {r:?}");
             assert_eq!(last_denial(&mut admin), ("command".to_string(), name.to_string()), "{name}");
         } else {
-            let v = r.unwrap_or_else(|e| panic!("{} inside ~tenantA:* failed: {}", shown(&args), err_text(&e)));
+            let v = r.unwrap_or_else(|e| panic!("{} inside ~tenantA:* failed: {}", args.shown(), err_text(&e)));
             match name {
                 "rl.info" => assert!(matches!(v, Value::Array(_)), "RL.INFO: {v:?}"),
                 "rl.reset" => assert_eq!(v, Value::Int(1), "RL.RESET"),
@@ -420,10 +387,10 @@ fn rl_debug_without_debug_clock_changes_nothing() {
     // The limiter still runs on the wall clock: a second call 2 intervals later than a frozen
     // clock would say, and tat_us within a few seconds of now.
     let second = run(&mut con, &["RL.GCRA", "k", "10", "60s"]);
-    let (Value::Array(a1), Value::Array(a2)) = (&first, &second) else { panic!("{first:?} {second:?}") };
-    assert_eq!(a1[2], Value::Int(9));
-    assert_eq!(a2[2], Value::Int(8), "second call: {second:?}");
-    let Value::Int(reset) = a2[4] else { panic!() };
+    let (a1, a2) = (LimiterReply::of(&first), LimiterReply::of(&second));
+    assert_eq!(a1.remaining, 9);
+    assert_eq!(a2.remaining, 8, "second call: {second:?}");
+    let reset = a2.reset_after_ms;
     assert!((11_000..=12_000).contains(&reset), "reset_after {reset} (expected ~12000 on the real clock)");
     let Value::Array(info) = run(&mut con, &["RL.INFO", "k"]) else { panic!() };
     let tat: i64 = info
@@ -455,8 +422,8 @@ fn commands_touch_only_their_declared_keys() {
             let mut getkeys = vec![b"COMMAND".to_vec(), b"GETKEYS".to_vec()];
             getkeys.extend(args.iter().cloned());
             let got: Vec<String> =
-                build(&getkeys).query(&mut con).unwrap_or_else(|e| panic!("GETKEYS {name}: {}", err_text(&e)));
-            assert_eq!(got, declared, "COMMAND GETKEYS {}", shown(&args));
+                getkeys.cmd().query(&mut con).unwrap_or_else(|e| panic!("GETKEYS {name}: {}", err_text(&e)));
+            assert_eq!(got, declared, "COMMAND GETKEYS {}", args.shown());
 
             // Run on an empty db (and, for RL.INFO / RL.RESET, on a db holding the key).
             for prefill in [false, true] {
@@ -465,11 +432,11 @@ fn commands_touch_only_their_declared_keys() {
                     if name == "rl.info" || name == "rl.reset" {
                         run(&mut con, &["RL.GCRA", key, "10", "60s"]);
                     } else {
-                        try_run(&mut con, &args).unwrap_or_else(|e| panic!("{}: {}", shown(&args), err_text(&e)));
+                        try_run(&mut con, &args).unwrap_or_else(|e| panic!("{}: {}", args.shown(), err_text(&e)));
                     }
                 }
                 let before = dbsize(&mut con);
-                try_run(&mut con, &args).unwrap_or_else(|e| panic!("{}: {}", shown(&args), err_text(&e)));
+                try_run(&mut con, &args).unwrap_or_else(|e| panic!("{}: {}", args.shown(), err_text(&e)));
                 let after = dbsize(&mut con);
                 let ks = keys_star(&mut con);
                 assert!(after - before <= declared.len() as i64, "{name}: DBSIZE {before} → {after}");
@@ -599,9 +566,9 @@ fn ratelimit_user_on_strings(cell_keys: bool) {
             let r = try_run(&mut app, &args);
             match &r {
                 Err(e) if matches!(e.code(), Some("WRONGTYPE") | Some("NOPERM")) => {}
-                other => panic!("{} on string {key} answered {other:?}, not WRONGTYPE", shown(&args)),
+                other => panic!("{} on string {key} answered {other:?}, not WRONGTYPE", args.shown()),
             }
-            assert_eq!(string_snapshot(&mut admin, key), before, "{} changed string {key}", shown(&args));
+            assert_eq!(string_snapshot(&mut admin, key), before, "{} changed string {key}", args.shown());
             checked += 1;
         }
     }
@@ -626,16 +593,16 @@ fn ratelimit_user_on_strings(cell_keys: bool) {
     }
     for call in app_calls("s:cell").into_iter().filter(|c| c[0] != "CL.THROTTLE") {
         let args: Vec<Vec<u8>> = call.iter().map(|a| a.as_bytes().to_vec()).collect();
-        let e = try_run(&mut app, &args).expect_err(&shown(&args));
-        assert_eq!(e.code(), Some("WRONGTYPE"), "{}: {}", shown(&args), err_text(&e));
-        assert!(err_text(&e).contains("REDIS_CELL_KEYS"), "{}: {}", shown(&args), err_text(&e));
+        let e = try_run(&mut app, &args).expect_err(&args.shown());
+        assert_eq!(e.code(), Some("WRONGTYPE"), "{}: {}", args.shown(), err_text(&e));
+        assert!(err_text(&e).contains("REDIS_CELL_KEYS"), "{}: {}", args.shown(), err_text(&e));
         assert_eq!(string_snapshot(&mut admin, "s:cell"), before);
     }
     // 20 s of a 6 s interval used: 6 of 10 left, reset in 20 s (19 when the call comes late).
     let peek = run(&mut app, &["CL.THROTTLE", "s:cell", "9", "10", "60", "0"]);
-    let Value::Array(p) = &peek else { panic!("CL.THROTTLE peek: {peek:?}") };
-    assert_eq!(p[..4], [0, 10, 6, -1].map(Value::Int), "CL.THROTTLE reads the arrival time: {peek:?}");
-    assert!(matches!(p[4], Value::Int(19 | 20)), "{peek:?}");
+    let p = CellReply::of(&peek);
+    assert_eq!(p.ints()[..4], [0, 10, 6, -1], "CL.THROTTLE reads the arrival time: {peek:?}");
+    assert!(matches!(p.reset_after_s, 19 | 20), "{peek:?}");
     assert_eq!(string_snapshot(&mut admin, "s:cell"), before, "a peek writes nothing");
     run(&mut app, &["CL.THROTTLE", "s:cell", "9", "10", "60"]);
     assert_eq!(run(&mut admin, &["TYPE", "s:cell"]), Value::SimpleString("ratelimit".into()));
