@@ -7,6 +7,8 @@
 #   scripts/compat.sh build      only build (and cache) the servers
 #
 # RL_SERVER_SOURCES   folder with the archives (default: ../shared/servers beside the repo)
+# RL_SERVER_CACHE     built servers kept across clones, by the archive's sha256 (default:
+#                     ~/.cache/redis-ratelimit/servers; "none" to always build)
 # RL_COMPAT_SERVERS   which archives to use, space separated (default: the four below)
 # TEST_THREADS        test threads per binary (default 4)
 set -euo pipefail
@@ -20,6 +22,7 @@ fi
 SOURCES=${RL_SERVER_SOURCES:-$ROOT/../shared/servers}
 SERVERS=${RL_COMPAT_SERVERS:-redis-7.2.6 redis-7.4.1 redis-8.0-m01 valkey-8.0.1}
 CACHE=$ROOT/target/servers
+SHARED_CACHE=${RL_SERVER_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/redis-ratelimit/servers}
 TEST_THREADS=${TEST_THREADS:-4}
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 mkdir -p "$CACHE"
@@ -41,6 +44,13 @@ build_server() {
   if [ -f "$dir/stamp" ] && [ "$(cat "$dir/stamp")" = "$sum" ]; then
     return 0
   fi
+  # The same archive built by another clone (a server build is ~75 s; CI starts from a clean clone).
+  local shared="$SHARED_CACHE/$1"
+  if [ "$SHARED_CACHE" != none ] && [ -f "$shared/stamp" ] && [ "$(cat "$shared/stamp")" = "$sum" ]; then
+    rm -rf "$dir" && mkdir -p "$dir" && cp -r "$shared/bin" "$shared/stamp" "$dir/"
+    log "$name: from $shared (built from the same archive)"
+    return 0
+  fi
   kind=$(flavour "$name")
   log "$name: building from $archive (make -j$JOBS BUILD_TLS=no, log in $dir/build.log)"
   rm -rf "$dir" && mkdir -p "$dir/bin"
@@ -55,6 +65,11 @@ build_server() {
   rm -rf "${dir:?}/$name"
   echo "$sum" >"$dir/stamp"
   log "$name: built in $((SECONDS - started)) s"
+  if [ "$SHARED_CACHE" != none ] && mkdir -p "$SHARED_CACHE"; then
+    # Whole or not at all: a concurrent clone reads the stamp only once the binaries are in place.
+    mkdir -p "$shared.$$" && cp -r "$dir/bin" "$dir/stamp" "$shared.$$/" && rm -rf "$shared" &&
+      mv "$shared.$$" "$shared" || rm -rf "$shared.$$"
+  fi
 }
 
 declare -A BUILT=()
