@@ -30,18 +30,14 @@ lint:
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all --check
 	$(CARGO) fmt --manifest-path examples/rust/Cargo.toml --all --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
-	$(CARGO) clippy --manifest-path examples/rust/Cargo.toml --all-targets -- -D warnings
+	CARGO_TARGET_DIR=$(CURDIR)/target/examples-rust $(CARGO) clippy --manifest-path examples/rust/Cargo.toml --all-targets -- -D warnings
 
 # Every test binary and every example runs even when one fails (each failure is listed); the
-# target fails at the end if any did.
+# target fails at the end if any did. One cargo invocation for the whole workspace: features are
+# unified once, so the dependencies the crates share (redis, tokio, ...) build once, not per crate.
 test: build
 	@status=0; \
-	$(CARGO) test --release --no-fail-fast -- --test-threads=$(TEST_THREADS) || status=1; \
-	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-sim -- --test-threads=$(TEST_THREADS) || status=1; \
-	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-client -- --test-threads=$(TEST_THREADS) || status=1; \
-	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-tower -- --test-threads=$(TEST_THREADS) || status=1; \
-	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-bench || status=1; \
-	$(CARGO) test --release --no-fail-fast -p redis-ratelimit-service -- --test-threads=$(TEST_THREADS) || status=1; \
+	$(CARGO) test --release --workspace --no-fail-fast -- --test-threads=$(TEST_THREADS) || status=1; \
 	bash scripts/examples.sh || status=1; \
 	exit $$status
 

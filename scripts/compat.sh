@@ -85,8 +85,11 @@ build_all() {
 # The integration test binaries, built once (with the module) and run against every server.
 test_binaries() {
   $CARGO build --release >&2
-  $CARGO test --release -p redis-ratelimit --tests --no-run --message-format=json-render-diagnostics \
-    | jq -r 'select(.reason == "compiler-artifact" and .target.kind == ["test"] and .executable != null)
+  # --workspace as make test builds them (the same features, so nothing is rebuilt); the
+  # module's own integration tests are the ones under tests/.
+  $CARGO test --release --workspace --tests --no-run --message-format=json-render-diagnostics \
+    | jq -r --arg tests "$ROOT/tests/" 'select(.reason == "compiler-artifact" and .target.kind == ["test"]
+             and .executable != null and (.target.src_path | startswith($tests)))
              | "\(.target.name) \(.executable)"' | sort
 }
 
