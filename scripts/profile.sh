@@ -90,7 +90,7 @@ for c in "${CASES[@]}"; do
   echo "profile: $label" >&2
   cli FLUSHALL >/dev/null
   # Warm-up: one call on every key redis-benchmark's __rand_int__ can name, so the measured
-  # calls find their keys in place (as in scripts/bench.sh).
+  # calls find their keys in place (as in the server benchmark, benches/server).
   awk -v keys="$KEYS" -v tpl="${warm[*]}" 'BEGIN {
     n = split(tpl, a, " ")
     for (i = 0; i < keys; i++) {
