@@ -85,9 +85,9 @@ build_all() {
 # The integration test binaries, built once (with the module) and run against every server.
 test_binaries() {
   $CARGO build --release >&2
-  # --workspace as make test builds them (the same features, so nothing is rebuilt); the
-  # module's own integration tests are the ones under tests/.
-  $CARGO test --release --workspace --tests --no-run --message-format=json-render-diagnostics \
+  # Exactly make test's build (the same features and targets, so nothing is rebuilt; --tests
+  # alone would rebuild the libraries); the module's own integration tests are those under tests/.
+  $CARGO test --release --workspace --no-run --message-format=json-render-diagnostics \
     | jq -r --arg tests "$ROOT/tests/" 'select(.reason == "compiler-artifact" and .target.kind == ["test"]
              and .executable != null and (.target.src_path | startswith($tests)))
              | "\(.target.name) \(.executable)"' | sort
