@@ -183,20 +183,13 @@ async fn a_refusal_by_a_per_request_descriptor_gives_the_leased_units_back() {
     assert_eq!(command_calls(&mut con), 10, "nothing else: no claim, no return");
 }
 
-fn policy_yaml(mode: &str) -> String {
-    format!("domain: lp_{mode}\nfailure_mode: {mode}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: 4}}\n")
-}
-
 /// Redis killed and restarted under each failure mode, with every descriptor served from
 /// leases: the modes map to the engine's policies (error: UNAVAILABLE; open; closed; local:
 /// the limit ÷ INSTANCES), and once Redis is back every domain is decided by Redis again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_and_restarted_under_each_failure_mode_with_leases() {
     let mut redis = Server::start();
-    let dir = TempDir::new("leases-failures");
-    for m in ["error", "open", "closed", "local"] {
-        dir.write(&format!("{m}.yaml"), &policy_yaml(m));
-    }
+    let dir = failure_mode_configs("leases-failures", "lp", "hour");
     let url = format!("127.0.0.1:{}", redis.port);
     let svc = ServiceProc::start(
         dir.path(),

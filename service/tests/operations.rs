@@ -98,17 +98,10 @@ async fn hot_reload_keeps_serving_and_a_broken_config_is_refused() {
     assert!(sent.load(Ordering::Relaxed) > 10, "the load ran");
 }
 
-fn policy_yaml(mode: &str) -> String {
-    format!("domain: p_{mode}\nfailure_mode: {mode}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 4}}\n")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_and_restarted_under_each_failure_mode() {
     let mut redis = Server::start();
-    let dir = TempDir::new("failures");
-    for m in ["error", "open", "closed", "local"] {
-        dir.write(&format!("{m}.yaml"), &policy_yaml(m));
-    }
+    let dir = failure_mode_configs("failures", "p", "second");
     let url = format!("127.0.0.1:{}", redis.port);
     // 2 instances: the local fallback admits 4 / 2 = 2 per second per descriptor.
     let svc = ServiceProc::start(
@@ -255,10 +248,7 @@ async fn a_stalled_redis_times_out_into_each_failure_mode() {
     // The module's clock pinned: the per-second windows below cannot roll over mid-count.
     set_clock(&mut redis.conn(), (T0_S + 1) * 1_000_000);
     let pid = redis.pid().unwrap();
-    let dir = TempDir::new("stalled");
-    for m in ["error", "open", "closed", "local"] {
-        dir.write(&format!("{m}.yaml"), &policy_yaml(m));
-    }
+    let dir = failure_mode_configs("stalled", "p", "second");
     let url = format!("127.0.0.1:{}", redis.port);
     let svc = ServiceProc::start(
         dir.path(),

@@ -51,6 +51,22 @@ impl TempDir {
     }
 }
 
+/// The service's failure modes (`failure_mode:` in a domain), in the order the tests walk them.
+pub const FAILURE_MODES: [&str; 4] = ["error", "open", "closed", "local"];
+
+/// A config directory with one domain per failure mode, `<prefix>_<mode>`, each with one
+/// descriptor `k` at 4 requests per `unit`.
+pub fn failure_mode_configs(tag: &str, prefix: &str, unit: &str) -> TempDir {
+    let dir = TempDir::new(tag);
+    for m in FAILURE_MODES {
+        let yaml = format!(
+            "domain: {prefix}_{m}\nfailure_mode: {m}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: 4}}\n"
+        );
+        dir.write(&format!("{m}.yaml"), &yaml);
+    }
+    dir
+}
+
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
