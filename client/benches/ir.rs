@@ -140,8 +140,13 @@ fn main() {
             let server = common::Server::start_with(common::Opts { debug_clock: false, ..Default::default() });
             // One thread: background claims and replies run only when a check waits (inside
             // `block_on`), so that N and 2N checks differ by exactly the checks (valgrind runs
-            // one thread at a time and would otherwise starve the runtime's worker).
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            // one thread at a time and would otherwise starve the runtime's worker). IR_MT=1: one
+            // worker thread, so background refills complete (their cost is counted too).
+            let rt = if std::env::var("IR_MT").is_ok() {
+                tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap()
+            } else {
+                tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+            };
             let client = redis::Client::open(server.url()).unwrap();
             let conn = rt.block_on(Reconnecting::connect(client, Duration::from_secs(5))).unwrap();
             let _g = rt.enter();

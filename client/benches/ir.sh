@@ -8,7 +8,9 @@
 #                                            wall time: other processes do not count), the
 #                                            median of 5 runs of each case, natively
 # Cases: engine_1 governor_1 limiter_1 engine_1000 governor_1000 limiter_1000 cold_direct
-# cold_limiter (default: all). N=$IR_N (default 100000; cold cases N/20).
+# cold_limiter (default: all). N=$IR_N (default 100000; cold cases N/20). The driver cases run on
+# a current-thread runtime (a background refill is sent only when a check waits, so one stays in
+# flight); IR_MT=1: a multi-thread runtime with one worker, so refills complete as in a service.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODE=ir

@@ -23,6 +23,10 @@ use crate::time::Nanos;
 /// than 64 checks per τ) pay one `exp` per check.
 #[inline]
 pub(crate) fn decay(dt: Nanos, tau: Nanos) -> f64 {
+    if dt.is_zero() {
+        // The other calls of the same check (the polynomial's value too, exactly).
+        return 1.0;
+    }
     let x = dt.as_f64() / tau.as_f64().max(1.0);
     if x < 1.0 / 64.0 {
         1.0 - x * (1.0 - x * (0.5 - x * (1.0 / 6.0 - x / 24.0)))

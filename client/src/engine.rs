@@ -803,17 +803,23 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     fn step(&mut self, now: Nanos, i: usize, cost: u64, v: Verdict) -> Step<K> {
         let (outcome, refill) = match v {
             Verdict::Admit { from_claim, refill, delay, taken, held } => {
+                // The local path: the refill and the arming first, then the step written once
+                // (an admission is never a shadow refusal).
+                let refill = self.refill(now, i, refill);
+                self.arm(now, i);
                 let source = if from_claim { Source::Redis } else { Source::Local };
                 let st = &self.slots[i].state;
-                let o = Outcome {
-                    limit: st.capacity(),
-                    remaining: st.remaining_with(held),
-                    reset_after: st.reset_after(now),
-                    delay,
-                    taken,
-                    ..Outcome::plain(true, source, None)
+                return Step::Done {
+                    outcome: Outcome {
+                        limit: st.capacity(),
+                        remaining: st.remaining_with(held),
+                        reset_after: st.reset_after(now),
+                        delay,
+                        taken,
+                        ..Outcome::plain(true, source, None)
+                    },
+                    refill,
                 };
-                (o, refill)
             }
             Verdict::Limited { retry_after, by, refill } => {
                 let source = match by {
@@ -846,19 +852,24 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 return self.step(now, i, cost, v);
             }
         };
-        // A background refill only when Redis may be called (it may be the half-open probe).
-        let refill = match refill {
+        let refill = self.refill(now, i, refill);
+        self.arm(now, i);
+        let mut outcome = outcome;
+        self.shadow_in_place(&mut outcome);
+        Step::Done { outcome, refill }
+    }
+
+    /// A background refill only when Redis may be called (it may be the half-open probe).
+    #[inline]
+    fn refill(&mut self, now: Nanos, i: usize, refill: Option<ClaimSpec>) -> Option<Claim<K>> {
+        match refill {
             Some(c) if !self.shared.breaker.permit(now).allows_call() => {
                 self.slots[i].state.cancel_claim(c.id, &self.metrics);
                 None
             }
             Some(c) => Some(self.claim(i, c)),
             None => None,
-        };
-        self.arm(now, i);
-        let mut outcome = outcome;
-        self.shadow_in_place(&mut outcome);
-        Step::Done { outcome, refill }
+        }
     }
 
     fn claim(&self, i: usize, spec: ClaimSpec) -> Claim<K> {

@@ -606,6 +606,10 @@ impl KeyState {
     /// never while a claim is in flight or the key is held.
     #[inline]
     fn refill(&mut self, now: Nanos, held: u64, cfg: &LeaseConfig, m: &Metrics) -> Option<ClaimSpec> {
+        // The cheap conditions of `background` first: no demand estimate while a claim is out.
+        if self.in_flight.is_some() || self.call_credit == 0 || !cfg.batching() {
+            return None;
+        }
         if self.hold_active(now) || !self.demand.exceeds(held, now, cfg.demand_tau, self.lead(cfg)) {
             return None;
         }

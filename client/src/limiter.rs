@@ -353,11 +353,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
     pub async fn check(&self, key: &str, cost: u64) -> Outcome {
         let inner = &self.inner;
         let hash = inner.shared.hash(key);
-        let step = inner.with_engine(hash, |e, now| e.check_hashed(now, hash, key, cost));
-        match inner.first_step(key, step) {
-            Ok(outcome) => outcome,
-            Err(rest) => rest.await,
-        }
+        // The decided outcome is returned before the await, so the future holds only the
+        // boxed rest across it (a `match` on the first step would keep the whole result).
+        let rest = match inner.first_step(hash, key, |e, now| e.check_hashed(now, hash, key, cost)) {
+            Ok(outcome) => return outcome,
+            Err(rest) => rest,
+        };
+        rest.await
     }
 
     /// Decides a request for `cost` units of `key` without taking anything: from the units
@@ -366,11 +368,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
     /// a request.
     pub async fn peek(&self, key: &str, cost: u64) -> Outcome {
         let inner = &self.inner;
-        let step = inner.with_engine(inner.shared.hash(key), |e, now| e.peek(now, key, cost));
-        match inner.first_step(key, step) {
-            Ok(outcome) => outcome,
-            Err(rest) => rest.await,
-        }
+        let rest = match inner.first_step(inner.shared.hash(key), key, |e, now| e.peek(now, key, cost)) {
+            Ok(outcome) => return outcome,
+            Err(rest) => rest,
+        };
+        rest.await
     }
 
     /// Puts back the units an admitted `outcome` of `key` took, at no cost (no Redis call):
@@ -503,36 +505,72 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         let shard = self.shard(hash);
         let mut e = Inner::<C>::lock(shard);
         let out = f(&mut e, self.now());
-        let next = e.poll_timeout().map_or(u64::MAX, Nanos::as_u64);
-        let mut transmit = Vec::new();
-        while let Some(r) = e.poll_transmit() {
-            transmit.push(r);
-        }
-        drop(e);
-        shard.next_wake.store(next, Ordering::Relaxed);
-        if next < self.sleeping_until.load(Ordering::Relaxed) {
-            self.housekeeper.notify_one();
-        }
-        if !transmit.is_empty() {
-            for r in transmit {
-                tokio::spawn(self.clone().give_back(r));
-            }
-        }
+        self.release(shard, e);
         out
     }
 
-    /// A request's first step: decided at once (the local path: ready on the first poll, no
-    /// allocation, nothing awaited), or the rest of the request ([`Inner::run`]) boxed, so that
-    /// the check's own future stays a few words (the whole wait is only built when needed).
-    fn first_step<'a>(self: &'a Arc<Self>, key: &'a str, step: Step<Key>) -> Result<Outcome, Slow<'a>> {
-        match step {
-            Step::Done { outcome, refill } => {
-                if let Some(c) = refill {
-                    self.refill(c);
-                }
+    /// Unlocks a shard after a call: publishes its next deadline (waking the housekeeping task
+    /// if it is earlier than its sleep) and sends what the engine queued.
+    #[inline]
+    fn release(self: &Arc<Self>, shard: &Shard, mut e: MutexGuard<'_, Engine<Key>>) {
+        let next = e.poll_timeout().map_or(u64::MAX, Nanos::as_u64);
+        let transmit = e.poll_transmit();
+        if transmit.is_none() {
+            drop(e);
+            self.publish(shard, next);
+            return;
+        }
+        let mut returns: Vec<Return<Key>> = transmit.into_iter().collect();
+        while let Some(r) = e.poll_transmit() {
+            returns.push(r);
+        }
+        drop(e);
+        self.publish(shard, next);
+        for r in returns {
+            tokio::spawn(self.clone().give_back(r));
+        }
+    }
+
+    /// A shard's next deadline for the housekeeping task: written only when it changed (the
+    /// usual check leaves it where it was), the task woken only when it is earlier than its
+    /// sleep.
+    #[inline]
+    fn publish(&self, shard: &Shard, next: u64) {
+        if shard.next_wake.load(Ordering::Relaxed) != next {
+            shard.next_wake.store(next, Ordering::Relaxed);
+        }
+        if next < self.sleeping_until.load(Ordering::Relaxed) {
+            self.housekeeper.notify_one();
+        }
+    }
+
+    /// A request's first step, `f` under the shard's lock: decided at once (the local path:
+    /// ready on the first poll, no allocation, nothing awaited; only the outcome leaves the
+    /// engine's step), or the rest of the request ([`Inner::run`]) boxed, so that the check's
+    /// own future stays a few words (the whole wait is only built when needed).
+    #[inline]
+    fn first_step<'a>(
+        self: &'a Arc<Self>,
+        hash: u64,
+        key: &'a str,
+        f: impl FnOnce(&mut Engine<Key>, Nanos) -> Step<Key>,
+    ) -> Result<Outcome, Slow<'a>> {
+        let shard = self.shard(hash);
+        let mut e = Inner::<C>::lock(shard);
+        match f(&mut e, self.now()) {
+            Step::Done { outcome, refill: None } => {
+                self.release(shard, e);
                 Ok(outcome)
             }
-            step => Err(Box::pin(self.run(key, step))),
+            Step::Done { outcome, refill: Some(c) } => {
+                self.release(shard, e);
+                self.refill(c);
+                Ok(outcome)
+            }
+            step => {
+                self.release(shard, e);
+                Err(Box::pin(self.run(key, step)))
+            }
         }
     }
 
