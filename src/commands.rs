@@ -166,14 +166,17 @@ thread_local! {
 ///
 /// `entry`: the key's value as read when the command opened it.
 #[inline]
-fn store(entry: Entry<'_>, update: &Update, reset_after: Nanos) -> CommandResult {
+fn store(entry: Entry<'_>, update: Update, reset_after: Nanos) -> CommandResult {
     store_with(entry, update, reset_after, false)
 }
 
 /// `store`; with `exact`, the TTL is set to reset_after itself, shorter or longer (RL.RETURN:
 /// units given back shorten the reset, and a bucket given back full expires at once).
 #[inline]
-fn store_with(entry: Entry<'_>, update: &Update, reset_after: Nanos, exact: bool) -> CommandResult {
+fn store_with(entry: Entry<'_>, update: Update, reset_after: Nanos, exact: bool) -> CommandResult {
+    // Encoded before it moves into the key (the same bytes as after), when replicas or the
+    // AOF need it.
+    let payload = encode_for_propagation(entry.ctx(), &update);
     let key = entry.apply(update)?.map_err(|e| format!("ERR {e}"))?;
     let now_ms = server_ms();
     let reset_ms = ceil_ms(reset_after).max(1);
@@ -189,20 +192,23 @@ fn store_with(entry: Entry<'_>, update: &Update, reset_after: Nanos, exact: bool
     } else {
         None
     };
-    replicate(key, update, expire_at);
+    if payload {
+        PAYLOAD.with(|buf| replicate_payload(key.ctx(), key.name, &buf.borrow(), expire_at));
+    }
     Ok(())
 }
 
-fn replicate(key: &Key, update: &Update, expire_at: Option<i64>) {
-    if !propagation::needed(key.ctx()) {
-        return;
+/// Encodes `update` into PAYLOAD when the call must propagate; says whether it did.
+fn encode_for_propagation(ctx: *mut RedisModuleCtx, update: &Update) -> bool {
+    if !propagation::needed(ctx) {
+        return false;
     }
     PAYLOAD.with(|buf| {
         let mut buf = buf.borrow_mut();
         buf.clear();
         update.encode_into(&mut buf);
-        replicate_payload(key.ctx(), key.name, &buf, expire_at);
     });
+    true
 }
 
 /// Propagates `RL.SETSTATE key payload [PXAT expire_at]` to replicas and the AOF. Callers
@@ -240,7 +246,7 @@ pub fn limiter(ctx: *mut RedisModuleCtx, argv: Args, algo: Algorithm, command: &
     let mut entry = key.entry();
     let (decision, update) =
         check.spec.check(entry.state_for(&check.spec, CellReader::Native)?, now, check.req).map_err(mismatch_error)?;
-    if let (Some(u), false) = (&update, check.dryrun) {
+    if let (Some(u), false) = (update, check.dryrun) {
         store(entry, u, decision.reset_after)?;
     }
     let limited = decision.limited(&check.req);
@@ -372,7 +378,7 @@ pub fn cl_throttle(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let spec = Spec::Gcra(rate);
     let req = Request::new(quantity);
     let (d, update) = spec.check(entry.state_for(&spec, CellReader::Throttle)?, now, req).map_err(mismatch_error)?;
-    if let Some(u) = &update {
+    if let Some(u) = update {
         store(entry, u, d.reset_after)?;
     }
     let limited = d.limited(&req);
@@ -507,7 +513,7 @@ pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         _ if matches!(update, Update::Replace(_)) => false,
         _ => return Err(WRONGTYPE.to_string()),
     };
-    let key = entry.apply(&update)?.map_err(|e| match log_or_missing {
+    let key = entry.apply(update)?.map_err(|e| match log_or_missing {
         true => format!("ERR invalid state payload: {e}"),
         false => format!("WRONGTYPE {e}"),
     })?;
@@ -623,8 +629,7 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         return Ok(());
     }
     let m = parsed?;
-    let mut seen = std::collections::HashSet::with_capacity(numkeys);
-    if !keys.iter().all(|k| seen.insert(k.bytes())) {
+    if !distinct(keys) {
         return Err("ERR RL.MULTI keys must be distinct".into());
     }
     let now = clock::now();
@@ -634,11 +639,11 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     for (entry, spec) in entries.iter_mut().zip(&m.specs) {
         entry.state_for(spec, CellReader::Native)?;
     }
-    let o = multi_limits::check(&m.specs, entries.iter().map(Entry::state), now, m.req).map_err(mismatch_error)?;
+    let mut o = multi_limits::check(&m.specs, entries.iter().map(Entry::state), now, m.req).map_err(mismatch_error)?;
     if !m.dryrun {
-        for (entry, limit) in entries.into_iter().zip(&o.limits) {
-            if let Some(s) = &limit.store {
-                store(entry, &s.update, s.reset_after)?;
+        for (entry, limit) in entries.into_iter().zip(&mut o.limits) {
+            if let Some(s) = limit.store.take() {
+                store(entry, s.update, s.reset_after)?;
             }
         }
     }
@@ -667,6 +672,16 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         reply::decision(ctx, &limit.decision, spec.algorithm() == Algorithm::Leaky);
     }
     Ok(())
+}
+
+/// No two keys are the same bytes. A call names a handful of keys: comparing pairs costs no
+/// allocation and no hashing; a hash set only past that.
+fn distinct(keys: &[Arg]) -> bool {
+    if keys.len() <= 16 {
+        return keys.iter().enumerate().all(|(i, a)| keys[..i].iter().all(|b| a.bytes() != b.bytes()));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    keys.iter().all(|k| seen.insert(k.bytes()))
 }
 
 const ALGORITHM_WORDS: &[ArgDoc] = &[
@@ -739,7 +754,7 @@ pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         }
     })?;
     if let Some(new) = credit.state {
-        store_with(entry, &Update::Replace(new), credit.reset_after, true)?;
+        store_with(entry, Update::Replace(new), credit.reset_after, true)?;
     }
     reply::integer(ctx, credit.credited as i64);
     Ok(())

@@ -510,6 +510,11 @@ pub struct Entry<'k> {
 }
 
 impl<'k> Entry<'k> {
+    /// The context of the command that opened the key.
+    pub fn ctx(&self) -> *mut RedisModuleCtx {
+        self.key.ctx()
+    }
+
     pub fn held(&self) -> &Held<'k> {
         &self.held
     }
@@ -571,16 +576,25 @@ impl<'k> Entry<'k> {
     /// outer error: the value could not be stored; the inner one: the update does not apply
     /// to what the key holds.
     #[inline]
-    pub fn apply(self, update: &Update) -> Result<Result<&'k mut Key, &'static str>, String> {
+    pub fn apply(self, update: Update) -> Result<Result<&'k mut Key, &'static str>, String> {
         let Entry { key, held } = self;
         let prior = match held {
             Held::Ours(v) => Some(v),
             Held::Missing | Held::String | Held::Cell { .. } | Held::Other => None,
         };
-        let replaced = match (update, prior) {
-            (Update::Replace(s), Some(v)) => return key.rewrite(v, s.clone()).map(|()| Ok(key)),
-            (Update::Replace(s), None) => return key.set(s.clone()).map(|()| Ok(key)),
-            (Update::Log(_), Some(mut v)) => {
+        // A replacing state moves into the key (no copy).
+        let update = match update {
+            Update::Replace(s) => {
+                return match prior {
+                    Some(v) => key.rewrite(v, s),
+                    None => key.set(s),
+                }
+                .map(|()| Ok(key))
+            }
+            log => log,
+        };
+        let replaced = match prior {
+            Some(mut v) => {
                 // A log is always boxed; any other state refuses the commit (checked by apply).
                 let mut copy;
                 let slot = match v.boxed() {
@@ -592,7 +606,7 @@ impl<'k> Entry<'k> {
                 };
                 update.apply(Some(slot))
             }
-            (Update::Log(_), None) => update.apply(None),
+            None => update.apply(None),
         };
         match replaced {
             Err(e) => Ok(Err(e)),

@@ -270,6 +270,17 @@ fn malformed_arguments_are_refused_naming_the_argument() {
         assert!(e.starts_with("ERR "), "`{line}`: {e}");
         assert!(e.to_lowercase().contains(&needle.to_lowercase()), "`{line}`: error {e:?} should mention {needle:?}");
     }
+    // Past 16 keys distinctness is checked with a hash set rather than pairwise: the same answer.
+    let many = |last: &str| {
+        let keys: Vec<String> = (0..19).map(|i| format!("k{i}")).chain([last.to_string()]).collect();
+        format!("RL.MULTI 20 {} {}", keys.join(" "), vec!["GCRA 1 1"; 20].join(" "))
+    };
+    let e = run_err(&mut c, &many("k3"));
+    assert!(e.starts_with("ERR ") && e.contains("distinct"), "{e}");
+    let n: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+    assert_eq!(n, 0, "a failed RL.MULTI wrote a key");
+    assert_eq!(multi(&mut c, &many("k19")).allowed, 1);
+    let _: () = redis::cmd("FLUSHALL").query(&mut c).unwrap();
     let e = run_err(&mut c, "RL.MULTI");
     assert!(e.starts_with("ERR") && e.contains("wrong number of arguments"), "{e}");
     let n: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();

@@ -50,54 +50,64 @@ pub fn check<'a>(
     now: Nanos,
     req: Request,
 ) -> Result<Outcome, AlgorithmMismatch> {
-    let decide = |req: Request| -> Result<Vec<(Decision, Option<Update>)>, AlgorithmMismatch> {
-        specs.iter().zip(states.clone()).map(|(spec, st)| spec.check(st, now, req)).collect()
+    // Each limit's part is decided straight into the outcome's own vector (one allocation);
+    // a store is kept only where the rule below allows it.
+    let decide = |req: Request| -> Result<Vec<Limit>, AlgorithmMismatch> {
+        specs
+            .iter()
+            .zip(states.clone())
+            .map(|(spec, st)| {
+                let (decision, update) = spec.check(st, now, req)?;
+                let store = update.map(|update| Store { update, reset_after: decision.reset_after });
+                Ok(Limit { decision, store })
+            })
+            .collect()
     };
     // How many units every limit grants: all of COST, or with PARTIAL the least any grants.
     let first = decide(req)?;
     let grant = if req.partial {
-        first.iter().map(|(d, _)| d.allowed).min().unwrap_or(0)
-    } else if first.iter().all(|(d, _)| d.allowed == req.cost) {
+        first.iter().map(|l| l.decision.allowed).min().unwrap_or(0)
+    } else if first.iter().all(|l| l.decision.allowed == req.cost) {
         req.cost
     } else {
         0
     };
     let admitted = grant > 0;
-    let outcome = if admitted && grant != req.cost { decide(Request::new(grant))? } else { first };
-    // Refused: each limit reports its view with its state unchanged.
-    let peeks = if admitted || req.cost == 0 { None } else { Some(decide(Request::new(0))?) };
+    let mut limits = if admitted && grant != req.cost { decide(Request::new(grant))? } else { first };
     let limited = req.cost > 0 && !admitted;
     let mut retry: Option<Nanos> = None;
     let mut never = false;
-    let limits = outcome
-        .into_iter()
-        .enumerate()
-        .map(|(i, (d, u))| {
-            let store = match u {
-                Some(update) if admitted || d.allowed == 0 => Some(Store { update, reset_after: d.reset_after }),
-                _ => None,
-            };
-            let mut decision = d;
-            if let Some(p) = &peeks {
-                let refused = d.allowed == 0 || (!req.partial && d.allowed < req.cost);
-                if refused {
-                    match d.retry_after {
-                        Some(r) => retry = Some(retry.map_or(r, |x| x.max(r))),
-                        None => never = true,
-                    }
-                }
-                let unchanged = p[i].0;
-                decision = Decision {
-                    allowed: 0,
-                    remaining: unchanged.remaining,
-                    reset_after: unchanged.reset_after,
-                    delay: None,
-                    ..d
-                };
+    if !admitted {
+        // Refused: a limit keeps its store only when it refused under new parameters (its
+        // converted state, exactly as the single-key command keeps it).
+        for l in &mut limits {
+            if l.decision.allowed != 0 {
+                l.store = None;
             }
-            Limit { decision, store }
-        })
-        .collect();
+        }
+    }
+    // Refused: each limit reports its view with its state unchanged.
+    if limited {
+        let peeks = decide(Request::new(0))?;
+        for (l, p) in limits.iter_mut().zip(&peeks) {
+            let d = l.decision;
+            let refused = d.allowed == 0 || (!req.partial && d.allowed < req.cost);
+            if refused {
+                match d.retry_after {
+                    Some(r) => retry = Some(retry.map_or(r, |x| x.max(r))),
+                    None => never = true,
+                }
+            }
+            let unchanged = p.decision;
+            l.decision = Decision {
+                allowed: 0,
+                remaining: unchanged.remaining,
+                reset_after: unchanged.reset_after,
+                delay: None,
+                ..d
+            };
+        }
+    }
     Ok(Outcome {
         allowed: if admitted && req.cost > 0 { grant } else { 0 },
         limited,
