@@ -91,6 +91,18 @@ fn report(case: &str, n: usize, cpu: Duration) {
     eprintln!("cpu {case} {:.1} ns/check", cpu.as_nanos() as f64 / n as f64);
 }
 
+/// `f(thread, i)` for i in 0..n on 2 threads at once: the process's CPU time and the wall time.
+fn two_threads(n: usize, f: impl Fn(usize, usize) + Sync) -> (Duration, Duration) {
+    let (t, start) = (cpu_now(), std::time::Instant::now());
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let f = &f;
+            s.spawn(move || (0..n).for_each(|i| f(t, i)));
+        }
+    });
+    (cpu_now() - t, start.elapsed())
+}
+
 /// Polls `fut` once; if it is not ready (it waits for Redis), finishes it on the runtime.
 fn drive<F: Future>(rt: &tokio::runtime::Runtime, fut: F, pending: &mut u64) -> F::Output {
     let mut fut = pin!(fut);
@@ -136,6 +148,14 @@ fn main() {
             }
             report(c, n, cpu_now() - t);
         }
+        c if c.starts_with("threads_governor_") => {
+            let gov = RateLimiter::keyed(Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()));
+            let (t, wall) = two_threads(n, |t, i| {
+                black_box(gov.check_key(&ks[(i + t * 7) % width]).is_ok());
+            });
+            report(c, n * 2, t);
+            eprintln!("wall {c} {:.1} ns/check/thread", wall.as_nanos() as f64 / n as f64);
+        }
         c => {
             let server = common::Server::start_with(common::Opts { debug_clock: false, ..Default::default() });
             // One thread: background claims and replies run only when a check waits (inside
@@ -177,6 +197,21 @@ fn main() {
                     let nonzero: Vec<String> =
                         m.fields().into_iter().filter(|f| f.1 > 0).map(|(k, v)| format!("{k} {v}")).collect();
                     eprintln!("{c}: {n} checks, {pending} waited; {}", nonzero.join(", "));
+                }
+                "threads_limiter_1" | "threads_limiter_1000" => {
+                    let l = Limiter::new(conn, warm_config());
+                    for k in &ks {
+                        for _ in 0..40 {
+                            drive(&rt, l.check(k, 1), &mut pending);
+                        }
+                    }
+                    let (t, wall) = two_threads(n, |t, i| {
+                        let _g = rt.enter();
+                        let mut pending = 0;
+                        black_box(drive(&rt, l.check(&ks[(i + t * 7) % width], 1), &mut pending));
+                    });
+                    report(c, n * 2, t);
+                    eprintln!("wall {c} {:.1} ns/check/thread", wall.as_nanos() as f64 / n as f64);
                 }
                 "cold_limiter" => {
                     let limit = Limit::token_bucket(1000, Duration::from_secs(60));

@@ -279,7 +279,6 @@ fn call_error(e: &RedisError) -> CallError {
 /// rest runs in a task of its own (the claim's units still land and its waiters are woken).
 struct Handoff<T: Send + 'static, F: Future<Output = T> + Send + 'static> {
     fut: Option<Pin<Box<F>>>,
-    done: Option<T>,
 }
 
 // Nothing is pinned structurally: the future is boxed.
@@ -290,9 +289,7 @@ impl<T: Send + 'static, F: Future<Output = T> + Send + 'static> Future for Hando
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         // Pin<Box<F>> is Unpin, and so is Self.
         let this = &mut *self;
-        let Some(f) = this.fut.as_mut() else {
-            return Poll::Ready(this.done.take().expect("polled after completion"));
-        };
+        let f = this.fut.as_mut().expect("polled after completion");
         match f.as_mut().poll(cx) {
             Poll::Ready(v) => {
                 this.fut = None;
@@ -596,7 +593,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
                 // the caller goes away meanwhile).
                 Step::Send(c) => {
                     let waiter = Waiter::gave_up(&c);
-                    match (Handoff { fut: Some(Box::pin(self.clone().claim(c))), done: None }).await {
+                    match (Handoff { fut: Some(Box::pin(self.clone().claim(c))) }).await {
                         Some(s) => s,
                         // The engine answers every request's own claim; should it not, the
                         // request is decided as if that claim had failed.
@@ -611,7 +608,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// Sends a claim and reports it; answers the next step of the request that sent it.
     async fn claim(self: Arc<Self>, c: Claim<Key>) -> Option<Step<Key>> {
         let hash = self.shared.hash(c.key().as_str());
-        let deadline = self.instant(Inner::<C>::lock(self.shard(hash)).deadline(&c));
+        // Engine::deadline, without taking the shard's lock for it.
+        let deadline = self.instant(c.sent_at() + self.shared.config.call_timeout);
         let mut conn = self.conn.clone();
         let res = tokio::time::timeout_at(deadline, c.command().query_async::<Decision>(&mut conn)).await;
         let step = self.with_engine(hash, |e, now| match res {
