@@ -33,6 +33,7 @@ use crate::decision::Decision;
 use crate::lease::{ClaimSpec, KeyState, LeaseConfig, LimitedBy, ReturnSpec, Taken, Verdict};
 use crate::metrics::{add, add_shared, sub, Metrics, MetricsSnapshot};
 use crate::policy::{FailurePolicy, LocalBucket};
+use crate::slab::Slab;
 use crate::spec::Limit;
 use crate::time::Nanos;
 use crate::wheel::Wheel;
@@ -394,14 +395,15 @@ struct Slot<K> {
 }
 
 /// Keys and their reservations; one per shard in the driver, one per instance in the simulator.
-/// Keys live in a dense slab indexed by a hash table of slab positions (one hash per lookup,
-/// borrowed keys: no allocation for a key already held); their deadlines in a timer wheel.
+/// Keys live in a dense slab (in fixed-size chunks: memory follows the keys) indexed by a hash
+/// table of slab positions (one hash per lookup, borrowed keys: no allocation for a key already
+/// held); their deadlines in a timer wheel.
 #[derive(Debug)]
 pub struct Engine<K> {
     shared: Arc<Shared>,
     /// This engine's counters (registered with `shared`).
     metrics: Arc<Metrics>,
-    slots: Vec<Slot<K>>,
+    slots: Slab<Slot<K>>,
     index: HashTable<u32>,
     wheel: Wheel,
     next_gen: u32,
@@ -422,7 +424,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         Engine {
             metrics: shared.register(),
             shared,
-            slots: Vec::new(),
+            slots: Slab::default(),
             index: HashTable::new(),
             wheel,
             next_gen: 0,
@@ -567,10 +569,9 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 self.wheel.insert(now, slot.armed, (i as u32, gen));
             }
         }
+        // Forgotten keys give their memory back (the slab frees its chunks itself).
         let len = self.slots.len();
-        if self.slots.capacity() > 64 && len < self.slots.capacity() / 4 {
-            // Forgotten keys give their memory back.
-            self.slots.shrink_to(len * 2);
+        if len == 0 || (self.index.capacity() > 64 && len < self.index.capacity() / 4) {
             let (slots, hasher) = (&self.slots, &self.shared.hasher);
             self.index.shrink_to(len * 2, |&j| hasher.hash_one(&slots[j as usize].key));
         }
@@ -992,6 +993,8 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 break;
             }
         }
+        // The buffer of due keys is kept for the next call, not at a burst's size.
+        self.due.shrink_to(if self.slots.is_empty() { 0 } else { 64 });
     }
 
     /// One pass of [`Engine::handle_timeout`]; false when nothing was due.

@@ -28,6 +28,7 @@ pub mod lease;
 pub mod limiter;
 pub mod metrics;
 pub mod policy;
+mod slab;
 pub mod spec;
 pub mod time;
 mod wheel;

@@ -53,8 +53,13 @@ impl Wheel {
         }
         let n = self.slots.len() as u64;
         let ahead = (at - self.start).div_span(self.granularity).min(n - 1);
-        let slot = (self.cursor + ahead as usize) % self.slots.len();
-        self.slots[slot].push(item);
+        let slot = &mut self.slots[(self.cursor + ahead as usize) % self.slots.len()];
+        if slot.len() == slot.capacity() && slot.capacity() < 4 {
+            // Most granules of a small shard hold one or two keys: room for 4 would be half
+            // unused (issue 19's memory per key).
+            slot.reserve_exact(1);
+        }
+        slot.push(item);
         self.first = if self.len == 0 { ahead as usize } else { self.first.min(ahead as usize) };
         self.len += 1;
     }
@@ -63,6 +68,7 @@ impl Wheel {
     /// dropped) into `out`.
     pub fn pop_due(&mut self, now: Nanos, at_of: impl Fn(Item) -> Option<Nanos>, out: &mut Vec<Item>) {
         let n = self.slots.len();
+        let had = self.len > 0;
         let mut turns = 0;
         let mut later = Vec::new();
         while self.start + self.granularity <= now && turns < n {
@@ -103,6 +109,10 @@ impl Wheel {
         self.first = (0..n).find(|k| !self.slots[(self.cursor + k) % n].is_empty()).unwrap_or(0);
         for (item, at) in later {
             self.insert(now, at, item);
+        }
+        if had && self.len == 0 {
+            // Emptied (every key forgotten): the slots give their memory back.
+            self.slots.iter_mut().for_each(|s| *s = Vec::new());
         }
     }
 
@@ -185,5 +195,6 @@ mod tests {
         // A superseded entry is dropped.
         w.pop_due(ms(9100), |_| None, &mut out);
         assert_eq!((out.len(), w.next_due()), (2, None));
+        assert!(w.slots.iter().all(|s| s.capacity() == 0), "an emptied wheel keeps no memory");
     }
 }
