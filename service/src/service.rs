@@ -406,8 +406,13 @@ impl Service {
                     cost,
                     soft: m.rule.shadow_mode,
                 });
+                // A leased rule's value leases only once hot (crate::leases::Heat); until then
+                // it is decided per request with the request's other per-request checks.
                 let lease = self.leases.as_ref().is_some_and(|l| {
-                    leasable(m.rule.algorithm) && m.rule.lease.unwrap_or(l.settings.default_on) && cost > 0
+                    leasable(m.rule.algorithm)
+                        && m.rule.lease.unwrap_or(l.settings.default_on)
+                        && cost > 0
+                        && l.heat.observe(&checks[checks.len() - 1].key)
                 });
                 leased.push(lease.then(|| m.rule.stat_key.full()));
                 Some(checks.len() - 1)
@@ -430,8 +435,9 @@ impl Service {
         Ok(self.respond(&items, &outcome))
     }
 
-    /// Some checks served from leases (`check_all` over their limiters), the others per
-    /// request; all or nothing: when the per-request part refuses, the leased units go back to
+    /// Some checks served from leases (`check_all` over their limiters: the hot values of leased
+    /// rules), the others per request (every other check, cold values of leased rules included,
+    /// in one backend decision: one command on one slot); all or nothing: when the per-request part refuses, the leased units go back to
     /// their local pools (`refund`), and a leased refusal makes the rest a dry run.
     #[allow(clippy::too_many_arguments)]
     async fn decide_leased(

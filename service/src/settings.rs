@@ -112,6 +112,14 @@ pub struct Settings {
     /// The lease L: units claimed are served for at most this long (the bound grows by r·L).
     #[arg(long, env = "LEASE_LENGTH", default_value = "1s", value_parser = duration)]
     pub lease_length: Duration,
+    /// A value of a leased rule leases once this instance has seen it this many times within
+    /// LEASE_HOT_WINDOW (and until a window sees fewer than half); before, it is checked per
+    /// request with the request's other descriptors in one command. 1: every value leases from
+    /// its first request.
+    #[arg(long, env = "LEASE_HOT_REQUESTS", default_value_t = 20)]
+    pub lease_hot_requests: u32,
+    #[arg(long, env = "LEASE_HOT_WINDOW", default_value = "1s", value_parser = duration)]
+    pub lease_hot_window: Duration,
     /// Prefix of every Redis key.
     #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "rls:")]
     pub cache_key_prefix: String,
@@ -226,6 +234,8 @@ impl Settings {
             timeout: self.redis_timeout,
             breaker_failures: self.redis_breaker_failures.max(1),
             breaker_cool_down: self.redis_breaker_cool_down,
+            hot_requests: self.lease_hot_requests.max(1),
+            hot_window: self.lease_hot_window,
         }
     }
 

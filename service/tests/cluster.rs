@@ -176,7 +176,8 @@ async fn leases_on_a_cluster() {
     dir.write("lc.yaml", LEASED);
     let svc = ServiceProc::start(
         dir.path(),
-        &["--redis-type", "cluster", "--redis-url", &nodes(&cluster), "--leases", "true"],
+        // Every value leases from its first request: the race and the mix are the leased path.
+        &["--redis-type", "cluster", "--redis-url", &nodes(&cluster), "--leases", "true", "--lease-hot-requests", "1"],
     );
     svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
     let hot = || request("lc", vec![desc(&[("api", "hot")])]);

@@ -2,7 +2,10 @@
 //! engine. Two service instances on one redis-server: Redis sees a claim per batch (≤ 0.1
 //! commands per request on a hot descriptor), the bound `c + r·(W + L)` holds in every window
 //! (admitted requests counted in every 1 s window), and a request refused by a per-request
-//! descriptor gives its leased units back (nothing consumed).
+//! descriptor gives its leased units back (nothing consumed). Only hot values lease: cold ones
+//! cost one command per request whatever the number of descriptors, a value switches to leases
+//! at LEASE_HOT_REQUESTS and back when it cools, and hot and cold descriptors in one request
+//! stay all or nothing.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -30,16 +33,32 @@ descriptors:
     rate_limit: {requests_per_unit: 10, unit: second, algorithm: leaky, burst: 20}
   - key: log
     rate_limit: {requests_per_unit: 100, unit: hour, algorithm: sliding_log}
+  - key: ip
+    rate_limit: {requests_per_unit: 1000000, unit: second, algorithm: gcra}
+  - key: user
+    rate_limit: {requests_per_unit: 1000000, unit: second}
+  - key: org
+    rate_limit: {requests_per_unit: 1000000, unit: second, algorithm: token_bucket}
+  - key: cap
+    rate_limit: {requests_per_unit: 100, unit: hour}
+  - key: busy
+    rate_limit: {requests_per_unit: 1000000000, unit: hour}
 ";
 
 fn instances(redis: &Server, dir: &TempDir, n: usize) -> Vec<ServiceProc> {
+    instances_with(redis, dir, n, &[])
+}
+
+/// `n` instances with leases on and `extra` flags.
+fn instances_with(redis: &Server, dir: &TempDir, n: usize, extra: &[&str]) -> Vec<ServiceProc> {
     let url = format!("127.0.0.1:{}", redis.port);
     (0..n)
         .map(|_| {
-            let s = ServiceProc::start(
-                dir.path(),
-                &["--redis-url", &url, "--leases", "true", "--instances", &n.to_string()],
-            );
+            let mut args = vec!["--redis-url", &url, "--leases", "true", "--instances"];
+            let count = n.to_string();
+            args.push(&count);
+            args.extend_from_slice(extra);
+            let s = ServiceProc::start(dir.path(), &args);
             s.wait_log("loaded rate limit configuration", Duration::from_secs(10));
             s
         })
@@ -149,6 +168,156 @@ async fn the_bound_holds_in_every_window() {
     }
     assert!(admitted.len() as f64 <= limit * (secs.ceil() + 1.0));
     assert!(admitted.len() as f64 >= limit * (secs - 1.0) * 0.5, "the window is served: {}", admitted.len());
+    // The hot values were leased on each instance (after their first LEASE_HOT_REQUESTS).
+    for s in &svcs {
+        let (hot, cold) =
+            (s.metric("ratelimit_service_lease_hot_checks"), s.metric("ratelimit_service_lease_cold_checks"));
+        println!("leases: {hot} checks from leases, {cold} per request");
+        assert!(s.metric("ratelimit_service_lease_claims") > 0 && hot > 10 * cold, "{hot} leased, {cold} not");
+    }
+}
+
+/// Cold values of leased rules are decided per request (LEASES=true, the default
+/// LEASE_HOT_REQUESTS): a stream of requests over ever new values costs exactly one Redis
+/// command per request, one RL.MULTI for several descriptors, and nothing is claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_values_cost_one_command_per_request_whatever_the_descriptors() {
+    let redis = Server::start();
+    let dir = TempDir::new("leases-cold");
+    dir.write("l.yaml", CONFIG);
+    let svcs = instances(&redis, &dir, 1);
+    let mut con = redis.conn();
+    let mut total = 0;
+    for n in [1usize, 3] {
+        reset_stats(&mut con);
+        let mut tasks = Vec::new();
+        for w in 0..4 {
+            let mut c = svcs[0].client().await;
+            tasks.push(tokio::spawn(async move {
+                for i in 0..100 {
+                    let v = format!("{n}-{w}-{i}");
+                    let d = ["ip", "user", "org"][..n].iter().map(|k| desc(&[(k, v.as_str())])).collect();
+                    assert!(ok(&ask(&mut c, request("l", d)).await));
+                }
+                100u64
+            }));
+        }
+        let mut sent = 0;
+        for t in tasks {
+            sent += t.await.unwrap();
+        }
+        total += sent * n as u64;
+        let calls = command_calls(&mut con);
+        println!("leases, {n} cold descriptor(s): {sent} requests, {calls} Redis commands");
+        assert_eq!(calls, sent, "{n} descriptor(s): one command per request");
+        let one = if n == 1 { "rl.gcra" } else { "rl.multi" };
+        assert_eq!(command_calls_of(&mut con, one), sent, "{n} descriptor(s): {one}");
+    }
+    let m = |k: &str| svcs[0].metric(&format!("ratelimit_service_lease_{k}"));
+    assert_eq!((m("claims"), m("hot_checks"), m("cold_checks")), (0, 0, total), "nothing leased");
+}
+
+/// A value of a leased rule is checked per request until this instance has seen it
+/// LEASE_HOT_REQUESTS (20) times within LEASE_HOT_WINDOW, then leases (≤ 0.1 Redis commands per
+/// request once its batches have grown); when it cools (a window with fewer than half) it is
+/// checked per request again, and what its limiter held has gone back (RL.RETURN: a fixed
+/// window of an hour, whose returned units are credited; a fast bucket's would be worth nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_value_switches_to_leases_and_back() {
+    let redis = Server::start();
+    let dir = TempDir::new("leases-switch");
+    dir.write("l.yaml", CONFIG);
+    let svcs = instances_with(&redis, &dir, 1, &["--lease-hot-window", "500ms"]);
+    let m = |k: &str| svcs[0].metric(&format!("ratelimit_service_lease_{k}"));
+    let mut c = svcs[0].client().await;
+    let mut con = redis.conn();
+    reset_stats(&mut con);
+    let hot = || request("l", vec![desc(&[("busy", "hot")])]);
+    for _ in 0..19 {
+        assert!(ok(&ask(&mut c, hot()).await));
+    }
+    assert_eq!(command_calls(&mut con), 19, "per request while not hot");
+    assert_eq!(command_calls_of(&mut con, "rl.fixed"), 19);
+    assert_eq!((m("claims"), m("cold_checks")), (0, 19));
+    // The 20th request within the window: the value leases from now on.
+    assert!(ok(&ask(&mut c, hot()).await));
+    assert_eq!((m("claims"), m("hot_checks"), m("hot_values")), (1, 1, 1));
+
+    // Its batches grow with the demand the engine sees (τ = 1 s): warm up, then measure.
+    hammer(&svcs, "busy", 3, 1.5).await;
+    reset_stats(&mut con);
+    let (admitted, sent) = hammer(&svcs, "busy", 3, 1.5).await;
+    let calls = command_calls(&mut con);
+    println!("leases, a value turned hot: {sent} requests, {calls} Redis commands");
+    assert_eq!(admitted.len() as u64, sent);
+    assert!(sent > 200 && calls as f64 <= 0.1 * sent as f64, "{calls} commands for {sent} requests");
+
+    // Idle for more than two windows (and L/2): cooled, and its units went back.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!((m("hot_values"), m("units_held")), (0, 0));
+    assert!(m("units_returned") > 0, "held units given back with RL.RETURN");
+    let (claims, cold) = (m("claims"), m("cold_checks"));
+    reset_stats(&mut con);
+    assert!(ok(&ask(&mut c, hot()).await));
+    assert_eq!(command_calls_of(&mut con, "rl.fixed"), 1, "checked per request again");
+    assert_eq!((m("claims"), m("cold_checks")), (claims, cold + 1));
+}
+
+/// All or nothing with a hot (leased) descriptor and cold (per-request) ones in one request: a
+/// refusal by the cold descriptor gives the leased unit back locally, a refusal by the leased
+/// one makes the cold check a dry run; in both cases nothing is taken from any limit. A lease
+/// of 60 s (nothing held expires during the test) and a 10 s window (the value stays hot) make
+/// the counts exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_and_cold_descriptors_together_are_all_or_nothing() {
+    let redis = Server::start();
+    let dir = TempDir::new("leases-hot-cold");
+    dir.write("l.yaml", CONFIG);
+    let svcs = instances_with(&redis, &dir, 1, &["--lease-length", "60s", "--lease-hot-window", "10s"]);
+    let m = |k: &str| svcs[0].metric(&format!("ratelimit_service_lease_{k}"));
+    let mut c = svcs[0].client().await;
+    let cap = || desc(&[("cap", "hot")]);
+    // cap (fixed, 100/hour) turns hot: 19 per request, then leased.
+    for i in 0..20 {
+        assert!(ok(&ask(&mut c, request("l", vec![cap()])).await), "cap request {i}");
+    }
+    assert_eq!((m("hot_values"), m("claims") > 0), (1, true));
+    // With a cold quota (5/hour): 5 admitted, then refused by the quota alone.
+    let with_quota = |q: &str| request("l", vec![cap(), desc(&[("quota", q)])]);
+    for i in 0..5 {
+        assert!(ok(&ask(&mut c, with_quota("a")).await), "mixed request {i}");
+    }
+    for _ in 0..10 {
+        assert_eq!(codes(&ask(&mut c, with_quota("a")).await), [Code::Ok, Code::OverLimit]);
+    }
+    // Hot + two cold descriptors, served locally + one RL.MULTI: one command per request (and
+    // whatever the leased limiter sends on its own, counted by its metrics).
+    let mut con = redis.conn();
+    reset_stats(&mut con);
+    let calls0 = m("redis_calls");
+    for i in 0..5 {
+        let r = request("l", vec![cap(), desc(&[("quota", "b")]), desc(&[("ip", &format!("ip{i}"))])]);
+        assert!(ok(&ask(&mut c, r).await), "three descriptors {i}");
+    }
+    assert_eq!(command_calls_of(&mut con, "rl.multi"), 5);
+    assert_eq!(command_calls(&mut con), 5 + (m("redis_calls") - calls0));
+    // cap has admitted 20 + 5 + 5: the ten refused requests took nothing from it.
+    let mut admitted = 0;
+    while ok(&ask(&mut c, request("l", vec![cap()])).await) {
+        admitted += 1;
+        assert!(admitted <= 70, "cap admits more than its limit");
+    }
+    assert_eq!(admitted, 70, "cap lost nothing to the refused requests");
+    assert!(m("hot_checks") >= 70, "cap was leased throughout");
+    // cap refuses now (from its leases): the cold quota is only peeked at, never taken.
+    for _ in 0..5 {
+        assert_eq!(codes(&ask(&mut c, with_quota("c")).await), [Code::OverLimit, Code::Ok]);
+    }
+    let quota = |q: &str| request("l", vec![desc(&[("quota", q)])]);
+    for i in 0..5 {
+        assert!(ok(&ask(&mut c, quota("c")).await), "quota c lost nothing: request {i}");
+    }
+    assert!(!ok(&ask(&mut c, quota("c")).await));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,7 +325,8 @@ async fn a_refusal_by_a_per_request_descriptor_gives_the_leased_units_back() {
     let redis = Server::start();
     let dir = TempDir::new("leases-mixed");
     dir.write("l.yaml", CONFIG);
-    let svcs = instances(&redis, &dir, 1);
+    // Every value leases from its first request (LEASE_HOT_REQUESTS=1): the quota is leased.
+    let svcs = instances_with(&redis, &dir, 1, &["--lease-hot-requests", "1"]);
     let mut c = svcs[0].client().await;
     let both = || request("l", vec![desc(&[("quota", "q")]), desc(&[("login", "u")])]);
     // The sliding log (1/hour, checked per request) admits once, then refuses.
@@ -204,6 +374,9 @@ async fn redis_killed_and_restarted_under_each_failure_mode_with_leases() {
             "200ms",
             "--redis-breaker-cool-down",
             "300ms",
+            // Every value leases from its first request: the failure modes are the engine's.
+            "--lease-hot-requests",
+            "1",
         ],
     );
     svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
