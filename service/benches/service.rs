@@ -4,7 +4,8 @@
 //! instances, and drives `ShouldRateLimit` over gRPC on loopback at a fixed rate (1k, 10k
 //! requests/s: open loop) or as fast as it goes (closed loop, 32 requests in flight), with 1
 //! or 3 descriptors per request, on hot keys (the same descriptor values every request) or
-//! cold ones (a new value per request among 10^6). Side by side, in the same run, the
+//! cold ones (a new value per request among 10^6; with leases, values of leased rules lease only
+//! once hot, LEASE_HOT_REQUESTS at its default). Side by side, in the same run, the
 //! baseline: the same service sending what envoyproxy/ratelimit sends per request (a pipelined
 //! `INCRBY` + `EXPIRE` per descriptor, `BENCH_BASELINE_ENVOYPROXY`), so the gRPC stack is the
 //! same and only the Redis protocol differs.
@@ -45,6 +46,9 @@ struct Scenario {
     baseline: bool,
     /// LEASES=true (local reservations).
     leases: bool,
+    /// With leases: LEASE_HOT_REQUESTS=1, every value leases from its first request (the
+    /// service before values leased only once hot), for the cold rows' before / after.
+    every_value: bool,
     descriptors: usize,
     hot: bool,
     instances: usize,
@@ -65,10 +69,11 @@ struct Row {
 }
 
 fn proto(s: &Scenario) -> &'static str {
-    match (s.baseline, s.leases) {
-        (true, _) => "envoyproxy (INCRBY+EXPIRE)",
-        (false, true) => "module, leases",
-        (false, false) => "module",
+    match (s.baseline, s.leases, s.every_value) {
+        (true, _, _) => "envoyproxy (INCRBY+EXPIRE)",
+        (false, true, true) => "module, leases on every value",
+        (false, true, false) => "module, leases",
+        (false, false, _) => "module",
     }
 }
 
@@ -183,6 +188,17 @@ async fn drive(clients: &[RateLimitServiceClient<Channel>], s: Scenario, secs: f
     (done.load(Ordering::Relaxed), errors.load(Ordering::Relaxed), l, elapsed)
 }
 
+/// (baseline, leases, every_value) of each row: leases off, leases on hot values, the baseline;
+/// on cold keys also leases on every value (LEASE_HOT_REQUESTS=1, the earlier service).
+fn protocols(hot: bool) -> Vec<(bool, bool, bool)> {
+    let mut p = vec![(false, false, false), (false, true, false)];
+    if !hot {
+        p.push((false, true, true));
+    }
+    p.push((true, false, false));
+    p
+}
+
 fn main() {
     let secs: f64 = std::env::var("BENCH_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(4.0);
     let tck = clk_tck();
@@ -196,16 +212,18 @@ fn main() {
     for rate in [Some(1_000), Some(10_000), None] {
         for descriptors in [1, 3] {
             for hot in [true, false] {
-                for (baseline, leases) in [(false, false), (false, true), (true, false)] {
-                    scenarios.push(Scenario { baseline, leases, descriptors, hot, instances: 1, rate });
+                for (baseline, leases, every_value) in protocols(hot) {
+                    scenarios.push(Scenario { baseline, leases, every_value, descriptors, hot, instances: 1, rate });
                 }
             }
         }
     }
     for rate in [Some(10_000), None] {
         for descriptors in [1, 3] {
-            for (baseline, leases) in [(false, false), (false, true), (true, false)] {
-                scenarios.push(Scenario { baseline, leases, descriptors, hot: true, instances: 4, rate });
+            for hot in [true, false] {
+                for (baseline, leases, every_value) in protocols(hot) {
+                    scenarios.push(Scenario { baseline, leases, every_value, descriptors, hot, instances: 4, rate });
+                }
             }
         }
     }
@@ -218,6 +236,9 @@ fn main() {
         }
         if s.leases {
             args.extend(["--leases".into(), "true".into(), "--instances".into(), s.instances.to_string()]);
+            if s.every_value {
+                args.extend(["--lease-hot-requests".into(), "1".into()]);
+            }
         }
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let svcs: Vec<ServiceProc> = (0..s.instances).map(|_| ServiceProc::start(dir.path(), &argv)).collect();
