@@ -39,17 +39,10 @@ impl Wheel {
         }
     }
 
-    /// The start of the granule holding `now` on the grid of multiples of the granularity: the
-    /// wheels of all shards share it, so that their granules end at the same instants and the
-    /// driver's housekeeping wakes once per granule for all of them, not once per shard.
-    fn granule_of(&self, now: Nanos) -> Nanos {
-        Nanos::new(now.as_u64() - now.as_u64() % self.granularity.as_u64())
-    }
-
     /// Schedules `item` for `at`.
     pub fn insert(&mut self, now: Nanos, at: Nanos, item: Item) {
         if self.len == 0 && self.start + self.granularity <= now {
-            self.start = self.granule_of(now);
+            self.start = now;
         }
         let n = self.slots.len() as u64;
         let ahead = (at - self.start).div_span(self.granularity).min(n - 1);
@@ -92,7 +85,7 @@ impl Wheel {
         }
         if self.start + self.granularity <= now {
             // Left for more than a revolution: every slot has been emptied.
-            self.start = self.granule_of(now);
+            self.start = now;
         }
         // The current granule: only what is due.
         let slot = &mut self.slots[self.cursor];
