@@ -277,3 +277,40 @@ fn rng_is_the_same_sequence_for_the_same_seed() {
     assert_eq!(a.below(0), 0);
     assert!((0..1000).all(|_| (3..=9).contains(&a.range(3, 9))));
 }
+
+/// A server never outlives its test process, even one that leaves without dropping it (a
+/// server in a `static`, `process::exit`, a killed test binary): tests/common spawns every
+/// server to die with the process (`spawn_owned`). The test binary runs this test again as a
+/// child that starts a server, prints its pid and exits at once.
+#[test]
+fn a_server_dies_with_its_test_process() {
+    if std::env::var_os("RL_HARNESS_ORPHAN").is_some() {
+        let s = Server::start();
+        println!("orphan pid {} dir {}", s.pid().unwrap(), s.dir.display());
+        std::process::exit(0);
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_server_dies_with_its_test_process", "--nocapture"])
+        .env("RL_HARNESS_ORPHAN", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let Some((pid, dir)) = text.lines().find_map(|l| l.strip_prefix("orphan pid ")?.split_once(" dir ")) else {
+        panic!("the child test printed no server: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    };
+    // Gone, or a zombie (reparented to an init that may reap it late).
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')))
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let leaked = alive();
+    if leaked {
+        let _ = std::process::Command::new("kill").args(["-9", pid]).status();
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    assert!(!leaked, "redis-server {pid} outlived the test process that started it");
+}

@@ -15,15 +15,16 @@
 mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
+use proptest::test_runner::TestRunner;
 use redis_ratelimit_client::{check_all, Limit, Limiter, LimiterConfig, Reconnecting, Source};
 
-fn server() -> &'static common::Server {
-    static S: OnceLock<common::Server> = OnceLock::new();
-    S.get_or_init(|| common::Server::start_with(common::Opts { debug_clock: false, ..Default::default() }))
+/// One per test, stopped with it (never in a `static`: its `Drop` would never run, and the
+/// server outlived the test process).
+fn server() -> common::Server {
+    common::Server::start_with(common::Opts { debug_clock: false, ..Default::default() })
 }
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -42,12 +43,12 @@ fn req() -> impl Strategy<Value = Req> {
 /// Refunds checked (a limit admitted, another refused): the fixed case asserts some happened.
 static REFUNDS_SEEN: AtomicU64 = AtomicU64::new(0);
 
-fn run(reqs: Vec<Req>, instances: u64) {
+fn run(server: &common::Server, reqs: Vec<Req>, instances: u64) {
     static CASE: AtomicU64 = AtomicU64::new(0);
     let case = CASE.fetch_add(1, Ordering::Relaxed);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let client = redis::Client::open(server().url()).unwrap();
+        let client = redis::Client::open(server.url()).unwrap();
         let conn = Reconnecting::connect(client, Duration::from_secs(2)).await.unwrap();
         let ip_limit = Limit::token_bucket(30, HOUR).with_burst(12);
         let user_limit = Limit::gcra(6, HOUR).with_burst(6);
@@ -98,15 +99,21 @@ fn run(reqs: Vec<Req>, instances: u64) {
     });
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig {
+/// A `proptest!` written out, so that one server serves every case.
+#[test]
+fn a_refused_request_takes_nothing_and_each_bound_holds() {
+    let server = server();
+    let mut runner = TestRunner::new(ProptestConfig {
         cases: std::env::var("RL_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).map_or(24, |n: u32| n / 16),
+        source_file: Some(file!()),
         ..ProptestConfig::default()
-    })]
-
-    #[test]
-    fn a_refused_request_takes_nothing_and_each_bound_holds(reqs in prop::collection::vec(req(), 1..60), instances in 1u64..3) {
-        run(reqs, instances);
+    });
+    let cases = (prop::collection::vec(req(), 1..60), 1u64..3);
+    if let Err(e) = runner.run(&cases, |(reqs, instances)| {
+        run(&server, reqs, instances);
+        Ok(())
+    }) {
+        panic!("{e}");
     }
 }
 
@@ -116,6 +123,6 @@ proptest! {
 fn the_second_limit_refusing_gives_the_first_its_units_back() {
     let reqs: Vec<Req> = (0..20).map(|i| Req { ip: (i % 3) as u8, user: 0, cost: 1 }).collect();
     let before = REFUNDS_SEEN.load(Ordering::Relaxed);
-    run(reqs, 1);
+    run(&server(), reqs, 1);
     assert!(REFUNDS_SEEN.load(Ordering::Relaxed) > before, "no request was refused by the user limit alone");
 }

@@ -8,7 +8,9 @@
 //! core tests. A file is included once per test crate (clippy::duplicate_mod).
 //!
 //! Every `Server` gets its own free loopback port and its own fresh temp dir
-//! (removed on drop), so tests can run in parallel threads.
+//! (removed on drop), so tests can run in parallel threads. A server dies with
+//! its test process even when never dropped ([`spawn_owned`]); still, keep
+//! servers out of `static`s: their dirs would stay behind.
 //!
 //! Environment overrides:
 //! * `RL_MODULE`       – path of the module .so (default: target/release/libredis_ratelimit.so)
@@ -36,7 +38,7 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{mpsc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -197,6 +199,64 @@ fn send_signal(pid: u32, sig: &str) {
         .status();
 }
 
+/// Spawns `cmd` so that the child dies with this test process however the process ends: a
+/// server held in a `static` (whose `Drop` never runs), a test binary killed, `process::exit`.
+/// The child asks the kernel for SIGKILL when its parent goes (`PR_SET_PDEATHSIG`). That signal
+/// follows the parent *thread*, and the test harness runs each test on a thread of its own (a
+/// server started in one test's thread and used after it would die with it), so every child is
+/// spawned by one thread that lives as long as the process.
+pub fn spawn_owned(cmd: Command) -> std::io::Result<Child> {
+    type Request = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: Mutex<Option<mpsc::Sender<Request>>> = Mutex::new(None);
+    let (reply, answer) = mpsc::channel();
+    {
+        let mut spawner = SPAWNER.lock().unwrap_or_else(|e| e.into_inner());
+        let spawner = spawner.get_or_insert_with(|| {
+            let (requests, incoming) = mpsc::channel::<Request>();
+            // Never exits: the static keeps a sender for the life of the process.
+            std::thread::Builder::new()
+                .name("rl-test-spawner".into())
+                .spawn(move || {
+                    for (mut cmd, reply) in incoming {
+                        let _ = reply.send(dies_with_parent(&mut cmd).spawn());
+                    }
+                })
+                .expect("cannot start the spawner thread");
+            requests
+        });
+        spawner.send((cmd, reply)).expect("the spawner thread is gone");
+    }
+    answer.recv().expect("the spawner thread is gone")
+}
+
+/// `cmd`'s child gets SIGKILL when the thread that spawned it ends (see [`spawn_owned`]).
+fn dies_with_parent(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    unsafe extern "C" {
+        fn prctl(option: std::ffi::c_int, ...) -> std::ffi::c_int;
+        fn getppid() -> std::ffi::c_int;
+    }
+    const PR_SET_PDEATHSIG: std::ffi::c_int = 1;
+    const SIGKILL: std::ffi::c_ulong = 9;
+    const ESRCH: i32 = 3;
+    let parent = std::process::id() as std::ffi::c_int;
+    // SAFETY: the closure runs in the forked child before exec; it calls only prctl and getppid
+    // (async-signal-safe system calls) and builds errors without allocating, as `pre_exec`
+    // requires after a fork of a multi-threaded process.
+    unsafe {
+        cmd.pre_exec(move || {
+            if prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The test process ended between the fork and the prctl: no signal would come.
+            if getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(ESRCH));
+            }
+            Ok(())
+        })
+    }
+}
+
 enum SpawnError {
     /// Port taken by someone else; worth retrying with other ports.
     PortConflict(String),
@@ -313,19 +373,18 @@ impl Server {
             .map_err(|e| SpawnError::Fatal(format!("cannot open {}: {e}", err_path.display())))?;
         let err_file2 = err_file.try_clone().map_err(|e| SpawnError::Fatal(format!("cannot dup stderr file: {e}")))?;
         let args = self.command_line();
-        let child = Command::new(redis_server_bin())
-            .args(&args)
+        let mut cmd = Command::new(redis_server_bin());
+        cmd.args(&args)
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(Stdio::from(err_file))
-            .stderr(Stdio::from(err_file2))
-            .spawn()
-            .map_err(|e| {
-                SpawnError::Fatal(format!(
-                    "cannot spawn {}: {e} (is redis-server installed? run `make deps`)",
-                    redis_server_bin()
-                ))
-            })?;
+            .stderr(Stdio::from(err_file2));
+        let child = spawn_owned(cmd).map_err(|e| {
+            SpawnError::Fatal(format!(
+                "cannot spawn {}: {e} (is redis-server installed? run `make deps`)",
+                redis_server_bin()
+            ))
+        })?;
         self.child = Some(child);
 
         let deadline = Instant::now() + START_TIMEOUT;
