@@ -33,6 +33,17 @@ pub mod spec;
 pub mod time;
 mod wheel;
 
+/// A seeded xorshift64 for the unit tests' random sequences (reproducible, no dependency).
+#[cfg(test)]
+pub(crate) fn test_rng(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
 pub use connection::Reconnecting;
 pub use decision::{Decision, MultiDecision, ThrottleDecision};
 pub use engine::{CallError, Claim, Engine, EngineConfig, Outcome, Return, Source, Step, Waiter};

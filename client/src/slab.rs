@@ -173,17 +173,11 @@ mod tests {
     #[test]
     fn behaves_as_a_vec_and_wastes_at_most_a_step_or_half_a_chunk() {
         let (mut slab, mut model) = (Slab::default(), Vec::new());
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = crate::test_rng(0x2545_f491_4f6c_dd1d);
         // Grow to 20,000, shrink to 100, grow again, empty.
         for (target, grow) in [(20_000, true), (100, false), (1_000, true), (0, false)] {
             while (grow && model.len() < target) || (!grow && model.len() > target) {
-                if (grow && next() % 4 != 0) || model.is_empty() {
+                if (grow && !next().is_multiple_of(4)) || model.is_empty() {
                     let (v, cap) = (next(), slab.capacity());
                     slab.push(v);
                     model.push(v);

@@ -132,17 +132,11 @@ mod tests {
     fn next_due_is_the_earliest_non_empty_granule() {
         let ms = Nanos::from_millis;
         let mut w = Wheel::new(ms(10), 16);
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = crate::test_rng(0x2545_f491_4f6c_dd1d);
         let mut at: std::collections::HashMap<u32, Nanos> = Default::default();
         let (mut now, mut out) = (Nanos::ZERO, Vec::new());
         for id in 0..5_000u32 {
-            if next() % 3 == 0 {
+            if next().is_multiple_of(3) {
                 now += ms(next() % 40);
                 w.pop_due(now, |(k, _)| at.get(&k).copied(), &mut out);
             } else {
