@@ -329,6 +329,12 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The instant a driver gives `claim` up as timed out (its send plus the call timeout);
+    /// needs no engine, so a driver reads it without the shard's lock.
+    pub fn deadline<K>(&self, claim: &Claim<K>) -> Nanos {
+        claim.deadline_after(self.config.call_timeout)
+    }
+
     pub fn new(config: EngineConfig) -> Arc<Shared> {
         Arc::new(Shared {
             config,
@@ -1043,7 +1049,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
 
     /// The instant a driver gives `claim` up as timed out (its send plus the call timeout).
     pub fn deadline(&self, claim: &Claim<K>) -> Nanos {
-        claim.deadline_after(self.shared.config.call_timeout)
+        self.shared.deadline(claim)
     }
 
     /// The next return to send (from housekeeping or an eviction).

@@ -608,8 +608,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// Sends a claim and reports it; answers the next step of the request that sent it.
     async fn claim(self: Arc<Self>, c: Claim<Key>) -> Option<Step<Key>> {
         let hash = self.shared.hash(c.key().as_str());
-        // Engine::deadline, without taking the shard's lock for it.
-        let deadline = self.instant(c.sent_at() + self.shared.config.call_timeout);
+        let deadline = self.instant(self.shared.deadline(&c));
         let mut conn = self.conn.clone();
         let res = tokio::time::timeout_at(deadline, c.command().query_async::<Decision>(&mut conn)).await;
         let step = self.with_engine(hash, |e, now| match res {

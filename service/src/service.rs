@@ -437,8 +437,9 @@ impl Service {
 
     /// Some checks served from leases (`check_all` over their limiters: the hot values of leased
     /// rules), the others per request (every other check, cold values of leased rules included,
-    /// in one backend decision: one command on one slot); all or nothing: when the per-request part refuses, the leased units go back to
-    /// their local pools (`refund`), and a leased refusal makes the rest a dry run.
+    /// in one backend decision: one command on one slot); all or nothing: when the per-request
+    /// part refuses, the leased units go back to their local pools (`refund`), and a leased
+    /// refusal makes the rest a dry run.
     #[allow(clippy::too_many_arguments)]
     async fn decide_leased(
         &self,
