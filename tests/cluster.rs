@@ -131,7 +131,7 @@ fn cluster_conn(c: &Cluster) -> ClusterConnection {
         .min_retry_wait(10)
         .max_retry_wait(200)
         .connection_timeout(Duration::from_secs(5))
-        .response_timeout(Duration::from_secs(10))
+        // No response timeout: see common::watchdog.
         .build()
         .expect("cluster client");
     client.get_connection().expect("cluster connection")

@@ -1162,7 +1162,6 @@ fn limited_keyspace_event() {
     let mut sub = s.conn();
     let mut ps = sub.as_pubsub();
     ps.psubscribe("__keyspace@0__:*").unwrap();
-    ps.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
 
     // Admitted calls publish nothing of ours; limited ones publish rl.limited on their key.
     q(&mut c, "RL.GCRA ok 5 10s");
@@ -1176,7 +1175,7 @@ fn limited_keyspace_event() {
 
     let mut got = Vec::new();
     loop {
-        let msg = ps.get_message().unwrap_or_else(|e| panic!("no keyspace message within 5 s (got {got:?}): {e}"));
+        let msg = ps.get_message().unwrap_or_else(|e| panic!("keyspace messages (got {got:?}): {e}"));
         let payload: String = msg.get_payload().unwrap();
         let channel = msg.get_channel_name().to_string();
         if channel == "__keyspace@0__:end" {
