@@ -9,7 +9,9 @@
 //!   that must wait is finished on the runtime, the same future); `engine_*`: the sans-IO
 //!   engine alone; `governor_*`: `RateLimiter::keyed` `check_key`;
 //! * `cold_limiter`, `cold_direct`: a key never seen (an exact claim, a round trip) against
-//!   `commands::check`, on the same connection type, against a real redis-server.
+//!   `commands::check`, on the same connection type, against a real redis-server;
+//!   `cold_direct_timeout`: that call under `tokio::time::timeout` (the limiter's 100 ms), as a
+//!   service makes it.
 //!
 //! `bash client/benches/ir.sh` (needs valgrind and the module: `make build`).
 
@@ -232,6 +234,21 @@ fn main() {
                         for i in 0..n {
                             let key = format!("direct:{i}");
                             black_box(commands::check(&mut conn, &key, &limit, Options::cost(1)).await.unwrap());
+                        }
+                    });
+                    report(c, n, cpu_now() - t);
+                }
+                "cold_direct_timeout" => {
+                    // The direct call as a service must make it: under a timeout (the
+                    // limiter's default, 100 ms), so that a hung Redis cannot hang requests.
+                    let limit = Limit::token_bucket(1000, Duration::from_secs(60));
+                    let mut conn = conn;
+                    let t = cpu_now();
+                    rt.block_on(async {
+                        for i in 0..n {
+                            let key = format!("direct:{i}");
+                            let call = commands::check(&mut conn, &key, &limit, Options::cost(1));
+                            black_box(tokio::time::timeout(Duration::from_millis(100), call).await.unwrap().unwrap());
                         }
                     });
                     report(c, n, cpu_now() - t);

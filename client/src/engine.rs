@@ -65,6 +65,12 @@ pub struct EngineConfig {
     pub granularity: Nanos,
     /// Keep per-key [`crate::lease::Totals`] (tests, the simulator): 48 bytes more per key.
     pub key_totals: bool,
+    /// Entries of the table of keys seen once (rounded up to a power of two; 0: none). With it,
+    /// a key is remembered from its second request within `forget_after`: its first is a
+    /// one-off exact claim ([`Claim::one_off`]) decided by its reply alone, so that keys seen
+    /// once (most per-IP keys) cost no slot, no timer and no forgetting. The table is lossy in
+    /// the safe direction: a key it lost is remembered a request later.
+    pub sightings: usize,
 }
 
 impl EngineConfig {
@@ -74,7 +80,8 @@ impl EngineConfig {
     }
 
     /// Defaults around a lease configuration: breaker 5 failures / 1 s, fail closed, 100 ms
-    /// call timeout, forget after 2 L, no key cap, wheel resolution L/32 within [1, 50] ms.
+    /// call timeout, forget after 2 L, no key cap, wheel resolution L/32 within [1, 50] ms,
+    /// every key remembered from its first request (no sightings table).
     pub fn from_lease(lease: LeaseConfig) -> EngineConfig {
         EngineConfig {
             lease,
@@ -86,6 +93,7 @@ impl EngineConfig {
             max_keys: 0,
             granularity: (lease.lease / 32).clamp(Nanos::from_millis(1), Nanos::from_millis(50)),
             key_totals: false,
+            sightings: 0,
         }
     }
 }
@@ -171,6 +179,7 @@ pub struct Claim<K> {
     spec: ClaimSpec,
     limit: Limit,
     dry_run: bool,
+    one_off: bool,
 }
 
 impl<K> Claim<K> {
@@ -185,6 +194,11 @@ impl<K> Claim<K> {
     }
     pub fn dry_run(&self) -> bool {
         self.dry_run
+    }
+    /// The first request of a key not remembered (see [`EngineConfig::sightings`]): an exact
+    /// claim, decided by its reply alone.
+    pub fn one_off(&self) -> bool {
+        self.one_off
     }
     /// The units the request that made it needs (0 for a background claim). Read only: the
     /// engine takes it from the claim, never from the caller.
@@ -418,6 +432,9 @@ pub struct Engine<K> {
     returns: Vec<ReturnSpec>,
     /// For the eviction sample (xorshift).
     rng: u64,
+    /// Keys seen once and not remembered ([`EngineConfig::sightings`]), allocated with the
+    /// first: `fingerprint << 32 | instant`, the instant in units of 2^20 ns (~1 ms); 0 free.
+    seen: Box<[u64]>,
 }
 
 impl<K: Hash + Eq + Clone> Engine<K> {
@@ -438,6 +455,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             due: Vec::new(),
             returns: Vec::new(),
             rng: 0x9e37_79b9_7f4a_7c15,
+            seen: Box::default(),
         }
     }
 
@@ -624,10 +642,95 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         Q: Eq + ToOwned + ?Sized,
     {
         add(&self.metrics.requests, 1);
-        let i = self.find_or_insert(now, hash, key);
+        let i = match self.find(hash, key) {
+            Some(i) => i,
+            None => match self.one_off(now, hash, key, cost) {
+                Some(claim) => return Step::Send(claim),
+                None => self.insert(now, hash, key),
+            },
+        };
         let (lease, m) = (&self.shared.config.lease, &self.metrics);
         let v = self.slots[i].state.on_request(now, cost, lease, m);
         self.step(now, i, cost, v)
+    }
+
+    /// The first request of a key not remembered, when the sightings table is on and the key
+    /// was not seen within `forget_after`: an exact claim (`COST cost`, what a fresh key state
+    /// would send) that leaves nothing behind. `None`: remember the key (seen before, or a
+    /// request a fresh state decides otherwise: nothing to claim, a cost above the capacity,
+    /// the breaker refusing the call).
+    #[cold]
+    #[inline(never)]
+    fn one_off<Q>(&mut self, now: Nanos, hash: u64, key: &Q, cost: u64) -> Option<Claim<K>>
+    where
+        K: From<Q::Owned>,
+        Q: ToOwned + ?Sized,
+    {
+        let cfg = &self.shared.config;
+        if cfg.sightings == 0 || cost == 0 || cost > cfg.lease.limit.capacity() {
+            return None;
+        }
+        if self.seen.is_empty() {
+            self.seen = vec![0; cfg.sightings.next_power_of_two()].into_boxed_slice();
+        }
+        // The low bits pick the entry (the shard was picked by the high ones); a fingerprint
+        // from the middle ones; never 0 (a free entry).
+        let at = hash as usize & (self.seen.len() - 1);
+        let fingerprint = ((hash >> 24) as u32) | 1;
+        let instant = (now.as_u64() >> 20) as u32;
+        let entry = self.seen[at];
+        let window = (cfg.forget_after.as_u64() >> 20).min(u32::MAX as u64) as u32;
+        if (entry >> 32) as u32 == fingerprint && instant.wrapping_sub(entry as u32) <= window {
+            self.seen[at] = 0;
+            return None;
+        }
+        if !self.shared.breaker.permit(now).allows_call() {
+            return None;
+        }
+        self.seen[at] = (fingerprint as u64) << 32 | instant as u64;
+        let m = &self.metrics;
+        add(&m.claims, 1);
+        add(&m.redis_calls, 1);
+        add(&m.claims_in_flight, 1);
+        add(&m.one_off_claims, 1);
+        let spec = ClaimSpec { id: 0, units: cost, partial: false, sent_at: now, background: false, cost };
+        Some(Claim { key: K::from(key.to_owned()), spec, limit: cfg.lease.limit, dry_run: false, one_off: true })
+    }
+
+    /// The reply to a one-off claim decides its request; the key stays unremembered (a
+    /// refusal is not cached: the key's next request is remembered and learns it again).
+    fn one_off_reply(&mut self, claim: &Claim<K>, d: &Decision) -> Step<K> {
+        let (lease, m) = (&self.shared.config.lease, &self.metrics);
+        sub(&m.claims_in_flight, 1);
+        let (cost, sent_at) = (claim.spec.cost, claim.spec.sent_at);
+        let granted = d.allowed.min(cost);
+        add(&m.units_claimed, granted);
+        let base = Outcome {
+            limit: Some(d.limit),
+            remaining: Some(d.remaining.min(d.limit)),
+            reset_after: Some(d.reset_after.into()),
+            ..Outcome::plain(false, Source::Redis, None)
+        };
+        let mut outcome = if granted >= cost {
+            add(&m.redis_admits, 1);
+            add(&m.units_served, cost);
+            let expires_at = sent_at + lease.lease_span(d);
+            Outcome {
+                allowed: true,
+                enforced: true,
+                delay: d.delay.map(Nanos::from),
+                taken: Some(Taken { units: cost, expires_at, claim_sent_at: sent_at, one_off: true }),
+                ..base
+            }
+        } else {
+            // An exact claim is granted all or nothing; anything else counts as lost.
+            add(&m.units_expired, granted);
+            add(&m.redis_denials, 1);
+            let retry_after = d.retry_after.map(|r| Nanos::from(r).max(Nanos::new(1)));
+            Outcome { retry_after, ..base }
+        };
+        self.shadow_in_place(&mut outcome);
+        Step::Done { outcome, refill: None }
     }
 
     /// Decides a request for `cost` units of `key` without taking anything: from what is held
@@ -655,7 +758,13 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 }
                 _ => {
                     let spec = ClaimSpec { id: 0, units: cost, partial: false, sent_at: now, background: false, cost };
-                    Step::Send(Claim { key: self.slots[i].key.clone(), spec, limit: lease.limit, dry_run: true })
+                    Step::Send(Claim {
+                        key: self.slots[i].key.clone(),
+                        spec,
+                        limit: lease.limit,
+                        dry_run: true,
+                        one_off: false,
+                    })
                 }
             },
         };
@@ -712,6 +821,9 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         if claim.dry_run {
             return Some(Step::Done { outcome: self.peeked(now, claim, d), refill: None });
         }
+        if claim.one_off {
+            return Some(self.one_off_reply(claim, d));
+        }
         let i = self.find_or_insert(now, self.hash(&claim.key), &claim.key);
         let (lease, m) = (&self.shared.config.lease, &self.metrics);
         let state = &mut self.slots[i].state;
@@ -754,6 +866,18 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             let o = self.fallback(now, i, claim.spec.cost, self.shared.config.breaker.cool_down, false);
             return (error != CallError::Abandoned).then_some(Step::Done { outcome: self.shadow(o), refill: None });
         }
+        if claim.one_off {
+            // Its request falls to the failure policy, with the key remembered from now on
+            // (the local fallback limit is per key).
+            sub(&self.metrics.claims_in_flight, 1);
+            if error == CallError::Abandoned {
+                return None;
+            }
+            let i = self.find_or_insert(now, self.hash(&claim.key), &claim.key);
+            let o = self.fallback(now, i, claim.spec.cost, self.shared.config.breaker.cool_down, true);
+            self.arm(now, i);
+            return Some(Step::Done { outcome: self.shadow(o), refill: None });
+        }
         let i = self.find_or_insert(now, self.hash(&claim.key), &claim.key);
         let m = &self.metrics;
         let state = &mut self.slots[i].state;
@@ -784,10 +908,22 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     /// False when nothing went back (nothing taken, or the units would have expired since).
     pub fn refund<Q>(&mut self, now: Nanos, key: &Q, outcome: &Outcome) -> bool
     where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        K: Borrow<Q> + From<Q::Owned>,
+        Q: Hash + Eq + ToOwned + ?Sized,
     {
-        let Some(i) = self.find(self.hash(key), key) else { return false };
+        let hash = self.hash(key);
+        let one_off = outcome.taken.filter(|t| t.one_off && outcome.enforced && now < t.expires_at);
+        let i = match (self.find(hash, key), one_off) {
+            // A one-off claim's units: its key (remembered now, if it is not yet) holds them,
+            // its totals counting that claim.
+            (found, Some(t)) => {
+                let i = found.unwrap_or_else(|| self.insert(now, hash, key));
+                self.slots[i].state.adopt_one_off(t.units);
+                i
+            }
+            (Some(i), None) => i,
+            (None, None) => return false,
+        };
         let (cfg, m) = (&self.shared.config, &self.metrics);
         let done = match (outcome.source, outcome.taken) {
             (Source::Local | Source::Redis, Some(t)) if outcome.enforced => self.slots[i].state.refund(now, t, m),
@@ -880,7 +1016,13 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     }
 
     fn claim(&self, i: usize, spec: ClaimSpec) -> Claim<K> {
-        Claim { key: self.slots[i].key.clone(), spec, limit: self.shared.config.lease.limit, dry_run: false }
+        Claim {
+            key: self.slots[i].key.clone(),
+            spec,
+            limit: self.shared.config.lease.limit,
+            dry_run: false,
+            one_off: false,
+        }
     }
 
     fn known(
@@ -944,7 +1086,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 match verdict {
                     Ok(()) => {
                         count(&m.fallback_admits);
-                        let taken = Taken { units: cost, expires_at: Nanos::MAX, claim_sent_at: now };
+                        let taken = Taken { units: cost, expires_at: Nanos::MAX, claim_sent_at: now, one_off: false };
                         Outcome { taken: take.then_some(taken), ..Outcome::plain(true, Source::Fallback, None) }
                     }
                     Err(retry) => {

@@ -186,6 +186,8 @@ pub struct Taken {
     pub units: u64,
     pub expires_at: Nanos,
     pub claim_sent_at: Nanos,
+    /// Taken by a one-off claim (its key was not remembered then).
+    pub one_off: bool,
 }
 
 /// Why a request was refused without a Redis call, or by Redis.
@@ -465,10 +467,11 @@ impl KeyState {
         if let Some(first) = self.leases.first_mut().filter(|l| l.units > units) {
             // The usual case: the earliest lease covers it and keeps some.
             first.units -= units;
-            return Taken { units, expires_at: first.expires_at, claim_sent_at: first.claim_sent_at };
+            return Taken { units, expires_at: first.expires_at, claim_sent_at: first.claim_sent_at, one_off: false };
         }
         let first = self.leases[0];
-        let mut taken = Taken { units, expires_at: first.expires_at, claim_sent_at: first.claim_sent_at };
+        let mut taken =
+            Taken { units, expires_at: first.expires_at, claim_sent_at: first.claim_sent_at, one_off: false };
         for l in self.leases.iter_mut() {
             if units == 0 {
                 break;
@@ -510,6 +513,17 @@ impl KeyState {
             }
         }
         true
+    }
+
+    /// A key remembered to hold the units of its one-off claim's admission, refunded: its
+    /// totals count that claim, its request and the units it served.
+    pub(crate) fn adopt_one_off(&mut self, units: u64) {
+        self.tally(|t| {
+            t.requests += 1;
+            t.calls += 1;
+            t.claimed += units;
+            t.served += units;
+        });
     }
 
     fn new_claim(&mut self, now: Nanos, size: ClaimSize, cost: u64, background: bool, m: &Metrics) -> ClaimSpec {

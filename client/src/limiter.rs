@@ -70,6 +70,7 @@ pub struct LimiterConfig {
     shadow: bool,
     shards: usize,
     max_keys: usize,
+    sightings: usize,
 }
 
 impl LimiterConfig {
@@ -88,6 +89,7 @@ impl LimiterConfig {
             shadow: false,
             shards: 64,
             max_keys: 0,
+            sightings: 65_536,
         }
     }
 
@@ -156,6 +158,16 @@ impl LimiterConfig {
         self.max_keys = n;
         self
     }
+    /// Keys seen once that the limiter notes without remembering them (about 8 bytes each,
+    /// spread over the shards; default 65,536; 0: remember every key from its first request).
+    /// A key is remembered from its second request within 2 L; its first is an exact claim, as
+    /// a cold key's always is, that leaves nothing behind (no slot, timer or forgetting): most
+    /// keys of a per-IP limit are seen once. The bound is unaffected: an exact claim holds
+    /// nothing (docs/local-reservations.md).
+    pub fn sightings(mut self, n: usize) -> Self {
+        self.sightings = n;
+        self
+    }
 
     pub fn limit(&self) -> Limit {
         self.limit
@@ -205,6 +217,7 @@ impl LimiterConfig {
             shadow: self.shadow,
             call_timeout: timeout,
             max_keys: if self.max_keys == 0 { 0 } else { self.max_keys.div_ceil(shards) },
+            sightings: if self.sightings == 0 { 0 } else { self.sightings.div_ceil(shards) },
             ..EngineConfig::from_lease(lease)
         }
     }
@@ -212,6 +225,43 @@ impl LimiterConfig {
 
 /// The rest of a request that waits for Redis.
 type Slow<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
+
+/// The rest of a request that waits for Redis: its own claim (a cold key's usual path, one
+/// allocation: the claim's), else the whole of [`Inner::run`], boxed.
+enum Rest<'a, C: ConnectionLike + Clone + Send + Sync + 'static> {
+    Claim { inner: &'a Arc<Inner<C>>, key: &'a str, call: Handoff, waiter: Waiter },
+    Slow(Slow<'a>),
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Future for Rest<'_, C> {
+    type Output = Outcome;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+        // Every field is Unpin (references, boxes).
+        let this = &mut *self;
+        if let Rest::Claim { inner, key, call, waiter } = this {
+            let (inner, key) = (*inner, *key);
+            let step = match Pin::new(call).poll(cx) {
+                Poll::Ready(Some(step)) => step,
+                // See `Inner::run`.
+                Poll::Ready(None) => inner.with_engine(inner.shared.hash(key), |e, now| e.resume(now, key, *waiter)),
+                Poll::Pending => return Poll::Pending,
+            };
+            match step {
+                Step::Done { outcome, refill } => {
+                    if let Some(c) = refill {
+                        inner.refill(c);
+                    }
+                    return Poll::Ready(outcome);
+                }
+                step => *this = Rest::Slow(Box::pin(inner.run(key, step))),
+            }
+        }
+        match this {
+            Rest::Slow(rest) => rest.as_mut().poll(cx),
+            Rest::Claim { .. } => unreachable!("replaced above"),
+        }
+    }
+}
 
 /// The driver's keys: inline up to 24 bytes (no allocation for the usual API key, IP or user
 /// id), hashed as the `str` they hold.
@@ -275,18 +325,24 @@ fn call_error(e: &RedisError) -> CallError {
     }
 }
 
+/// A claim being sent: boxed, so that it can move to a task of its own.
+type ClaimCall = Pin<Box<dyn Future<Output = Option<Step<Key>>> + Send + 'static>>;
+
 /// A request's own claim, polled by the caller's task; if the caller drops it unfinished, the
 /// rest runs in a task of its own (the claim's units still land and its waiters are woken).
-struct Handoff<T: Send + 'static, F: Future<Output = T> + Send + 'static> {
-    fut: Option<Pin<Box<F>>>,
+struct Handoff {
+    fut: Option<ClaimCall>,
 }
 
-// Nothing is pinned structurally: the future is boxed.
-impl<T: Send + 'static, F: Future<Output = T> + Send + 'static> Unpin for Handoff<T, F> {}
+impl Handoff {
+    fn new(f: impl Future<Output = Option<Step<Key>>> + Send + 'static) -> Handoff {
+        Handoff { fut: Some(Box::pin(f)) }
+    }
+}
 
-impl<T: Send + 'static, F: Future<Output = T> + Send + 'static> Future for Handoff<T, F> {
-    type Output = T;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+impl Future for Handoff {
+    type Output = Option<Step<Key>>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // Pin<Box<F>> is Unpin, and so is Self.
         let this = &mut *self;
         let f = this.fut.as_mut().expect("polled after completion");
@@ -300,7 +356,7 @@ impl<T: Send + 'static, F: Future<Output = T> + Send + 'static> Future for Hando
     }
 }
 
-impl<T: Send + 'static, F: Future<Output = T> + Send + 'static> Drop for Handoff<T, F> {
+impl Drop for Handoff {
     fn drop(&mut self) {
         if let Some(f) = self.fut.take() {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -543,15 +599,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
 
     /// A request's first step, `f` under the shard's lock: decided at once (the local path:
     /// ready on the first poll, no allocation, nothing awaited; only the outcome leaves the
-    /// engine's step), or the rest of the request ([`Inner::run`]) boxed, so that the check's
-    /// own future stays a few words (the whole wait is only built when needed).
+    /// engine's step), or the rest of the request ([`Rest`]: its own claim, else [`Inner::run`]
+    /// boxed), so that the check's own future stays a few words (the whole wait is only built
+    /// when needed).
     #[inline]
     fn first_step<'a>(
         self: &'a Arc<Self>,
         hash: u64,
         key: &'a str,
         f: impl FnOnce(&mut Engine<Key>, Nanos) -> Step<Key>,
-    ) -> Result<Outcome, Slow<'a>> {
+    ) -> Result<Outcome, Rest<'a, C>> {
         let shard = self.shard(hash);
         let mut e = Inner::<C>::lock(shard);
         match f(&mut e, self.now()) {
@@ -564,9 +621,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
                 self.refill(c);
                 Ok(outcome)
             }
+            Step::Send(c) => {
+                self.release(shard, e);
+                let waiter = Waiter::gave_up(&c);
+                Err(Rest::Claim { inner: self, key, call: Handoff::new(self.clone().claim(c)), waiter })
+            }
             step => {
                 self.release(shard, e);
-                Err(Box::pin(self.run(key, step)))
+                Err(Rest::Slow(Box::pin(self.run(key, step))))
             }
         }
     }
@@ -593,7 +655,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
                 // the caller goes away meanwhile).
                 Step::Send(c) => {
                     let waiter = Waiter::gave_up(&c);
-                    match (Handoff { fut: Some(Box::pin(self.clone().claim(c))) }).await {
+                    match Handoff::new(self.clone().claim(c)).await {
                         Some(s) => s,
                         // The engine answers every request's own claim; should it not, the
                         // request is decided as if that claim had failed.
@@ -616,7 +678,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
             Ok(Err(err)) => e.on_error(now, &c, call_error(&err)),
             Err(_) => e.on_error(now, &c, CallError::Unavailable),
         });
-        self.shard(hash).notify.notify_waiters();
+        // A one-off claim has no waiters (its key is not remembered).
+        if !c.one_off() {
+            self.shard(hash).notify.notify_waiters();
+        }
         step
     }
 

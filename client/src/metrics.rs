@@ -74,6 +74,9 @@ metrics! {
         claims,
         /// Claims sent in the background, before the local units ran out.
         background_claims,
+        /// Claims for the first request of a key not remembered (exact, decided by the reply
+        /// alone, nothing kept: `LimiterConfig::sightings`).
+        one_off_claims,
         /// Claims given up as lost by the engine (no reply nor error for `stale_claim`).
         claims_given_up,
         /// Units granted by claims.

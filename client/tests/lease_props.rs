@@ -9,7 +9,10 @@
 //! * calls: a key never costs more Redis calls (claims and returns) than requests, except for
 //!   a re-claim when the claim made for a request covered less than it needed (a partial grant
 //!   short of it, or held units that expired while the claim was out); a cold key claims
-//!   exactly each request (`cold_key_costs_what_per_request_checking_costs`).
+//!   exactly each request (`cold_key_costs_what_per_request_checking_costs`);
+//! * all of it with the sightings table on or off (a key's first request a one-off claim,
+//!   its key not remembered), and with admissions refunded (units back to the local pool; the
+//!   calls bound is then for the keys without refunds, whose units may go back by RL.RETURN).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -17,7 +20,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use redis_ratelimit_client::breaker::BreakerConfig;
 use redis_ratelimit_client::{
-    CallError, Claim, Decision, Engine, EngineConfig, FailurePolicy, LeaseConfig, Limit, Nanos, Source, Step, Waiter,
+    CallError, Claim, Decision, Engine, EngineConfig, FailurePolicy, LeaseConfig, Limit, Nanos, Outcome, Source, Step,
+    Waiter,
 };
 
 #[derive(Clone, Debug)]
@@ -42,6 +46,8 @@ enum Op {
         ns: u64,
     },
     Tick,
+    /// The newest admission not yet refunded is refunded (another limit refused its request).
+    Refund,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -52,6 +58,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Abandon),
         3 => prop_oneof![0u64..1_000_000, 0u64..2_000_000_000].prop_map(|ns| Op::Advance { ns }),
         1 => Just(Op::Tick),
+        1 => Just(Op::Refund),
     ]
 }
 
@@ -82,12 +89,22 @@ struct Run {
     reclaims: HashMap<u8, u64>,
     admitted_units: u64,
     fail_closed: bool,
+    /// Admissions that took units, newest last: (key, outcome).
+    admitted: Vec<(u8, Outcome)>,
+    /// Refunds that put units back, per key (their units may cost RL.RETURNs later).
+    refunds: HashMap<u8, u64>,
 }
 
 impl Run {
     fn handle(&mut self, key: u8, cost: u64, step: Step<u8>, from_reply: bool) {
-        // Every engine call on a key sweeps its expired leases before serving anything.
-        if let Some(st) = self.engine.key(&key) {
+        self.handle_of(key, cost, step, from_reply, false)
+    }
+
+    /// `one_off`: the step answers a one-off claim, decided without the key's state (which
+    /// serves nothing then, and is not swept).
+    fn handle_of(&mut self, key: u8, cost: u64, step: Step<u8>, from_reply: bool, one_off: bool) {
+        // Every engine call on a key's state sweeps its expired leases before serving anything.
+        if let Some(st) = self.engine.key(&key).filter(|_| !one_off) {
             assert_eq!(st.held_at(self.now), st.held(), "key {key} holds expired units at {:?}", self.now);
         }
         match step {
@@ -97,6 +114,9 @@ impl Run {
                         assert!(matches!(outcome.source, Source::Local | Source::Redis), "{outcome:?}");
                     }
                     self.admitted_units += cost;
+                    if outcome.enforced && cost > 0 {
+                        self.admitted.push((key, outcome));
+                    }
                 }
                 if let Some(c) = refill {
                     self.pending.push(Pending { key, claim: c });
@@ -135,7 +155,11 @@ impl Run {
             assert!(t.served <= t.claimed - t.returned - t.expired);
             assert!(in_flight.get(k).copied().unwrap_or(0) <= 1);
             let reclaims = self.reclaims.get(k).copied().unwrap_or(0);
-            assert!(t.calls <= t.requests + reclaims, "key {k}: {t:?}, {reclaims} re-claims");
+            // A key that got refunds may return their units (one RL.RETURN per lease): the
+            // calls bound is for keys without.
+            if !self.refunds.contains_key(k) {
+                assert!(t.calls <= t.requests + reclaims, "key {k}: {t:?}, {reclaims} re-claims");
+            }
         }
         // Every claim the engine has in flight is one the driver holds.
         for (k, st) in self.engine.keys() {
@@ -146,7 +170,7 @@ impl Run {
     }
 }
 
-fn run(limit: Limit, batching: bool, policy: FailurePolicy, ops: Vec<Op>) {
+fn run(limit: Limit, batching: bool, policy: FailurePolicy, sightings: bool, ops: Vec<Op>) {
     let mut lease = LeaseConfig::new(limit);
     lease.batching = batching;
     lease.instances = 2;
@@ -157,6 +181,7 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, ops: Vec<Op>) {
         // Waiters never give up here: every claim is answered (or fails, or is abandoned).
         call_timeout: Nanos::MAX / 4,
         key_totals: true,
+        sightings: if sightings { 4 } else { 0 },
         ..EngineConfig::from_lease(lease)
     };
     let mut r = Run {
@@ -167,6 +192,8 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, ops: Vec<Op>) {
         reclaims: HashMap::new(),
         admitted_units: 0,
         fail_closed: policy == FailurePolicy::FailClosed,
+        admitted: Vec::new(),
+        refunds: HashMap::new(),
     };
     for op in ops {
         match op {
@@ -197,7 +224,7 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, ops: Vec<Op>) {
                 );
                 let cost = if p.claim.background() { 0 } else { cost_of(&p) };
                 if let Some(s) = r.engine.on_reply(r.now, &p.claim, &d) {
-                    r.handle(p.key, cost, s, true);
+                    r.handle_of(p.key, cost, s, true, p.claim.one_off());
                 }
                 r.wake(p.key, p.claim.id());
             }
@@ -208,7 +235,7 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, ops: Vec<Op>) {
                 let p = r.pending.remove(0);
                 let cost = if p.claim.background() { 0 } else { cost_of(&p) };
                 if let Some(s) = r.engine.on_error(r.now, &p.claim, CallError::Unavailable) {
-                    r.handle(p.key, cost, s, false);
+                    r.handle_of(p.key, cost, s, false, p.claim.one_off());
                 }
                 r.wake(p.key, p.claim.id());
             }
@@ -222,6 +249,9 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, ops: Vec<Op>) {
             }
             Op::Advance { ns } => r.now += Nanos::new(ns),
             Op::Tick => {
+                // A refund follows its check at once in practice, never a forgetting of its
+                // key (the per-key totals would then count it against the key's next life).
+                r.admitted.clear();
                 r.engine.handle_timeout(r.now);
                 while let Some(ret) = r.engine.poll_transmit() {
                     // Sent no later than now, aged by at least the margin.
@@ -232,40 +262,59 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, ops: Vec<Op>) {
                     assert_eq!(st.held_at(r.now), st.held(), "key {k} holds expired units after tick");
                 }
             }
+            Op::Refund => {
+                if let Some((k, o)) = r.admitted.pop() {
+                    let before = r.engine.metrics().units_refunded;
+                    let back = r.engine.refund(r.now, &k, &o);
+                    let units = r.engine.metrics().units_refunded - before;
+                    // The local fallback limit's units go back to its own bucket.
+                    let reserved = matches!(o.source, Source::Local | Source::Redis);
+                    assert_eq!(units > 0, back && reserved, "{o:?}");
+                    if back && reserved {
+                        *r.refunds.entry(k).or_default() += 1;
+                        // Back in the local pool: held by the key (remembered now if it was not).
+                        assert!(r.engine.key(&k).is_some_and(|st| st.held() >= units), "{o:?}");
+                    }
+                }
+            }
         }
         r.check_invariants();
     }
     let _ = r.engine.drain(r.now);
     r.check_invariants();
     let m = r.engine.metrics();
+    // Units refunded were served twice (before and after their refund).
+    let served = m.units_served - m.units_refunded;
     if r.fail_closed {
         // Nothing was admitted that was not claimed.
         assert_eq!(m.units_served, r.admitted_units);
-        assert!(m.units_served <= m.units_claimed);
+        assert!(served <= m.units_claimed);
     }
     assert_eq!(
         m.units_claimed,
-        m.units_served + m.units_returned + m.units_expired + r.engine.keys().map(|(_, s)| s.held()).sum::<u64>()
+        served + m.units_returned + m.units_expired + r.engine.keys().map(|(_, s)| s.held()).sum::<u64>()
     );
+    // Every claim in flight is one the driver still holds (one-off claims included).
+    assert_eq!(m.claims_in_flight, r.pending.len() as u64);
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: std::env::var("RL_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(512), ..ProptestConfig::default() })]
 
     #[test]
-    fn accounting_expiry_and_one_claim_in_flight(limit in limit(), ops in prop::collection::vec(op(), 1..300)) {
-        run(limit, true, FailurePolicy::FailClosed, ops);
+    fn accounting_expiry_and_one_claim_in_flight(limit in limit(), sightings in any::<bool>(), ops in prop::collection::vec(op(), 1..300)) {
+        run(limit, true, FailurePolicy::FailClosed, sightings, ops);
     }
 
     #[test]
-    fn exact_mode_never_costs_more_calls_than_requests(limit in limit(), ops in prop::collection::vec(op(), 1..300)) {
-        run(limit, false, FailurePolicy::FailClosed, ops);
+    fn exact_mode_never_costs_more_calls_than_requests(limit in limit(), sightings in any::<bool>(), ops in prop::collection::vec(op(), 1..300)) {
+        run(limit, false, FailurePolicy::FailClosed, sightings, ops);
     }
 
     #[test]
-    fn failure_policies_keep_the_accounting(limit in limit(), open in any::<bool>(), ops in prop::collection::vec(op(), 1..300)) {
+    fn failure_policies_keep_the_accounting(limit in limit(), open in any::<bool>(), sightings in any::<bool>(), ops in prop::collection::vec(op(), 1..300)) {
         let policy = if open { FailurePolicy::FailOpen } else { FailurePolicy::local(5, Duration::from_secs(1), 5) };
-        run(limit, true, policy, ops);
+        run(limit, true, policy, sightings, ops);
     }
 }
 
@@ -295,4 +344,103 @@ fn cold_key_costs_what_per_request_checking_costs() {
     }
     let m = e.metrics();
     assert_eq!((m.redis_calls, m.requests), (100, 100));
+}
+
+/// An engine with the sightings table on (the driver's default), fail open.
+fn sighting_engine() -> Engine<&'static str> {
+    let config = EngineConfig {
+        sightings: 1024,
+        policy: FailurePolicy::FailOpen,
+        ..EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60)))
+    };
+    Engine::new(config)
+}
+
+/// The first request of `key` at `now`: a one-off claim.
+fn one_off(e: &mut Engine<&'static str>, now: Nanos, key: &'static str) -> Claim<&'static str> {
+    match e.check(now, &key, 1) {
+        Step::Send(c) if c.one_off() => c,
+        s => panic!("not a one-off claim: {s:?}"),
+    }
+}
+
+fn admit_reply() -> Decision {
+    Decision::from_fields(1, 100, 50, -1, 600, None)
+}
+
+#[test]
+fn a_key_seen_once_is_decided_by_an_exact_claim_and_not_remembered() {
+    let mut e = sighting_engine();
+    let now = Nanos::from_secs(1);
+    let c = one_off(&mut e, now, "a");
+    assert!(!c.partial() && c.units() == 1 && c.cost() == 1);
+    let Some(Step::Done { outcome, refill: None }) = e.on_reply(now, &c, &admit_reply()) else { panic!() };
+    assert!(outcome.allowed && outcome.source == Source::Redis);
+    assert_eq!((outcome.limit, outcome.remaining), (Some(100), Some(50)));
+    assert!(e.is_empty() && e.poll_timeout().is_none(), "nothing remembered, no timer");
+    let m = e.metrics();
+    assert_eq!((m.requests, m.claims, m.one_off_claims, m.claims_in_flight, m.keys), (1, 1, 1, 0, 0));
+    assert_eq!((m.redis_admits, m.units_claimed, m.units_served), (1, 1, 1));
+}
+
+#[test]
+fn a_key_seen_again_within_forget_after_is_remembered() {
+    let mut e = sighting_engine();
+    let t0 = Nanos::from_secs(1);
+    let c = one_off(&mut e, t0, "a");
+    let _ = e.on_reply(t0, &c, &admit_reply());
+    let t1 = t0 + e.config().forget_after / 2;
+    let Step::Send(c) = e.check(t1, &"a", 1) else { panic!("a claim") };
+    assert!(!c.one_off());
+    let _ = e.on_reply(t1, &c, &admit_reply());
+    assert!(e.key(&"a").is_some() && e.len() == 1);
+}
+
+#[test]
+fn a_sighting_older_than_forget_after_counts_for_nothing() {
+    let mut e = sighting_engine();
+    let t0 = Nanos::from_secs(1);
+    let c = one_off(&mut e, t0, "a");
+    let _ = e.on_reply(t0, &c, &admit_reply());
+    let later = t0 + e.config().forget_after * 2;
+    let c = one_off(&mut e, later, "a");
+    let _ = e.on_reply(later, &c, &admit_reply());
+    assert!(e.is_empty());
+}
+
+#[test]
+fn a_refused_one_off_claim_refuses_with_the_server_retry_after() {
+    let mut e = sighting_engine();
+    let now = Nanos::from_secs(1);
+    let c = one_off(&mut e, now, "a");
+    let refused = Decision::from_fields(0, 100, 0, 700, 60_000, None);
+    let Some(Step::Done { outcome, .. }) = e.on_reply(now, &c, &refused) else { panic!() };
+    assert!(!outcome.allowed && outcome.source == Source::Redis);
+    assert_eq!(outcome.retry_after, Some(Nanos::from_millis(700)));
+    assert_eq!(e.metrics().redis_denials, 1);
+    assert!(e.is_empty());
+}
+
+#[test]
+fn a_refunded_one_off_admission_serves_the_next_request_locally() {
+    let mut e = sighting_engine();
+    let now = Nanos::from_secs(1);
+    let c = one_off(&mut e, now, "a");
+    let Some(Step::Done { outcome, .. }) = e.on_reply(now, &c, &admit_reply()) else { panic!() };
+    assert!(e.refund(now, &"a", &outcome), "the unit goes back to the local pool");
+    assert_eq!(e.key(&"a").map(|s| s.held()), Some(1));
+    let Step::Done { outcome, refill: None } = e.check(now + Nanos::from_millis(1), &"a", 1) else { panic!() };
+    assert!(outcome.allowed && outcome.source == Source::Local);
+    assert_eq!(e.metrics().redis_calls, 1);
+}
+
+#[test]
+fn a_failed_one_off_claim_falls_to_the_failure_policy() {
+    let mut e = sighting_engine();
+    let now = Nanos::from_secs(1);
+    let c = one_off(&mut e, now, "a");
+    let Some(Step::Done { outcome, .. }) = e.on_error(now, &c, CallError::Unavailable) else { panic!() };
+    assert!(outcome.allowed && outcome.source == Source::FailOpen);
+    let m = e.metrics();
+    assert_eq!((m.redis_errors, m.claims_in_flight), (1, 0));
 }
