@@ -225,6 +225,8 @@ fn main() {
                         }
                     });
                     report(c, n, cpu_now() - t);
+                    let m = l.metrics();
+                    eprintln!("{c}: {n} checks, {} one-off claims, {} keys remembered", m.one_off_claims, m.keys);
                 }
                 "cold_direct" => {
                     let limit = Limit::token_bucket(1000, Duration::from_secs(60));

@@ -65,11 +65,13 @@ pub struct EngineConfig {
     pub granularity: Nanos,
     /// Keep per-key [`crate::lease::Totals`] (tests, the simulator): 48 bytes more per key.
     pub key_totals: bool,
-    /// Entries of the table of keys seen once (rounded up to a power of two; 0: none). With it,
-    /// a key is remembered from its second request within `forget_after`: its first is a
-    /// one-off exact claim ([`Claim::one_off`]) decided by its reply alone, so that keys seen
-    /// once (most per-IP keys) cost no slot, no timer and no forgetting. The table is lossy in
-    /// the safe direction: a key it lost is remembered a request later.
+    /// Entries of the table of recent first requests (rounded up to a power of two, 4 bytes
+    /// each; 0: none). With it, the request of a key not remembered is a one-off exact claim
+    /// ([`Claim::one_off`]) decided by its reply alone, so that keys seen once (most per-IP
+    /// keys) cost no slot, no timer and no forgetting, unless its entry holds this key's own
+    /// first request younger than L (a 12-bit fingerprint tells): then the key is remembered.
+    /// A younger first request of another key sharing the entry keeps it for at most L, so a
+    /// key that keeps coming back is remembered within L plus two requests.
     pub sightings: usize,
 }
 
@@ -432,9 +434,10 @@ pub struct Engine<K> {
     returns: Vec<ReturnSpec>,
     /// For the eviction sample (xorshift).
     rng: u64,
-    /// Keys seen once and not remembered ([`EngineConfig::sightings`]), allocated with the
-    /// first: `fingerprint << 32 | instant`, the instant in units of 2^20 ns (~1 ms); 0 free.
-    seen: Box<[u64]>,
+    /// Recent first requests ([`EngineConfig::sightings`]), allocated with the first: the
+    /// instant in units of 2^20 ns (~1 ms, 20 bits: wraps every ~18 min) above a 12-bit key
+    /// fingerprint (never 0: 0 is a free entry).
+    seen: Box<[u32]>,
 }
 
 impl<K: Hash + Eq + Clone> Engine<K> {
@@ -654,11 +657,12 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         self.step(now, i, cost, v)
     }
 
-    /// The first request of a key not remembered, when the sightings table is on and the key
-    /// was not seen within `forget_after`: an exact claim (`COST cost`, what a fresh key state
-    /// would send) that leaves nothing behind. `None`: remember the key (seen before, or a
-    /// request a fresh state decides otherwise: nothing to claim, a cost above the capacity,
-    /// the breaker refusing the call).
+    /// A request of a key not remembered, when the sightings table is on and its entry holds
+    /// no first request of this key within L: an exact claim (`COST cost`, what a fresh key
+    /// state would send) that leaves nothing behind, noted in the entry unless another key's
+    /// recent one is there. `None`: remember the key (its own recent first request in the
+    /// entry, or a request a fresh state decides otherwise: nothing to claim, a cost above the
+    /// capacity, the breaker refusing the call).
     #[cold]
     #[inline(never)]
     fn one_off<Q>(&mut self, now: Nanos, hash: u64, key: &Q, cost: u64) -> Option<Claim<K>>
@@ -673,21 +677,26 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         if self.seen.is_empty() {
             self.seen = vec![0; cfg.sightings.next_power_of_two()].into_boxed_slice();
         }
-        // The low bits pick the entry (the shard was picked by the high ones); a fingerprint
-        // from the middle ones; never 0 (a free entry).
+        // The low bits pick the entry and bits 40-51 make the fingerprint (the shard was picked
+        // by the top ones). After a wrap of the instant an old entry may look recent once: its
+        // key is then remembered early, or another waits at most L more.
+        const INSTANT: u32 = 0xf_ffff;
         let at = hash as usize & (self.seen.len() - 1);
-        let fingerprint = ((hash >> 24) as u32) | 1;
-        let instant = (now.as_u64() >> 20) as u32;
+        let fingerprint = ((hash >> 40) as u32 & 0xfff) | 1;
+        let instant = (now.as_u64() >> 20) as u32 & INSTANT;
+        let window = (cfg.lease.lease.as_u64() >> 20).clamp(1, (INSTANT / 2) as u64) as u32;
         let entry = self.seen[at];
-        let window = (cfg.forget_after.as_u64() >> 20).min(u32::MAX as u64) as u32;
-        if (entry >> 32) as u32 == fingerprint && instant.wrapping_sub(entry as u32) <= window {
+        let recent = entry != 0 && instant.wrapping_sub(entry >> 12) & INSTANT <= window;
+        if recent && entry & 0xfff == fingerprint {
             self.seen[at] = 0;
             return None;
         }
         if !self.shared.breaker.permit(now).allows_call() {
             return None;
         }
-        self.seen[at] = (fingerprint as u64) << 32 | instant as u64;
+        if !recent {
+            self.seen[at] = instant << 12 | fingerprint;
+        }
         let m = &self.metrics;
         add(&m.claims, 1);
         add(&m.redis_calls, 1);
@@ -895,6 +904,24 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         };
         self.arm(now, i);
         step
+    }
+
+    /// A claim the driver will not send after all (the request that was to send it went away
+    /// first): as if never made, so that the key's waiters decide again rather than wait for
+    /// it; a half-open breaker's probe permit it held is given up.
+    pub fn cancel(&mut self, now: Nanos, claim: &Claim<K>) {
+        self.shared.breaker.on_abandon(now);
+        if claim.one_off {
+            sub(&self.metrics.claims_in_flight, 1);
+            sub(&self.metrics.claims, 1);
+            sub(&self.metrics.redis_calls, 1);
+            sub(&self.metrics.one_off_claims, 1);
+            return;
+        }
+        if let Some(i) = self.find(self.hash(&claim.key), &claim.key) {
+            self.slots[i].state.cancel_claim(claim.spec.id, &self.metrics);
+            self.arm(now, i);
+        }
     }
 
     /// A return's answer: the units credited, or how it failed (a failed return leaves the

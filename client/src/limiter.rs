@@ -16,7 +16,8 @@
 //!   requests waiting on a claim of that shard.
 //! * A request's own claim is sent from the caller's task; if the caller goes away (its future
 //!   is dropped) while the claim is out, the rest of the call is handed to a task, so a claim
-//!   is never left half done: its units still land.
+//!   is never left half done: its units still land, a refill its reply asks for is sent, and a
+//!   re-claim it asks for is cancelled ([`Engine::cancel`]) rather than left in flight.
 //! * Housekeeping (lease expiry, idle returns, forgetting keys) runs in one task that sleeps
 //!   until the earliest deadline of any shard ([`Engine::poll_timeout`]) and handles only the
 //!   keys due ([`Engine::handle_timeout`]): no periodic scan. It holds only a weak reference.
@@ -158,12 +159,14 @@ impl LimiterConfig {
         self.max_keys = n;
         self
     }
-    /// Keys seen once that the limiter notes without remembering them (about 8 bytes each,
-    /// spread over the shards; default 65,536; 0: remember every key from its first request).
-    /// A key is remembered from its second request within 2 L; its first is an exact claim, as
-    /// a cold key's always is, that leaves nothing behind (no slot, timer or forgetting): most
-    /// keys of a per-IP limit are seen once. The bound is unaffected: an exact claim holds
-    /// nothing (docs/local-reservations.md).
+    /// Entries of the table of recent first requests (4 bytes each, spread over the shards;
+    /// default 65,536; 0: remember every key from its first request). The request of a key
+    /// not remembered is an exact claim that leaves nothing behind (no slot, timer or
+    /// forgetting) unless the key's own first request is in its entry, younger than L: then
+    /// the key is remembered. Most keys of a per-IP limit are seen once; a key that keeps
+    /// coming back is remembered within L plus two requests (a cold key's claims are exact
+    /// anyway). The bound is unaffected: an exact claim holds nothing
+    /// (docs/local-reservations.md).
     pub fn sightings(mut self, n: usize) -> Self {
         self.sightings = n;
         self
@@ -229,7 +232,7 @@ type Slow<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
 /// The rest of a request that waits for Redis: its own claim (a cold key's usual path, one
 /// allocation: the claim's), else the whole of [`Inner::run`], boxed.
 enum Rest<'a, C: ConnectionLike + Clone + Send + Sync + 'static> {
-    Claim { inner: &'a Arc<Inner<C>>, key: &'a str, call: Handoff, waiter: Waiter },
+    Claim { inner: &'a Arc<Inner<C>>, key: &'a str, call: Handoff<C>, waiter: Waiter },
     Slow(Slow<'a>),
 }
 
@@ -325,43 +328,45 @@ fn call_error(e: &RedisError) -> CallError {
     }
 }
 
-/// A claim being sent: boxed, so that it can move to a task of its own.
-type ClaimCall = Pin<Box<dyn Future<Output = Option<Step<Key>>> + Send + 'static>>;
+/// A claim being sent ([`Inner::claim`]): boxed, so that it can move to a task of its own.
+type ClaimCall<C> = Pin<Box<dyn Future<Output = (Arc<Inner<C>>, Option<Step<Key>>)> + Send + 'static>>;
 
 /// A request's own claim, polled by the caller's task; if the caller drops it unfinished, the
-/// rest runs in a task of its own (the claim's units still land and its waiters are woken).
-struct Handoff {
-    fut: Option<ClaimCall>,
+/// rest runs in a task of its own: the claim's units still land, its waiters are woken, and
+/// what its reply asks for beyond the request is done ([`Inner::orphaned`]).
+struct Handoff<C: ConnectionLike + Clone + Send + Sync + 'static> {
+    fut: Option<ClaimCall<C>>,
 }
 
-impl Handoff {
-    fn new(f: impl Future<Output = Option<Step<Key>>> + Send + 'static) -> Handoff {
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Handoff<C> {
+    fn new(f: impl Future<Output = (Arc<Inner<C>>, Option<Step<Key>>)> + Send + 'static) -> Handoff<C> {
         Handoff { fut: Some(Box::pin(f)) }
     }
 }
 
-impl Future for Handoff {
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Future for Handoff<C> {
     type Output = Option<Step<Key>>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // Pin<Box<F>> is Unpin, and so is Self.
         let this = &mut *self;
         let f = this.fut.as_mut().expect("polled after completion");
         match f.as_mut().poll(cx) {
-            Poll::Ready(v) => {
+            Poll::Ready((_, step)) => {
                 this.fut = None;
-                Poll::Ready(v)
+                Poll::Ready(step)
             }
             Poll::Pending => Poll::Pending,
         }
     }
 }
 
-impl Drop for Handoff {
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Handoff<C> {
     fn drop(&mut self) {
         if let Some(f) = self.fut.take() {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
-                    let _ = f.await;
+                    let (inner, step) = f.await;
+                    inner.orphaned(step);
                 });
             }
         }
@@ -641,6 +646,23 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         });
     }
 
+    /// The next step of a request whose caller went away while its claim was out: a refill
+    /// it carries is sent, and a claim it asks for (a re-claim after a partial grant) is
+    /// cancelled, never sent, so that the key's other requests do not wait for it (a claim
+    /// the engine thinks in flight would hold them until it is stale, then fail them); the
+    /// rest goes with the request.
+    fn orphaned(self: &Arc<Self>, step: Option<Step<Key>>) {
+        match step {
+            Some(Step::Done { refill: Some(c), .. }) => self.refill(c),
+            Some(Step::Send(c)) => {
+                let hash = self.shared.hash(c.key().as_str());
+                self.with_engine(hash, |e, now| e.cancel(now, &c));
+                self.shard(hash).notify.notify_waiters();
+            }
+            Some(Step::Done { refill: None, .. } | Step::Wait(_)) | None => {}
+        }
+    }
+
     /// Carries a request's steps to its outcome.
     async fn run(self: &Arc<Self>, key: &str, mut step: Step<Key>) -> Outcome {
         loop {
@@ -667,8 +689,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         }
     }
 
-    /// Sends a claim and reports it; answers the next step of the request that sent it.
-    async fn claim(self: Arc<Self>, c: Claim<Key>) -> Option<Step<Key>> {
+    /// Sends a claim and reports it; answers the next step of the request that sent it (and
+    /// the limiter, for a task that finishes an orphaned request).
+    async fn claim(self: Arc<Self>, c: Claim<Key>) -> (Arc<Self>, Option<Step<Key>>) {
         let hash = self.shared.hash(c.key().as_str());
         let deadline = self.instant(self.shared.deadline(&c));
         let mut conn = self.conn.clone();
@@ -682,7 +705,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         if !c.one_off() {
             self.shard(hash).notify.notify_waiters();
         }
-        step
+        (self, step)
     }
 
     /// Waits for the claim `w` waits on (woken by its completion, or at `w.until()`), then

@@ -384,12 +384,12 @@ fn a_key_seen_once_is_decided_by_an_exact_claim_and_not_remembered() {
 }
 
 #[test]
-fn a_key_seen_again_within_forget_after_is_remembered() {
+fn a_key_seen_again_within_the_lease_is_remembered() {
     let mut e = sighting_engine();
     let t0 = Nanos::from_secs(1);
     let c = one_off(&mut e, t0, "a");
     let _ = e.on_reply(t0, &c, &admit_reply());
-    let t1 = t0 + e.config().forget_after / 2;
+    let t1 = t0 + e.config().lease.lease / 2;
     let Step::Send(c) = e.check(t1, &"a", 1) else { panic!("a claim") };
     assert!(!c.one_off());
     let _ = e.on_reply(t1, &c, &admit_reply());
@@ -397,12 +397,12 @@ fn a_key_seen_again_within_forget_after_is_remembered() {
 }
 
 #[test]
-fn a_sighting_older_than_forget_after_counts_for_nothing() {
+fn a_first_request_older_than_the_lease_counts_for_nothing() {
     let mut e = sighting_engine();
     let t0 = Nanos::from_secs(1);
     let c = one_off(&mut e, t0, "a");
     let _ = e.on_reply(t0, &c, &admit_reply());
-    let later = t0 + e.config().forget_after * 2;
+    let later = t0 + e.config().lease.lease * 2;
     let c = one_off(&mut e, later, "a");
     let _ = e.on_reply(later, &c, &admit_reply());
     assert!(e.is_empty());
@@ -443,4 +443,55 @@ fn a_failed_one_off_claim_falls_to_the_failure_policy() {
     assert!(outcome.allowed && outcome.source == Source::FailOpen);
     let m = e.metrics();
     assert_eq!((m.redis_errors, m.claims_in_flight), (1, 0));
+}
+
+#[test]
+fn a_key_sharing_an_entry_is_remembered_within_the_lease() {
+    let config = EngineConfig { sightings: 1, ..EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60))) };
+    let mut e: Engine<&str> = Engine::new(config);
+    let lease = e.config().lease.lease;
+    let mut now = Nanos::from_secs(1);
+    let c = one_off(&mut e, now, "a");
+    let _ = e.on_reply(now, &c, &admit_reply());
+    // "b" comes every L/2: its first requests are one-off claims ("a"'s holds the one entry
+    // for L; a fingerprint collision would remember "b" at once), and it is remembered within
+    // L plus two requests.
+    let mut requests = 0;
+    while e.key(&"b").is_none() {
+        requests += 1;
+        assert!(requests <= 4, "\"b\" not remembered after {requests} requests");
+        let Step::Send(c) = e.check(now, &"b", 1) else { panic!("a claim") };
+        let _ = e.on_reply(now, &c, &admit_reply());
+        now += lease / 2;
+    }
+}
+
+#[test]
+fn keys_seen_once_are_not_remembered_when_they_share_entries() {
+    let config =
+        EngineConfig { sightings: 1024, ..EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60))) };
+    let mut e: Engine<String> = Engine::new(config);
+    let now = Nanos::from_secs(1);
+    for i in 0..3000 {
+        let key = format!("ip:{i}");
+        let Step::Send(c) = e.check(now, key.as_str(), 1) else { panic!("a claim") };
+        let _ = e.on_reply(now, &c, &admit_reply());
+    }
+    // Only a fingerprint collision in a shared entry remembers a key (1 in 2,048 per pair).
+    assert!(e.len() <= 10, "{} of 3,000 keys seen once remembered", e.len());
+}
+
+#[test]
+fn a_cancelled_claim_lets_the_key_waiters_claim_again() {
+    let mut e: Engine<&str> = Engine::new(EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60))));
+    let now = Nanos::from_secs(1);
+    let Step::Send(c) = e.check(now, &"a", 1) else { panic!("a claim") };
+    let Step::Wait(w) = e.check(now, &"a", 1) else { panic!("waits for the claim in flight") };
+    // Its request went away before the claim was sent.
+    e.cancel(now, &c);
+    assert!(e.key(&"a").is_some_and(|s| s.in_flight().is_none()));
+    let m = e.metrics();
+    assert_eq!((m.claims, m.redis_calls, m.claims_in_flight), (0, 0, 0));
+    // The waiter decides again: its own claim, not the failure policy.
+    assert!(matches!(e.resume(now, &"a", w), Step::Send(_)));
 }

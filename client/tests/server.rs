@@ -8,6 +8,7 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
+use std::future::Future;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -152,6 +153,37 @@ async fn reservations_serve_locally_within_the_limit() {
     assert_eq!(redis_calls, m.redis_calls - m.returns + calls(&s, "rl.return"));
     assert!(redis_calls * 4 < 3000, "{redis_calls} Redis calls for 3000 checks: {m:?}");
     assert!(m.local_admits > m.redis_admits, "{m:?}");
+}
+
+/// A caller that goes away while its request's claim is out (a client disconnect, a handler's
+/// own timeout) leaves nothing in flight: the claim finishes in a task of its own, its reply
+/// lands in the accounting, and the key's next request is decided normally (by its units or
+/// its own claim), with the key remembered or not (a one-off claim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_gone_mid_claim_leaves_no_claim_in_flight() {
+    let s = Server::start();
+    for sightings in [65_536, 0] {
+        let conn = manager(&s).await;
+        let limit = Limit::token_bucket(1000, Duration::from_secs(1));
+        let limiter = Limiter::new(conn, LimiterConfig::new(limit).sightings(sightings));
+        let key = format!("gone:{sightings}");
+        {
+            let mut check = Box::pin(limiter.check(&key, 1));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            // Polled once: its claim is out; then the caller drops it.
+            assert!(check.as_mut().poll(&mut cx).is_pending(), "a cold key waits for its claim");
+        }
+        until("the dropped request's claim to finish", Duration::from_secs(5), async || {
+            limiter.metrics().claims_in_flight == 0
+        })
+        .await;
+        let m = limiter.metrics();
+        assert_eq!((m.claims, m.units_claimed, m.redis_errors), (1, 1, 0), "{m:?}");
+        let o = limiter.check(&key, 1).await;
+        assert!(o.allowed && o.source == Source::Redis, "{o:?}");
+        let m = limiter.shutdown().await;
+        accounting(&m);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
