@@ -197,8 +197,8 @@ impl<K> Claim<K> {
     pub fn dry_run(&self) -> bool {
         self.dry_run
     }
-    /// The first request of a key not remembered (see [`EngineConfig::sightings`]): an exact
-    /// claim, decided by its reply alone.
+    /// The request of a key not remembered (see [`EngineConfig::sightings`]): an exact claim,
+    /// decided by its reply alone.
     pub fn one_off(&self) -> bool {
         self.one_off
     }
@@ -707,7 +707,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     }
 
     /// The reply to a one-off claim decides its request; the key stays unremembered (a
-    /// refusal is not cached: the key's next request is remembered and learns it again).
+    /// refusal is not cached: the key's next request within L, remembered, learns it again).
     fn one_off_reply(&mut self, claim: &Claim<K>, d: &Decision) -> Step<K> {
         let (lease, m) = (&self.shared.config.lease, &self.metrics);
         sub(&m.claims_in_flight, 1);
