@@ -1,5 +1,7 @@
-//! The listeners: gRPC (`envoy.service.ratelimit.v3.RateLimitService`) and HTTP (`/json`,
-//! `/healthcheck`, `/metrics`, `/rlconfig`), and the process around them.
+//! The listeners: gRPC (`envoy.service.ratelimit.v3.RateLimitService` and `grpc.health.v1.Health`)
+//! and HTTP (`/json`, `/healthcheck`, `/metrics`, `/rlconfig`), and the process around them:
+//! at SIGTERM / SIGINT unhealthy at once, still serving for the drain period, then a graceful
+//! stop and the leases given back.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +14,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use tonic::{Request, Status};
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
 
 use crate::config::LoadOptions;
 use crate::leases::{LeaseConn, Leases};
@@ -26,6 +30,70 @@ use crate::settings::Settings;
 pub struct Health {
     pub terminating: AtomicBool,
     pub need_config: bool,
+}
+
+impl Health {
+    /// Why the service is unhealthy; none: healthy. /healthcheck and grpc.health.v1 both answer
+    /// from this. Redis being down is not one: every instance shares the Redis.
+    pub fn problems(&self, service: &Service) -> Vec<&'static str> {
+        let mut problems = Vec::new();
+        if self.terminating.load(Ordering::Relaxed) {
+            problems.push("terminating");
+        }
+        if self.need_config && service.config().as_ref().is_none_or(|c| c.is_empty()) {
+            problems.push("no configuration with a domain loaded");
+        }
+        problems
+    }
+}
+
+/// The services grpc.health.v1 reports: envoyproxy/ratelimit's name, and "" (the server).
+pub const GRPC_HEALTH_SERVICES: [&str; 2] = ["ratelimit", ""];
+
+/// grpc.health.v1's statuses, kept to what /healthcheck answers.
+pub struct GrpcHealth {
+    // One lock over the check and the update: a check that saw "healthy" cannot overwrite the
+    // NOT_SERVING of a later one.
+    state: tokio::sync::Mutex<GrpcHealthState>,
+}
+
+struct GrpcHealthState {
+    reporter: HealthReporter,
+    last: Option<ServingStatus>,
+    closed: bool,
+}
+
+impl GrpcHealth {
+    pub fn new(reporter: HealthReporter) -> GrpcHealth {
+        GrpcHealth { state: tokio::sync::Mutex::new(GrpcHealthState { reporter, last: None, closed: false }) }
+    }
+
+    /// Sets the statuses from [`Health::problems`] (when they changed).
+    pub async fn sync(&self, health: &Health, service: &Service) {
+        let mut st = self.state.lock().await;
+        let status =
+            if health.problems(service).is_empty() { ServingStatus::Serving } else { ServingStatus::NotServing };
+        if st.closed || st.last == Some(status) {
+            return;
+        }
+        for name in GRPC_HEALTH_SERVICES {
+            st.reporter.set_service_status(name, status).await;
+        }
+        if st.last.is_some() {
+            tracing::info!("grpc.health.v1: {status}");
+        }
+        st.last = Some(status);
+    }
+
+    /// Removes the statuses, which ends the Watch streams: the graceful stop waits for every
+    /// stream, and a Watch would never end by itself.
+    pub async fn close(&self) {
+        let mut st = self.state.lock().await;
+        st.closed = true;
+        for name in GRPC_HEALTH_SERVICES {
+            st.reporter.clear_service_status(name).await;
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -73,14 +141,7 @@ async fn json(State(app): State<App>, body: Bytes) -> Response {
 }
 
 async fn healthcheck(State(app): State<App>) -> Response {
-    let mut problems = Vec::new();
-    if app.health.terminating.load(Ordering::Relaxed) {
-        problems.push("terminating");
-    }
-    let config = app.service.config();
-    if app.health.need_config && config.as_ref().is_none_or(|c| c.is_empty()) {
-        problems.push("no configuration with a domain loaded");
-    }
+    let problems = app.health.problems(&app.service);
     if problems.is_empty() {
         let redis = if app.service.backend().healthy() { "redis ok" } else { "redis unavailable (breaker open)" };
         (StatusCode::OK, format!("OK\n{redis}\n")).into_response()
@@ -166,6 +227,22 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         terminating: AtomicBool::new(false),
         need_config: settings.healthy_with_at_least_one_config_loaded,
     });
+    let (reporter, health_server) = tonic_health::server::health_reporter();
+    let grpc_health = Arc::new(GrpcHealth::new(reporter));
+    grpc_health.sync(&health, &service).await;
+    if health.need_config {
+        // Follows the reloader: NOT_SERVING until a configuration with a domain is loaded.
+        let (g, h, s, every) = (grpc_health.clone(), health.clone(), service.clone(), settings.config_poll_interval);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                g.sync(&h, &s).await;
+            }
+        });
+    }
+    // Before the first "listening" line: from then on a signal is ours, never the default
+    // (fatal) disposition.
+    let mut signals = Signals::new()?;
     let grpc_addr: SocketAddr = format!("{}:{}", settings.grpc_host, settings.grpc_port)
         .parse()
         .map_err(|e| format!("invalid gRPC address: {e}"))?;
@@ -185,11 +262,28 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let h = health.clone();
+    let (h, s, g, drain) = (health.clone(), service.clone(), grpc_health.clone(), settings.drain_period);
     tokio::spawn(async move {
-        shutdown_signal().await;
-        tracing::info!("shutting down");
+        let sig = signals.next().await;
         h.terminating.store(true, Ordering::Relaxed);
+        g.sync(&h, &s).await;
+        if drain.is_zero() {
+            tracing::info!("{sig}: shutting down: stopping the servers (requests in flight finish)");
+        } else {
+            tracing::info!(
+                "{sig}: shutting down after a drain period of {drain:?}: /healthcheck answers 500 and \
+                 grpc.health.v1 NOT_SERVING, requests are still served"
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(drain) => {
+                    tracing::info!("drain period over: stopping the servers (requests in flight finish)");
+                }
+                sig = signals.next() => {
+                    tracing::info!("{sig} during the drain: cut short: stopping the servers (requests in flight finish)");
+                }
+            }
+        }
+        g.close().await;
         let _ = stop_tx.send(true);
     });
     let mut rx1 = stop_rx.clone();
@@ -201,17 +295,20 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     });
     let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
     let grpc = tonic::transport::Server::builder()
+        .add_service(health_server)
         .add_service(RateLimitServiceServer::new(Grpc(service)))
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = rx2.wait_for(|v| *v).await;
         });
     let (a, b) = tokio::join!(http, grpc);
+    tracing::info!("servers stopped");
     if let Some(l) = service_for_shutdown.leases() {
-        // Give held units back before exiting.
+        tracing::info!("giving held leases back");
         l.shutdown().await;
     }
     a.map_err(|e| format!("HTTP server: {e}"))?;
     b.map_err(|e| format!("gRPC server: {e}"))?;
+    tracing::info!("shut down");
     Ok(())
 }
 
@@ -223,24 +320,40 @@ fn mask(u: &str) -> String {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGTERM and SIGINT, each as often as it comes.
+struct Signals {
     #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Signals, String> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let term = signal(SignalKind::terminate()).map_err(|e| format!("cannot listen for SIGTERM: {e}"))?;
+            let int = signal(SignalKind::interrupt()).map_err(|e| format!("cannot listen for SIGINT: {e}"))?;
+            Ok(Signals { term, int })
         }
+        #[cfg(not(unix))]
+        Ok(Signals {})
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+
+    /// The next signal's name.
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.term.recv() => "SIGTERM",
+                _ = self.int.recv() => "SIGINT",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "Ctrl-C"
+        }
     }
 }

@@ -18,6 +18,20 @@ fn duration(s: &str) -> Result<Duration, String> {
     parse_duration(s)
 }
 
+/// A duration that may be zero (`0`, `0s`): a period that can be switched off.
+fn duration_or_zero(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    if !digits.is_empty() && digits.bytes().all(|b| b == b'0') {
+        // Zero: only the unit is checked, by the parser that names the valid ones.
+        return parse_duration(&format!("1{unit}"))
+            .map(|_| Duration::ZERO)
+            .map_err(|_| format!("invalid duration '{t}': unknown unit '{unit}'"));
+    }
+    parse_duration(s)
+}
+
 fn bool_flag(s: &str) -> Result<bool, String> {
     match s.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
@@ -32,7 +46,11 @@ fn bool_flag(s: &str) -> Result<bool, String> {
     name = "redis-ratelimit-service",
     version,
     args_override_self = true,
-    about = "Envoy's rate limit service backed by the redis-ratelimit module"
+    about = "Envoy's rate limit service backed by the redis-ratelimit module",
+    after_help = "At SIGTERM / SIGINT /healthcheck answers 500 and grpc.health.v1 (services \"ratelimit\" and \"\") \
+                  NOT_SERVING at once; requests are served for DRAIN_PERIOD (a second signal ends it), then the \
+                  servers stop gracefully, held leases are given back and the process exits 0. docs/service.md is \
+                  the manual."
 )]
 pub struct Settings {
     /// gRPC listen host.
@@ -68,9 +86,16 @@ pub struct Settings {
     /// Several files may define one domain (their descriptors are merged).
     #[arg(long, env = "MERGE_DOMAIN_CONFIG", default_value = "false", value_parser = bool_flag, action = clap::ArgAction::Set)]
     pub merge_domain_config: bool,
-    /// /healthcheck fails until a configuration with at least one domain is loaded.
+    /// /healthcheck (and grpc.health.v1) fails until a configuration with at least one domain
+    /// is loaded.
     #[arg(long, env = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", default_value = "false", value_parser = bool_flag, action = clap::ArgAction::Set)]
     pub healthy_with_at_least_one_config_loaded: bool,
+    /// After SIGTERM / SIGINT: how long requests are still served while /healthcheck answers
+    /// 500 and grpc.health.v1 NOT_SERVING, so that load balancers stop sending before the
+    /// servers stop (keep it below Kubernetes' terminationGracePeriodSeconds). A second signal
+    /// cuts it short. 0s: stop at once.
+    #[arg(long, env = "DRAIN_PERIOD", default_value = "0s", value_parser = duration_or_zero)]
+    pub drain_period: Duration,
 
     /// `single` (one server) or `cluster`.
     #[arg(long, env = "REDIS_TYPE", default_value = "single")]
@@ -304,5 +329,18 @@ mod tests {
             t => panic!("{t:?}"),
         }
         assert!(Settings::parse_from(["x", "--redis-type", "sentinel"]).backend().is_err());
+    }
+
+    #[test]
+    fn the_drain_period_is_zero_by_default_and_takes_zero_or_a_duration() {
+        assert_eq!(Settings::parse_from(["x"]).drain_period, Duration::ZERO);
+        assert_eq!(Settings::parse_from(["x", "--drain-period", "5s"]).drain_period, Duration::from_secs(5));
+        assert_eq!(Settings::parse_from(["x", "--drain-period", "0"]).drain_period, Duration::ZERO);
+        assert_eq!(Settings::parse_from(["x", "--drain-period", "0ms"]).drain_period, Duration::ZERO);
+        for bad in ["", "-1s", "0x", "5 parsecs", "1.5s"] {
+            let e =
+                Settings::try_parse_from(["x".to_string(), format!("--drain-period={bad}")]).unwrap_err().to_string();
+            assert!(e.contains("--drain-period"), "{bad:?}: {e}");
+        }
     }
 }

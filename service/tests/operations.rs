@@ -1,7 +1,8 @@
 //! Operations against real processes: hot reload without dropping requests, a broken
 //! configuration refused (named by file, domain and descriptor) while the last good one keeps
-//! serving, and Redis killed and restarted under each failure mode (error, open, closed,
-//! local), one domain per mode in one service.
+//! serving, Redis killed and restarted under each failure mode (error, open, closed, local),
+//! one domain per mode in one service, and the shutdown: unhealthy at SIGTERM (/healthcheck and
+//! grpc.health.v1), still serving for the drain period, requests in flight answered, exit 0.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -14,6 +15,7 @@ use std::time::Duration;
 use common::Server;
 use redis_ratelimit_service::pb::Code;
 use support::*;
+use tonic_health::pb::health_check_response::ServingStatus;
 
 fn limit_yaml(domain: &str, n: u32) -> String {
     format!("domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {n}}}\n")
@@ -178,11 +180,21 @@ async fn a_single_file_is_served_and_reloaded_and_health_waits_for_a_config() {
     let (status, body) = svc.http("GET", "/healthcheck", "");
     assert_eq!(status, 500, "unhealthy without a configuration: {body}");
     assert!(body.contains("no configuration"), "{body}");
+    for name in ["ratelimit", ""] {
+        assert_eq!(svc.grpc_health(name).await.unwrap(), ServingStatus::NotServing, "grpc.health {name:?}");
+    }
     dir.write("limits.yaml", &limit_yaml("single", 2));
     wait_until(Duration::from_secs(10), "the file's first load", || {
         svc.log_count("loaded rate limit configuration: 1 file(s), domains [single]") >= 1
     });
     assert_eq!(svc.http("GET", "/healthcheck", "").0, 200);
+    // grpc.health follows within a poll interval.
+    for name in ["ratelimit", ""] {
+        let rt = tokio::runtime::Handle::current();
+        wait_until(Duration::from_secs(10), &format!("grpc.health {name:?} SERVING"), || {
+            matches!(futures_block(&rt, svc.grpc_health(name)), Ok(ServingStatus::Serving))
+        });
+    }
     let mut c = svc.client().await;
     assert_eq!(remaining(&ask(&mut c, request("single", vec![desc(&[("k", "v")])])).await), [1]);
     // An in-place edit of the file reloads it.
@@ -300,4 +312,150 @@ async fn a_stalled_redis_times_out_into_each_failure_mode() {
         }
         assert_eq!(seen, [(true, 3), (true, 2), (true, 1), (true, 0), (false, 0)], "{m}");
     }
+}
+
+/// With DRAIN_PERIOD: from SIGTERM on /healthcheck answers 500 and grpc.health.v1 NOT_SERVING,
+/// while ShouldRateLimit (on a connection opened before, and on a new one) and /json are still
+/// answered; the process exits 0 once the drain is over, not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_sigterm_health_fails_while_requests_are_served_for_the_drain_period() {
+    let redis = Server::start();
+    set_clock(&mut redis.conn(), (T0_S + 1) * 1_000_000);
+    let dir = TempDir::new("drain");
+    dir.write("d.yaml", &limit_yaml("drain", 100));
+    let url = format!("127.0.0.1:{}", redis.port);
+    let mut svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--drain-period", "2s"]);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut before = svc.client().await;
+    assert_eq!(remaining(&ask(&mut before, request("drain", vec![desc(&[("k", "v")])])).await), [99]);
+    assert_eq!(svc.http("GET", "/healthcheck", "").0, 200);
+    for name in ["ratelimit", ""] {
+        assert_eq!(svc.grpc_health(name).await.unwrap(), ServingStatus::Serving, "grpc.health {name:?}");
+    }
+    // An unknown service name is NOT_FOUND, as the gRPC health protocol says.
+    assert_eq!(svc.grpc_health("nope").await.unwrap_err().code(), tonic::Code::NotFound);
+
+    let signalled = std::time::Instant::now();
+    svc.signal("-TERM");
+    svc.wait_log("SIGTERM: shutting down after a drain period of 2s", Duration::from_secs(10));
+    let (status, body) = svc.http("GET", "/healthcheck", "");
+    assert_eq!((status, body.as_str()), (500, "terminating"));
+    for name in ["ratelimit", ""] {
+        assert_eq!(svc.grpc_health(name).await.unwrap(), ServingStatus::NotServing, "grpc.health {name:?}");
+    }
+    assert_eq!(remaining(&ask(&mut before, request("drain", vec![desc(&[("k", "v")])])).await), [98]);
+    let mut after = svc.client().await;
+    assert_eq!(remaining(&ask(&mut after, request("drain", vec![desc(&[("k", "v")])])).await), [97]);
+    let (status, body) =
+        svc.http("POST", "/json", r#"{"domain":"drain","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""limitRemaining":96"#), "{body}");
+    assert!(!svc.log().contains("drain period over"), "the checks above ran within the drain:\n{}", svc.log());
+
+    let st = svc.wait_exit(Duration::from_secs(2 + 10));
+    assert!(st.success(), "exit status {st}:\n{}", svc.log());
+    assert!(signalled.elapsed() >= Duration::from_secs(2), "served the whole drain period");
+    let log = svc.log();
+    for phase in ["drain period over: stopping the servers", "servers stopped", "shut down"] {
+        assert!(log.contains(phase), "the log says '{phase}':\n{log}");
+    }
+}
+
+/// A second signal during the drain stops at once (SIGINT counts as SIGTERM), still exiting 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_cuts_the_drain_period_short() {
+    let redis = Server::start();
+    let dir = TempDir::new("drain-cut");
+    dir.write("d.yaml", &limit_yaml("drain", 100));
+    let url = format!("127.0.0.1:{}", redis.port);
+    // Longer than the exit is waited for below: only the second signal can end it in time.
+    let mut svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--drain-period", "10m"]);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    svc.signal("-TERM");
+    svc.wait_log("SIGTERM: shutting down after a drain period of 600s", Duration::from_secs(10));
+    assert!(svc.running(), "still draining");
+    svc.signal("-INT");
+    let st = svc.wait_exit(Duration::from_secs(20));
+    assert!(st.success(), "exit status {st}:\n{}", svc.log());
+    assert!(svc.log().contains("SIGINT during the drain: cut short: stopping the servers"), "{}", svc.log());
+}
+
+/// Without a drain period (the default) SIGTERM stops the servers at once and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_drain_period_sigterm_exits_at_once() {
+    let redis = Server::start();
+    let dir = TempDir::new("no-drain");
+    dir.write("d.yaml", &limit_yaml("nodrain", 100));
+    let url = format!("127.0.0.1:{}", redis.port);
+    let mut svc = ServiceProc::start(dir.path(), &["--redis-url", &url]);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    assert!(ok(&ask(&mut c, request("nodrain", vec![desc(&[("k", "v")])])).await));
+    svc.signal("-TERM");
+    let st = svc.wait_exit(Duration::from_secs(10));
+    assert!(st.success(), "exit status {st}:\n{}", svc.log());
+    let log = svc.log();
+    assert!(log.contains("SIGTERM: shutting down: stopping the servers"), "{log}");
+    assert!(!log.contains("drain period"), "no drain period: {log}");
+}
+
+/// A ShouldRateLimit in flight when the servers stop is answered before the process exits: here
+/// Redis is stalled (SIGSTOP), so the call is still waiting on it when SIGTERM comes, and is
+/// answered by its domain's failure mode (open) once REDIS_TIMEOUT passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_in_flight_at_sigterm_is_answered_before_the_exit() {
+    let redis = Server::start();
+    let pid = redis.pid().unwrap();
+    let dir = failure_mode_configs("in-flight", "p", "hour");
+    let url = format!("127.0.0.1:{}", redis.port);
+    let mut svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--redis-timeout", "2s"]);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    assert!(ok(&ask(&mut c, request("p_open", vec![desc(&[("k", "up")])])).await));
+    let total = "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}";
+    assert_eq!(svc.metric(total), 1);
+
+    signal(pid, "-STOP");
+    let call =
+        tokio::spawn(async move { c.should_rate_limit(request("p_open", vec![desc(&[("k", "stalled")])])).await });
+    // The call has reached the service (it counts calls as they arrive).
+    wait_until(Duration::from_secs(10), "the call in the service", || svc.metric(total) == 2);
+    svc.signal("-TERM");
+    svc.wait_log("stopping the servers", Duration::from_secs(10));
+    let answer = call.await.unwrap();
+    signal(pid, "-CONT");
+    let r = answer.unwrap_or_else(|e| panic!("the call in flight failed: {e}\n{}", svc.log())).into_inner();
+    assert!(ok(&r), "failure mode open admits: {r:?}");
+    let st = svc.wait_exit(Duration::from_secs(20));
+    assert!(st.success(), "exit status {st}:\n{}", svc.log());
+}
+
+/// A grpc.health.v1 Watch open at SIGTERM sees NOT_SERVING, then ends: it does not hold up the
+/// graceful stop (which waits for every stream), and the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_health_watch_sees_not_serving_and_ends_at_the_stop() {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let redis = Server::start();
+    let dir = TempDir::new("watch");
+    dir.write("d.yaml", &limit_yaml("watch", 100));
+    let url = format!("127.0.0.1:{}", redis.port);
+    let mut svc = ServiceProc::start(dir.path(), &["--redis-url", &url]);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", svc.grpc)).unwrap();
+    let mut c = HealthClient::new(channel.connect().await.unwrap());
+    let mut watch = c.watch(HealthCheckRequest { service: "ratelimit".into() }).await.unwrap().into_inner();
+    assert_eq!(watch.message().await.unwrap().unwrap().status(), ServingStatus::Serving);
+    svc.signal("-TERM");
+    let mut seen = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(m)) = watch.message().await {
+            seen.push(m.status());
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the Watch stream did not end within 20 s of SIGTERM (saw {seen:?}):\n{}", svc.log());
+    assert_eq!(seen, [ServingStatus::NotServing], "then the stream ended");
+    let st = svc.wait_exit(Duration::from_secs(10));
+    assert!(st.success(), "exit status {st}:\n{}", svc.log());
 }

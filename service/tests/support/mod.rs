@@ -1,17 +1,21 @@
 //! Test support: the service binary started on loopback ports against a redis-server from the
 //! root harness (tests/common), a gRPC client built from Envoy's protos, a minimal HTTP/1.1
-//! client, and helpers. Every wait is a deadline on a condition.
+//! client, and helpers. Every wait is a deadline on a condition. The including crate has the
+//! root harness as `mod common;` (the service dies with the test process: `spawn_owned`).
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use redis_ratelimit_service::pb::{
     Code, Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitServiceClient,
 };
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 /// A day boundary (unix seconds), so every unit's window starts there.
 pub const T0_S: u64 = 20_834 * 86_400;
@@ -90,19 +94,20 @@ impl ServiceProc {
         let log = dir.0.join("service.log");
         let out = std::fs::File::create(&log).unwrap();
         let err = out.try_clone().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_redis-ratelimit-service"))
-            .args(["--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_redis-ratelimit-service"));
+        cmd.args(["--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0"])
             .args(["--config-poll-interval", "100ms", "--log-level", "debug"])
             .arg("--config")
             .arg(config)
             .args(args)
             .env_remove("PORT")
             .env_remove("HOST")
+            .env_remove("DRAIN_PERIOD")
             .stdin(Stdio::null())
             .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("start redis-ratelimit-service");
+            .stderr(err);
+        // Killed with the test process, however that ends (a panic, a kill, the watchdog).
+        let child = crate::common::spawn_owned(cmd).expect("start redis-ratelimit-service");
         let mut p = ServiceProc { child: Some(child), grpc: String::new(), http: String::new(), log, _dir: dir };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -165,24 +170,50 @@ impl ServiceProc {
         }
     }
 
-    /// SIGTERM, then waits for the process to exit (at most 20 s); returns whether it exited
-    /// with success.
-    pub fn terminate(&mut self) -> bool {
-        let Some(mut c) = self.child.take() else { return false };
-        let st = Command::new("kill").args(["-TERM", &c.id().to_string()]).status().unwrap();
-        assert!(st.success());
-        let deadline = Instant::now() + Duration::from_secs(20);
+    /// grpc.health.v1 Check of `service` (a new connection): the status, or the call's error.
+    pub async fn grpc_health(&self, service: &str) -> Result<ServingStatus, tonic::Status> {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{}", self.grpc)).unwrap();
+        let mut c = HealthClient::new(channel.connect().await.expect("grpc connect"));
+        let r = c.check(HealthCheckRequest { service: service.to_string() }).await?;
+        Ok(r.into_inner().status())
+    }
+
+    /// Sends `sig` (`-TERM`, `-INT`, …) to the service.
+    pub fn signal(&self, sig: &str) {
+        let st = Command::new("kill").args([sig, &self.pid().to_string()]).status().unwrap();
+        assert!(st.success(), "kill {sig} {}", self.pid());
+    }
+
+    /// Waits for the process to exit, at most `timeout` (then kills it and panics).
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let mut c = self.child.take().expect("the service was started");
+        let deadline = Instant::now() + timeout;
         loop {
             if let Ok(Some(st)) = c.try_wait() {
-                return st.success();
+                return st;
             }
             if Instant::now() > deadline {
                 let _ = c.kill();
                 let _ = c.wait();
-                panic!("the service did not exit within 20 s of SIGTERM:\n{}", self.log());
+                panic!("the service did not exit within {timeout:?}:\n{}", self.log());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// SIGTERM, then waits for the process to exit (at most 20 s); returns whether it exited
+    /// with success.
+    pub fn terminate(&mut self) -> bool {
+        if self.child.is_none() {
+            return false;
+        }
+        self.signal("-TERM");
+        self.wait_exit(Duration::from_secs(20)).success()
     }
 
     /// How many times the log says `what`.
