@@ -287,7 +287,9 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         let _ = stop_tx.send(true);
     });
     let mut rx1 = stop_rx.clone();
+    let mut rx3 = stop_rx.clone();
     let mut rx2 = stop_rx;
+    let stop_limit = settings.shutdown_timeout;
     let service_for_shutdown = service.clone();
     let app = App { service: service.clone(), health };
     let http = axum::serve(http_listener, http_router(app)).with_graceful_shutdown(async move {
@@ -300,7 +302,21 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = rx2.wait_for(|v| *v).await;
         });
-    let (a, b) = tokio::join!(http, grpc);
+    // The graceful stop waits for every request in flight, at most SHUTDOWN_TIMEOUT: a request
+    // that never ends must not keep the process (and its leases) until a SIGKILL.
+    let limit = async move {
+        let _ = rx3.wait_for(|v| *v).await;
+        tokio::time::sleep(stop_limit).await;
+    };
+    let (a, b) = tokio::select! {
+        done = async { tokio::join!(http, grpc) } => done,
+        _ = limit => {
+            tracing::warn!(
+                "graceful stop not done after SHUTDOWN_TIMEOUT ({stop_limit:?}): closing the connections still open"
+            );
+            (Ok(()), Ok(()))
+        }
+    };
     tracing::info!("servers stopped");
     if let Some(l) = service_for_shutdown.leases() {
         tracing::info!("giving held leases back");

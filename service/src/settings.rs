@@ -49,7 +49,7 @@ fn bool_flag(s: &str) -> Result<bool, String> {
     about = "Envoy's rate limit service backed by the redis-ratelimit module",
     after_help = "At SIGTERM / SIGINT /healthcheck answers 500 and grpc.health.v1 (services \"ratelimit\" and \"\") \
                   NOT_SERVING at once; requests are served for DRAIN_PERIOD (a second signal ends it), then the \
-                  servers stop gracefully, held leases are given back and the process exits 0. docs/service.md is \
+                  servers stop gracefully (at most SHUTDOWN_TIMEOUT), held leases are given back and the process exits 0. docs/service.md is \
                   the manual."
 )]
 pub struct Settings {
@@ -96,6 +96,11 @@ pub struct Settings {
     /// cuts it short. 0s: stop at once.
     #[arg(long, env = "DRAIN_PERIOD", default_value = "0s", value_parser = duration_or_zero)]
     pub drain_period: Duration,
+    /// After the drain period: the longest the graceful stop waits for requests in flight;
+    /// then the connections still open are closed, held leases are given back and the process
+    /// exits 0 (before Kubernetes' SIGKILL, which would lose the leases).
+    #[arg(long, env = "SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = duration_or_zero)]
+    pub shutdown_timeout: Duration,
 
     /// `single` (one server) or `cluster`.
     #[arg(long, env = "REDIS_TYPE", default_value = "single")]
@@ -337,6 +342,8 @@ mod tests {
         assert_eq!(Settings::parse_from(["x", "--drain-period", "5s"]).drain_period, Duration::from_secs(5));
         assert_eq!(Settings::parse_from(["x", "--drain-period", "0"]).drain_period, Duration::ZERO);
         assert_eq!(Settings::parse_from(["x", "--drain-period", "0ms"]).drain_period, Duration::ZERO);
+        assert_eq!(Settings::parse_from(["x"]).shutdown_timeout, Duration::from_secs(10));
+        assert_eq!(Settings::parse_from(["x", "--shutdown-timeout", "1s"]).shutdown_timeout, Duration::from_secs(1));
         for bad in ["", "-1s", "0x", "5 parsecs", "1.5s"] {
             let e =
                 Settings::try_parse_from(["x".to_string(), format!("--drain-period={bad}")]).unwrap_err().to_string();

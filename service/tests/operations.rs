@@ -430,6 +430,35 @@ async fn a_request_in_flight_at_sigterm_is_answered_before_the_exit() {
     assert!(st.success(), "exit status {st}:\n{}", svc.log());
 }
 
+/// A request that outlives the graceful stop (Redis stalled, a Redis timeout longer than
+/// SHUTDOWN_TIMEOUT) does not keep the process: after SHUTDOWN_TIMEOUT the connections still
+/// open are closed and the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_outliving_the_shutdown_timeout_does_not_keep_the_process() {
+    let redis = Server::start();
+    let pid = redis.pid().unwrap();
+    let dir = failure_mode_configs("outlive", "p", "hour");
+    let url = format!("127.0.0.1:{}", redis.port);
+    let args = ["--redis-url", &url, "--redis-timeout", "60s", "--shutdown-timeout", "1s"];
+    let mut svc = ServiceProc::start(dir.path(), &args);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    assert!(ok(&ask(&mut c, request("p_open", vec![desc(&[("k", "up")])])).await));
+    let total = "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}";
+    signal(pid, "-STOP");
+    let call =
+        tokio::spawn(async move { c.should_rate_limit(request("p_open", vec![desc(&[("k", "stalled")])])).await });
+    wait_until(Duration::from_secs(10), "the call in the service", || svc.metric(total) == 2);
+    svc.signal("-TERM");
+    let st = svc.wait_exit(Duration::from_secs(20));
+    signal(pid, "-CONT");
+    assert!(st.success(), "exit status {st}:\n{}", svc.log());
+    assert!(svc.log().contains("graceful stop not done after SHUTDOWN_TIMEOUT"), "{}", svc.log());
+    // Its connection closed with the process: the call ends, failed.
+    let r = tokio::time::timeout(Duration::from_secs(10), call).await.expect("the call ended").unwrap();
+    assert!(r.is_err(), "{r:?}");
+}
+
 /// A grpc.health.v1 Watch open at SIGTERM sees NOT_SERVING, then ends: it does not hold up the
 /// graceful stop (which waits for every stream), and the process exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
