@@ -163,16 +163,31 @@ async fn reservations_serve_locally_within_the_limit() {
 async fn a_caller_gone_mid_claim_leaves_no_claim_in_flight() {
     let s = Server::start();
     for sightings in [65_536, 0] {
-        let conn = manager(&s).await;
         let limit = Limit::token_bucket(1000, Duration::from_secs(1));
-        let limiter = Limiter::new(conn, LimiterConfig::new(limit).sightings(sightings));
-        let key = format!("gone:{sightings}");
-        {
-            let mut check = Box::pin(limiter.check(&key, 1));
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            // Polled once: its claim is out; then the caller drops it.
-            assert!(check.as_mut().poll(&mut cx).is_pending(), "a cold key waits for its claim");
+        // Redis frozen while the request is polled, so that its claim cannot be answered yet;
+        // a first poll decided at once (an immediate connection error on a loaded machine)
+        // tests nothing: a fresh limiter and key again, a few times.
+        let mut found = None;
+        for attempt in 0..5 {
+            let limiter = Limiter::new(
+                manager(&s).await,
+                LimiterConfig::new(limit).sightings(sightings).timeout(Duration::from_secs(5)),
+            );
+            let key = format!("gone:{sightings}:{attempt}");
+            freeze(&s, true);
+            let pending = {
+                let mut check = Box::pin(limiter.check(&key, 1));
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                // Polled once: its claim is out; then the caller drops it.
+                check.as_mut().poll(&mut cx).is_pending()
+            };
+            freeze(&s, false);
+            if pending {
+                found = Some((limiter, key));
+                break;
+            }
         }
+        let (limiter, key) = found.expect("a cold key's first poll waits for its claim");
         until("the dropped request's claim to finish", Duration::from_secs(5), async || {
             limiter.metrics().claims_in_flight == 0
         })
