@@ -399,35 +399,65 @@ async fn without_a_drain_period_sigterm_exits_at_once() {
     assert!(!log.contains("drain period"), "no drain period: {log}");
 }
 
+/// A service whose Redis is stalled (SIGSTOP) with one ShouldRateLimit call in flight on it
+/// (domain `p_open`: failure mode open), for the shutdown tests. Redis is continued on drop.
+struct StalledCall {
+    svc: ServiceProc,
+    call:
+        tokio::task::JoinHandle<Result<tonic::Response<redis_ratelimit_service::pb::RateLimitResponse>, tonic::Status>>,
+    pid: u32,
+    _redis: Server,
+    _dir: TempDir,
+}
+
+impl StalledCall {
+    async fn start(tag: &str, args: &[&str]) -> StalledCall {
+        let redis = Server::start();
+        let pid = redis.pid().unwrap();
+        let dir = failure_mode_configs(tag, "p", "hour");
+        let url = format!("127.0.0.1:{}", redis.port);
+        let mut argv = vec!["--redis-url", url.as_str()];
+        argv.extend_from_slice(args);
+        let svc = ServiceProc::start(dir.path(), &argv);
+        svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+        let mut c = svc.client().await;
+        assert!(ok(&ask(&mut c, request("p_open", vec![desc(&[("k", "up")])])).await));
+        let total = "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}";
+        assert_eq!(svc.metric(total), 1);
+
+        signal(pid, "-STOP");
+        let call =
+            tokio::spawn(async move { c.should_rate_limit(request("p_open", vec![desc(&[("k", "stalled")])])).await });
+        // The call has reached the service (it counts calls as they arrive).
+        wait_until(Duration::from_secs(10), "the call in the service", || svc.metric(total) == 2);
+        StalledCall { svc, call, pid, _redis: redis, _dir: dir }
+    }
+
+    fn resume_redis(&self) {
+        signal(self.pid, "-CONT");
+    }
+}
+
+impl Drop for StalledCall {
+    fn drop(&mut self) {
+        self.resume_redis();
+    }
+}
+
 /// A ShouldRateLimit in flight when the servers stop is answered before the process exits: here
 /// Redis is stalled (SIGSTOP), so the call is still waiting on it when SIGTERM comes, and is
 /// answered by its domain's failure mode (open) once REDIS_TIMEOUT passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_in_flight_at_sigterm_is_answered_before_the_exit() {
-    let redis = Server::start();
-    let pid = redis.pid().unwrap();
-    let dir = failure_mode_configs("in-flight", "p", "hour");
-    let url = format!("127.0.0.1:{}", redis.port);
-    let mut svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--redis-timeout", "2s"]);
-    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
-    let mut c = svc.client().await;
-    assert!(ok(&ask(&mut c, request("p_open", vec![desc(&[("k", "up")])])).await));
-    let total = "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}";
-    assert_eq!(svc.metric(total), 1);
-
-    signal(pid, "-STOP");
-    let call =
-        tokio::spawn(async move { c.should_rate_limit(request("p_open", vec![desc(&[("k", "stalled")])])).await });
-    // The call has reached the service (it counts calls as they arrive).
-    wait_until(Duration::from_secs(10), "the call in the service", || svc.metric(total) == 2);
-    svc.signal("-TERM");
-    svc.wait_log("stopping the servers", Duration::from_secs(10));
-    let answer = call.await.unwrap();
-    signal(pid, "-CONT");
-    let r = answer.unwrap_or_else(|e| panic!("the call in flight failed: {e}\n{}", svc.log())).into_inner();
+    let mut s = StalledCall::start("in-flight", &["--redis-timeout", "2s"]).await;
+    s.svc.signal("-TERM");
+    s.svc.wait_log("stopping the servers", Duration::from_secs(10));
+    let answer = (&mut s.call).await.unwrap();
+    s.resume_redis();
+    let r = answer.unwrap_or_else(|e| panic!("the call in flight failed: {e}\n{}", s.svc.log())).into_inner();
     assert!(ok(&r), "failure mode open admits: {r:?}");
-    let st = svc.wait_exit(Duration::from_secs(20));
-    assert!(st.success(), "exit status {st}:\n{}", svc.log());
+    let st = s.svc.wait_exit(Duration::from_secs(20));
+    assert!(st.success(), "exit status {st}:\n{}", s.svc.log());
 }
 
 /// A request that outlives the graceful stop (Redis stalled, a Redis timeout longer than
@@ -435,27 +465,14 @@ async fn a_request_in_flight_at_sigterm_is_answered_before_the_exit() {
 /// open are closed and the process exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_outliving_the_shutdown_timeout_does_not_keep_the_process() {
-    let redis = Server::start();
-    let pid = redis.pid().unwrap();
-    let dir = failure_mode_configs("outlive", "p", "hour");
-    let url = format!("127.0.0.1:{}", redis.port);
-    let args = ["--redis-url", &url, "--redis-timeout", "60s", "--shutdown-timeout", "1s"];
-    let mut svc = ServiceProc::start(dir.path(), &args);
-    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
-    let mut c = svc.client().await;
-    assert!(ok(&ask(&mut c, request("p_open", vec![desc(&[("k", "up")])])).await));
-    let total = "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}";
-    signal(pid, "-STOP");
-    let call =
-        tokio::spawn(async move { c.should_rate_limit(request("p_open", vec![desc(&[("k", "stalled")])])).await });
-    wait_until(Duration::from_secs(10), "the call in the service", || svc.metric(total) == 2);
-    svc.signal("-TERM");
-    let st = svc.wait_exit(Duration::from_secs(20));
-    signal(pid, "-CONT");
-    assert!(st.success(), "exit status {st}:\n{}", svc.log());
-    assert!(svc.log().contains("graceful stop not done after SHUTDOWN_TIMEOUT"), "{}", svc.log());
+    let mut s = StalledCall::start("outlive", &["--redis-timeout", "60s", "--shutdown-timeout", "1s"]).await;
+    s.svc.signal("-TERM");
+    let st = s.svc.wait_exit(Duration::from_secs(20));
+    s.resume_redis();
+    assert!(st.success(), "exit status {st}:\n{}", s.svc.log());
+    assert!(s.svc.log().contains("graceful stop not done after SHUTDOWN_TIMEOUT"), "{}", s.svc.log());
     // Its connection closed with the process: the call ends, failed.
-    let r = tokio::time::timeout(Duration::from_secs(10), call).await.expect("the call ended").unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), &mut s.call).await.expect("the call ended").unwrap();
     assert!(r.is_err(), "{r:?}");
 }
 
