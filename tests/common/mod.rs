@@ -169,13 +169,32 @@ fn read_from(path: &PathBuf, offset: u64) -> String {
     s
 }
 
-/// Connect and PING with short timeouts; Ok(reply) or Err(description).
+/// Connect and PING with short timeouts; Ok(reply) or Err(description). The only test
+/// connection with socket timeouts (a server starting up may accept and not answer yet): a read
+/// it loses to EINTR (see [`watchdog`]) is tried again on a new connection.
 fn ping_port(port: u16, timeout: Duration) -> Result<String, String> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
-    let mut con = client.get_connection_with_timeout(timeout).map_err(|e| e.to_string())?;
-    con.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    con.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    redis::cmd("PING").query::<String>(&mut con).map_err(|e| e.to_string())
+    let once = || -> redis::RedisResult<String> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+        let mut con = client.get_connection_with_timeout(timeout)?;
+        con.set_read_timeout(Some(timeout))?;
+        con.set_write_timeout(Some(timeout))?;
+        redis::cmd("PING").query::<String>(&mut con)
+    };
+    let mut tries = 0;
+    loop {
+        match once() {
+            Err(e) if interrupted(&e) && tries < 5 => tries += 1,
+            r => return r.map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// True if `e` is a read or write cut short by a signal (EINTR).
+fn interrupted(e: &redis::RedisError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::Interrupted)
+        || e.to_string().contains("(os error 4)")
 }
 
 /// The value of `field` in an INFO text.
@@ -539,8 +558,8 @@ impl Server {
 
     fn try_info(&self, section: &str) -> Result<String, String> {
         let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
+        // No read timeout, as in `conn` (see [`watchdog`]).
         let mut con = client.get_connection_with_timeout(Duration::from_secs(2)).map_err(|e| e.to_string())?;
-        con.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
         let mut cmd = redis::cmd("INFO");
         for sec in section.split_whitespace() {
             cmd.arg(sec);
@@ -848,7 +867,7 @@ fn cluster_info(n: &Server) -> String {
         Ok(c) => c,
         Err(e) => return e.to_string(),
     };
-    let _ = con.set_read_timeout(Some(Duration::from_secs(5)));
+    // No read timeout, as in `Server::conn` (see [`watchdog`]).
     redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut con).unwrap_or_else(|e| e.to_string())
 }
 
