@@ -15,6 +15,13 @@
 //! over the run), and Redis commands per request (INFO commandstats on the server).
 //! `BENCH_SECONDS` (default 4) per scenario; the table goes to stdout and
 //! target/bench-service/report.md.
+//!
+//! The open loop sends at evenly spaced instants from a thread of its own (nanosleep, 1 µs
+//! timer slack) and counts each latency from the request's scheduled sending time, as wrk2
+//! does; `BENCH_PACING=bursts` paces on tokio's 1 ms timer wheel instead (ten requests at
+//! once per tick at 10k/s: the generator of the earlier runs). `BENCH_ONLY` keeps the rows
+//! whose name contains one of its `|`-separated parts (`"x1, 10000|x4, 10000"`);
+//! `BENCH_RUNS` (default 1) repeats the rows in interleaved rounds and reports medians.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -111,6 +118,21 @@ fn pct(sorted: &[u64], p: f64) -> f64 {
     sorted[i] as f64 / 1e6
 }
 
+/// Sleeps the calling thread until `at`. With the timer slack at 1 µs (set once by the pacer
+/// thread) nanosleep wakes within tens of µs, where tokio's timer wheel rounds to 1 ms.
+fn sleep_until(at: Instant) {
+    let now = Instant::now();
+    if at > now {
+        std::thread::sleep(at - now);
+    }
+}
+
+/// The sending times of the open loop, evenly spaced: `BENCH_PACING=bursts` sends on tokio's
+/// timer instead (1 ms granularity: 10 requests per tick at 10k/s, the earlier generator).
+fn even_pacing() -> bool {
+    std::env::var("BENCH_PACING").map_or(true, |v| v != "bursts")
+}
+
 async fn drive(clients: &[RateLimitServiceClient<Channel>], s: Scenario, secs: f64) -> (u64, u64, Vec<u64>, f64) {
     let lat = Arc::new(Mutex::new(Vec::with_capacity(200_000)));
     let errors = Arc::new(AtomicU64::new(0));
@@ -120,34 +142,66 @@ async fn drive(clients: &[RateLimitServiceClient<Channel>], s: Scenario, secs: f
     match s.rate {
         Some(rate) => {
             let period = Duration::from_secs_f64(1.0 / rate as f64);
-            let mut i = 0u64;
-            let mut tasks = Vec::new();
-            loop {
-                let target = start + period * (i as u32);
-                if target >= end {
-                    break;
-                }
-                let now = Instant::now();
-                if target > now {
-                    tokio::time::sleep_until(target.into()).await;
-                }
-                let mut c = clients[(i as usize) % clients.len()].clone();
+            // One request: latency counts from its scheduled sending time, not from when the
+            // generator got round to it (wrk2's correction for coordinated omission), so a late
+            // generator is charged to the row rather than hidden.
+            let send = {
                 let (lat, errors, done) = (lat.clone(), errors.clone(), done.clone());
-                let req = make_request(s.descriptors, s.hot, i);
-                tasks.push(tokio::spawn(async move {
-                    let t = Instant::now();
-                    match c.should_rate_limit(req).await {
-                        Ok(_) => {
-                            lat.lock().unwrap().push(t.elapsed().as_nanos() as u64);
-                            done.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(_) => {
-                            errors.fetch_add(1, Ordering::Relaxed);
+                let clients = clients.to_vec();
+                move |i: u64, scheduled: Instant| {
+                    let mut c = clients[(i as usize) % clients.len()].clone();
+                    let (lat, errors, done) = (lat.clone(), errors.clone(), done.clone());
+                    let req = make_request(s.descriptors, s.hot, i);
+                    async move {
+                        match c.should_rate_limit(req).await {
+                            Ok(_) => {
+                                lat.lock().unwrap().push(scheduled.elapsed().as_nanos() as u64);
+                                done.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                static FIRST: std::sync::Once = std::sync::Once::new();
+                                FIRST.call_once(|| eprintln!("first error of the run: {e}"));
+                                errors.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                     }
-                }));
-                i += 1;
-            }
+                }
+            };
+            let tasks = if even_pacing() {
+                // A thread of its own sleeps to each sending time and spawns the request on
+                // the runtime.
+                let rt = tokio::runtime::Handle::current();
+                let pacer = std::thread::spawn(move || {
+                    let slack_ns: libc::c_ulong = 1000;
+                    // SAFETY: prctl(PR_SET_TIMERSLACK) takes an integer and changes only this
+                    // thread's timer slack; no memory is passed.
+                    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack_ns, 0, 0, 0) };
+                    let mut tasks = Vec::new();
+                    for i in 0u64.. {
+                        let at = start + period * (i as u32);
+                        if at >= end {
+                            break;
+                        }
+                        sleep_until(at);
+                        tasks.push(rt.spawn(send(i, at)));
+                    }
+                    tasks
+                });
+                tokio::task::spawn_blocking(move || pacer.join().unwrap()).await.unwrap()
+            } else {
+                let mut tasks = Vec::new();
+                for i in 0u64.. {
+                    let at = start + period * (i as u32);
+                    if at >= end {
+                        break;
+                    }
+                    if at > Instant::now() {
+                        tokio::time::sleep_until(at.into()).await;
+                    }
+                    tasks.push(tokio::spawn(send(i, at)));
+                }
+                tasks
+            };
             for t in tasks {
                 let _ = t.await;
             }
@@ -199,6 +253,92 @@ fn protocols(hot: bool) -> Vec<(bool, bool, bool)> {
     p
 }
 
+/// The row's name in the progress lines and for BENCH_ONLY.
+fn name(s: &Scenario) -> String {
+    format!(
+        "{}, {} desc, {}, x{}, {}",
+        proto(s),
+        s.descriptors,
+        if s.hot { "hot" } else { "cold" },
+        s.instances,
+        s.rate.map(|r| r.to_string()).unwrap_or_else(|| "max".into())
+    )
+}
+
+/// The median of each figure over a row's rounds; errors are summed.
+fn median_row(rows: Vec<Row>) -> Row {
+    fn med(rows: &[Row], f: impl Fn(&Row) -> f64) -> f64 {
+        let mut v: Vec<f64> = rows.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+    let errors = rows.iter().map(|r| r.errors).sum();
+    Row {
+        s: rows[0].s,
+        achieved: med(&rows, |r| r.achieved),
+        p50: med(&rows, |r| r.p50),
+        p99: med(&rows, |r| r.p99),
+        p999: med(&rows, |r| r.p999),
+        errors,
+        cpu_s: med(&rows, |r| r.cpu_s),
+        per_core: med(&rows, |r| r.per_core),
+        cmds: med(&rows, |r| r.cmds),
+    }
+}
+
+/// One scenario: its service instances started, warmed up, driven, measured and stopped.
+fn run(
+    rt: &tokio::runtime::Runtime,
+    redis: &Server,
+    dir: &TempDir,
+    url: &str,
+    s: Scenario,
+    secs: f64,
+    tck: f64,
+) -> Row {
+    let mut args = vec!["--redis-url".to_string(), url.to_string(), "--log-level".into(), "info".into()];
+    if s.baseline {
+        args.extend(["--bench-baseline-envoyproxy".into(), "true".into()]);
+    }
+    if s.leases {
+        args.extend(["--leases".into(), "true".into(), "--instances".into(), s.instances.to_string()]);
+        if s.every_value {
+            args.extend(["--lease-hot-requests".into(), "1".into()]);
+        }
+    }
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let svcs: Vec<ServiceProc> = (0..s.instances).map(|_| ServiceProc::start(dir.path(), &argv)).collect();
+    rt.block_on(async {
+        let mut clients = Vec::new();
+        for svc in &svcs {
+            for _ in 0..2 {
+                clients.push(svc.client().await);
+            }
+        }
+        // Warm up (connections, the first claims of nothing: pools and caches).
+        let warm = Scenario { rate: Some(1000), ..s };
+        drive(&clients, warm, 0.3).await;
+        let mut con = redis.conn();
+        reset_stats(&mut con);
+        let cpu0: f64 = svcs.iter().map(|p| cpu_seconds(p.pid(), tck)).sum();
+        let (done, errors, lat, elapsed) = drive(&clients, s, secs).await;
+        let cpu1: f64 = svcs.iter().map(|p| cpu_seconds(p.pid(), tck)).sum();
+        let calls = command_calls(&mut con);
+        let cpu_s = cpu1 - cpu0;
+        Row {
+            s,
+            achieved: done as f64 / elapsed,
+            p50: pct(&lat, 0.50),
+            p99: pct(&lat, 0.99),
+            p999: pct(&lat, 0.999),
+            errors,
+            cpu_s,
+            per_core: if cpu_s > 0.0 { done as f64 / cpu_s } else { f64::NAN },
+            cmds: calls as f64 / (done + errors).max(1) as f64,
+        }
+    })
+}
+
 fn main() {
     let secs: f64 = std::env::var("BENCH_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(4.0);
     let tck = clk_tck();
@@ -228,72 +368,40 @@ fn main() {
         }
     }
 
-    let mut rows = Vec::new();
-    for s in scenarios {
-        let mut args = vec!["--redis-url".to_string(), url.clone(), "--log-level".into(), "info".into()];
-        if s.baseline {
-            args.extend(["--bench-baseline-envoyproxy".into(), "true".into()]);
+    // BENCH_ONLY: the rows whose name (as printed: "module, 1 desc, hot, x1, 10000") contains
+    // one of its `|`-separated parts. BENCH_RUNS: rounds over the rows, interleaved (each row
+    // once per round), reported as the median of each figure (errors summed).
+    let only: Vec<String> = std::env::var("BENCH_ONLY")
+        .map(|v| v.split('|').map(str::to_string).filter(|p| !p.is_empty()).collect())
+        .unwrap_or_default();
+    scenarios.retain(|s| only.is_empty() || only.iter().any(|p| name(s).contains(p.as_str())));
+    let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
+    let mut samples: Vec<Vec<Row>> = scenarios.iter().map(|_| Vec::new()).collect();
+    for _ in 0..runs {
+        for (k, s) in scenarios.iter().enumerate() {
+            let row = run(&rt, &redis, &dir, &url, *s, secs, tck);
+            eprintln!(
+                "{}: {:>7.0} req/s p50 {:.3} p99 {:.3} p99.9 {:.3} ms, {:.0} req/s/core, {:.2} cmds/req, {} errors",
+                name(&row.s),
+                row.achieved,
+                row.p50,
+                row.p99,
+                row.p999,
+                row.per_core,
+                row.cmds,
+                row.errors
+            );
+            samples[k].push(row);
         }
-        if s.leases {
-            args.extend(["--leases".into(), "true".into(), "--instances".into(), s.instances.to_string()]);
-            if s.every_value {
-                args.extend(["--lease-hot-requests".into(), "1".into()]);
-            }
-        }
-        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        let svcs: Vec<ServiceProc> = (0..s.instances).map(|_| ServiceProc::start(dir.path(), &argv)).collect();
-        let row = rt.block_on(async {
-            let mut clients = Vec::new();
-            for svc in &svcs {
-                for _ in 0..2 {
-                    clients.push(svc.client().await);
-                }
-            }
-            // Warm up (connections, the first claims of nothing: pools and caches).
-            let warm = Scenario { rate: Some(1000), ..s };
-            drive(&clients, warm, 0.3).await;
-            let mut con = redis.conn();
-            reset_stats(&mut con);
-            let cpu0: f64 = svcs.iter().map(|p| cpu_seconds(p.pid(), tck)).sum();
-            let (done, errors, lat, elapsed) = drive(&clients, s, secs).await;
-            let cpu1: f64 = svcs.iter().map(|p| cpu_seconds(p.pid(), tck)).sum();
-            let calls = command_calls(&mut con);
-            let cpu_s = cpu1 - cpu0;
-            Row {
-                s,
-                achieved: done as f64 / elapsed,
-                p50: pct(&lat, 0.50),
-                p99: pct(&lat, 0.99),
-                p999: pct(&lat, 0.999),
-                errors,
-                cpu_s,
-                per_core: if cpu_s > 0.0 { done as f64 / cpu_s } else { f64::NAN },
-                cmds: calls as f64 / (done + errors).max(1) as f64,
-            }
-        });
-        eprintln!(
-            "{:<26} {} desc {:<4} x{} {:>6}: {:>7.0} req/s p50 {:.3} p99 {:.3} p99.9 {:.3} ms, {:.0} req/s/core, {:.2} cmds/req, {} errors",
-            proto(&row.s),
-            row.s.descriptors,
-            if row.s.hot { "hot" } else { "cold" },
-            row.s.instances,
-            row.s.rate.map(|r| r.to_string()).unwrap_or_else(|| "max".into()),
-            row.achieved,
-            row.p50,
-            row.p99,
-            row.p999,
-            row.per_core,
-            row.cmds,
-            row.errors
-        );
-        rows.push(row);
-        drop(svcs);
     }
+    let rows: Vec<Row> = samples.into_iter().map(median_row).collect();
 
+    let pacing =
+        if even_pacing() { "evenly spaced, latency from the scheduled send" } else { "bursts on tokio's 1 ms timer" };
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "# make bench-service\n\n{secs} s per scenario; open loop at the target rate (max: closed loop, 32 in flight); \
+        "# make bench-service\n\n{secs} s per scenario, {runs} round(s) (medians); open loop at the target rate, {pacing} (max: closed loop, 32 in flight); \
          load generator, service(s) and redis-server on this machine ({} CPUs).\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
