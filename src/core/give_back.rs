@@ -14,7 +14,9 @@
 
 use super::codec::State;
 use super::spec::Spec;
-use super::{clamp_units, div_floor_i128, fixed, gcra, sliding, token_bucket, Nanos, Rate, Request};
+use super::{
+    bucket_reset_after, clamp_units, div_floor_i128, fixed, gcra, sliding, token_bucket, Nanos, Rate, Request,
+};
 
 /// Why units cannot be given back to this key at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,10 +71,11 @@ fn wrap<S>((credited, new): (u64, Option<S>), to_state: impl FnOnce(S) -> State)
 
 /// The state's own reset_after at `now`: a peek with its stored parameters.
 fn reset_after(state: &State, now: Nanos) -> Nanos {
+    // The buckets' directly (what a check of cost 0 computes, without the rest of a check).
     let spec = match state {
-        State::Gcra(s) => Spec::Gcra(s.rate),
+        State::Gcra(s) => return bucket_reset_after(&{ s.rate }, s.tokens_scaled(now)),
+        State::TokenBucket(s) => return bucket_reset_after(&s.rate, s.tokens_scaled(now)),
         State::Leaky(s) => Spec::Leaky(s.0.rate),
-        State::TokenBucket(s) => Spec::TokenBucket(s.rate),
         State::Fixed(s) => Spec::Fixed(s.win),
         State::Sliding(s) => Spec::Sliding(s.win),
         State::SlidingLog(s) => Spec::SlidingLog(s.win),

@@ -293,8 +293,15 @@ pub(crate) fn bucket_decision(rate: &Rate, tokens: i128, req: Request) -> (Decis
         limit: rate.burst,
         remaining: clamp_units(div_floor_i128(left, p), rate.burst),
         retry_after,
-        reset_after: to_nanos(div_ceil_i128(cap - left, l)),
+        reset_after: bucket_reset_after(rate, left),
         delay: None,
     };
     (decision, left)
+}
+
+/// How long a bucket holding `tokens` (scaled) takes to be full again: a decision's
+/// `reset_after`.
+#[inline]
+pub(crate) fn bucket_reset_after(rate: &Rate, tokens: i128) -> Nanos {
+    to_nanos(div_ceil_i128(rate.capacity_scaled() - tokens, rate.limit as i128))
 }
