@@ -168,6 +168,9 @@ async fn drive(clients: &[RateLimitServiceClient<Channel>], s: Scenario, secs: f
                     }
                 }
             };
+            // Request i is due at start + i × period, until the end of the run.
+            let send_times =
+                (0u64..).map(move |i| (i, start + period * (i as u32))).take_while(move |&(_, at)| at < end);
             let tasks = if even_pacing() {
                 // A thread of its own sleeps to each sending time and spawns the request on
                 // the runtime.
@@ -178,11 +181,7 @@ async fn drive(clients: &[RateLimitServiceClient<Channel>], s: Scenario, secs: f
                     // thread's timer slack; no memory is passed.
                     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack_ns, 0, 0, 0) };
                     let mut tasks = Vec::new();
-                    for i in 0u64.. {
-                        let at = start + period * (i as u32);
-                        if at >= end {
-                            break;
-                        }
+                    for (i, at) in send_times {
                         sleep_until(at);
                         tasks.push(rt.spawn(send(i, at)));
                     }
@@ -191,11 +190,7 @@ async fn drive(clients: &[RateLimitServiceClient<Channel>], s: Scenario, secs: f
                 tokio::task::spawn_blocking(move || pacer.join().unwrap()).await.unwrap()
             } else {
                 let mut tasks = Vec::new();
-                for i in 0u64.. {
-                    let at = start + period * (i as u32);
-                    if at >= end {
-                        break;
-                    }
+                for (i, at) in send_times {
                     if at > Instant::now() {
                         tokio::time::sleep_until(at.into()).await;
                     }
@@ -348,8 +343,9 @@ fn main() {
     // BENCH_REDIS_HZ: the server's `hz` (default 10), which bounds how long one active expire
     // cycle may block it (25 % of 1/hz: 25 ms at 10). Cold keys expire 10,000 per descriptor
     // per second here.
-    if let Ok(hz) = std::env::var("BENCH_REDIS_HZ") {
-        let _: () = redis::cmd("CONFIG").arg("SET").arg("hz").arg(&hz).query(&mut redis.conn()).expect("CONFIG SET hz");
+    let hz = std::env::var("BENCH_REDIS_HZ").ok();
+    if let Some(hz) = &hz {
+        let _: () = redis::cmd("CONFIG").arg("SET").arg("hz").arg(hz).query(&mut redis.conn()).expect("CONFIG SET hz");
     }
     let dir = TempDir::new("bench");
     dir.write("bench.yaml", CONFIG);
@@ -403,7 +399,7 @@ fn main() {
     }
     let rows: Vec<Row> = samples.into_iter().map(median_row).collect();
 
-    let hz = std::env::var("BENCH_REDIS_HZ").unwrap_or_else(|_| "10".into());
+    let hz = hz.as_deref().unwrap_or("10");
     let pacing =
         if even_pacing() { "evenly spaced, latency from the scheduled send" } else { "bursts on tokio's 1 ms timer" };
     let mut out = String::new();

@@ -73,7 +73,7 @@ fn wrap<S>((credited, new): (u64, Option<S>), to_state: impl FnOnce(S) -> State)
 fn reset_after(state: &State, now: Nanos) -> Nanos {
     // The buckets' directly (what a check of cost 0 computes, without the rest of a check).
     let spec = match state {
-        State::Gcra(s) => return bucket_reset_after(&{ s.rate }, s.tokens_scaled(now)),
+        State::Gcra(s) => return bucket_reset_after(&s.rate, s.tokens_scaled(now)),
         State::TokenBucket(s) => return bucket_reset_after(&s.rate, s.tokens_scaled(now)),
         State::Leaky(s) => Spec::Leaky(s.0.rate),
         State::Fixed(s) => Spec::Fixed(s.win),
