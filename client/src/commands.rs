@@ -53,11 +53,40 @@ impl Options {
 }
 
 /// The command for one limit: `<RL.ALGO> key limit period [BURST b] [COST n] [DRYRUN] [PARTIAL]`.
+/// Built in one allocation of each of the command's two buffers (sized up front, nothing
+/// formatted on the heap): a cold key's check builds one per request.
 pub fn limit_cmd(key: &str, limit: &Limit, opts: Options) -> Cmd {
-    let mut c = redis::cmd(limit.algorithm.command());
-    c.arg(key).arg(limit.args());
+    let name = limit.algorithm.command();
+    // 10 arguments at most; the numbers take at most 20 digits each (the period 26 and a unit).
+    let mut c = Cmd::with_capacity(10, name.len() + key.len() + 96);
+    c.arg(name).arg(key);
+    append_limit(&mut c, limit);
     opts.append(&mut c);
     c
+}
+
+/// Appends `limit period [BURST n]` ([`Limit::args`]) without allocating: the integers as the
+/// command formats them, the period in a buffer on the stack.
+pub fn append_limit(c: &mut Cmd, limit: &Limit) {
+    c.arg(limit.limit);
+    let us = limit.period.as_micros().max(1);
+    let (n, unit) = if us.is_multiple_of(1000) { (us / 1000, *b"ms") } else { (us, *b"us") };
+    // u128::MAX has 39 digits.
+    let mut buf = [0u8; 41];
+    buf[39..].copy_from_slice(&unit);
+    let (mut at, mut n) = (39, n);
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    c.arg(&buf[at..]);
+    if let (true, Some(b)) = (limit.algorithm.is_bucket(), limit.burst) {
+        c.arg("BURST").arg(b);
+    }
 }
 
 /// Checks `key` against `limit` (any of the six algorithms).
@@ -108,7 +137,8 @@ pub async fn multi<C: ConnectionLike>(
         c.arg(*key);
     }
     for (_, l) in limits {
-        c.arg(l.algorithm.multi_name()).arg(l.args());
+        c.arg(l.algorithm.multi_name());
+        append_limit(&mut c, l);
     }
     opts.append(&mut c);
     c.query_async(conn).await
@@ -211,5 +241,35 @@ mod tests {
             })
             .collect();
         assert_eq!(args, ["RL.GCRA", "k", "10", "1000ms", "BURST", "20", "COST", "5", "PARTIAL"]);
+    }
+
+    #[test]
+    fn appended_limit_arguments_are_limit_args() {
+        let periods = [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_micros(1500),
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+            Duration::from_secs(86_400 * 365),
+            Duration::MAX,
+        ];
+        for algorithm in [Algorithm::Gcra, Algorithm::Fixed] {
+            for period in periods {
+                for burst in [None, Some(0), Some(u64::MAX)] {
+                    let l = Limit { algorithm, limit: u64::MAX, period, burst };
+                    let mut c = Cmd::new();
+                    append_limit(&mut c, &l);
+                    let got: Vec<String> = c
+                        .args_iter()
+                        .map(|a| match a {
+                            redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                            redis::Arg::Cursor => "<cursor>".into(),
+                        })
+                        .collect();
+                    assert_eq!(got, l.args(), "{l:?}");
+                }
+            }
+        }
     }
 }

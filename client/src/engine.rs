@@ -31,7 +31,7 @@ use crate::breaker::{Breaker, BreakerConfig, Permit};
 use crate::commands::{self, Options};
 use crate::decision::Decision;
 use crate::lease::{ClaimSpec, KeyState, LeaseConfig, LimitedBy, ReturnSpec, Taken, Verdict};
-use crate::metrics::{add, add_shared, sub, Metrics, MetricsSnapshot};
+use crate::metrics::{add, add_shared, sub, sub_shared, Metrics, MetricsSnapshot};
 use crate::policy::{FailurePolicy, LocalBucket};
 use crate::slab::Slab;
 use crate::spec::Limit;
@@ -373,6 +373,48 @@ impl Shared {
         self.hasher.hash_one(key)
     }
 
+    /// The reply to a one-off claim ([`Claim::one_off`]) decides its request and needs no
+    /// engine: a driver reports it here without its shard's lock (counted in the limiter's
+    /// unsharded metrics). The key stays unremembered (a refusal is not cached: the key's next
+    /// request within L, remembered, learns it again).
+    pub fn one_off_reply<K>(&self, claim: &Claim<K>, d: &Decision) -> Step<K> {
+        self.breaker.on_success();
+        let (lease, m) = (&self.config.lease, &self.unsharded);
+        sub_shared(&m.claims_in_flight, 1);
+        let (cost, sent_at) = (claim.spec.cost, claim.spec.sent_at);
+        let granted = d.allowed.min(cost);
+        add_shared(&m.units_claimed, granted);
+        let base = Outcome {
+            limit: Some(d.limit),
+            remaining: Some(d.remaining.min(d.limit)),
+            reset_after: Some(d.reset_after.into()),
+            ..Outcome::plain(false, Source::Redis, None)
+        };
+        let mut outcome = if granted >= cost {
+            add_shared(&m.redis_admits, 1);
+            add_shared(&m.units_served, cost);
+            let expires_at = sent_at + lease.lease_span(d);
+            Outcome {
+                allowed: true,
+                enforced: true,
+                delay: d.delay.map(Nanos::from),
+                taken: Some(Taken { units: cost, expires_at, claim_sent_at: sent_at, one_off: true }),
+                ..base
+            }
+        } else {
+            // An exact claim is granted all or nothing; anything else counts as lost.
+            add_shared(&m.units_expired, granted);
+            add_shared(&m.redis_denials, 1);
+            let retry_after = d.retry_after.map(|r| Nanos::from(r).max(Nanos::new(1)));
+            Outcome { retry_after, ..base }
+        };
+        if self.config.shadow && !outcome.allowed {
+            add_shared(&m.shadow_would_blocks, 1);
+            outcome.allowed = true;
+        }
+        Step::Done { outcome, refill: None }
+    }
+
     /// A return's answer (see [`Engine::on_return`]): needs no shard.
     pub fn on_return(&self, now: Nanos, result: Result<u64, CallError>) {
         let m = &self.unsharded;
@@ -700,46 +742,11 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         let m = &self.metrics;
         add(&m.claims, 1);
         add(&m.redis_calls, 1);
-        add(&m.claims_in_flight, 1);
         add(&m.one_off_claims, 1);
+        // Unsharded: its reply is counted there ([`Shared::one_off_reply`]).
+        add_shared(&self.shared.unsharded.claims_in_flight, 1);
         let spec = ClaimSpec { id: 0, units: cost, partial: false, sent_at: now, background: false, cost };
         Some(Claim { key: K::from(key.to_owned()), spec, limit: cfg.lease.limit, dry_run: false, one_off: true })
-    }
-
-    /// The reply to a one-off claim decides its request; the key stays unremembered (a
-    /// refusal is not cached: the key's next request within L, remembered, learns it again).
-    fn one_off_reply(&mut self, claim: &Claim<K>, d: &Decision) -> Step<K> {
-        let (lease, m) = (&self.shared.config.lease, &self.metrics);
-        sub(&m.claims_in_flight, 1);
-        let (cost, sent_at) = (claim.spec.cost, claim.spec.sent_at);
-        let granted = d.allowed.min(cost);
-        add(&m.units_claimed, granted);
-        let base = Outcome {
-            limit: Some(d.limit),
-            remaining: Some(d.remaining.min(d.limit)),
-            reset_after: Some(d.reset_after.into()),
-            ..Outcome::plain(false, Source::Redis, None)
-        };
-        let mut outcome = if granted >= cost {
-            add(&m.redis_admits, 1);
-            add(&m.units_served, cost);
-            let expires_at = sent_at + lease.lease_span(d);
-            Outcome {
-                allowed: true,
-                enforced: true,
-                delay: d.delay.map(Nanos::from),
-                taken: Some(Taken { units: cost, expires_at, claim_sent_at: sent_at, one_off: true }),
-                ..base
-            }
-        } else {
-            // An exact claim is granted all or nothing; anything else counts as lost.
-            add(&m.units_expired, granted);
-            add(&m.redis_denials, 1);
-            let retry_after = d.retry_after.map(|r| Nanos::from(r).max(Nanos::new(1)));
-            Outcome { retry_after, ..base }
-        };
-        self.shadow_in_place(&mut outcome);
-        Step::Done { outcome, refill: None }
     }
 
     /// Decides a request for `cost` units of `key` without taking anything: from what is held
@@ -826,12 +833,12 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     /// The reply to `claim`. `Some(step)` for the request that sent it, `None` for a background
     /// claim.
     pub fn on_reply(&mut self, now: Nanos, claim: &Claim<K>, d: &Decision) -> Option<Step<K>> {
+        if claim.one_off {
+            return Some(self.shared.one_off_reply(claim, d));
+        }
         self.shared.breaker.on_success();
         if claim.dry_run {
             return Some(Step::Done { outcome: self.peeked(now, claim, d), refill: None });
-        }
-        if claim.one_off {
-            return Some(self.one_off_reply(claim, d));
         }
         let i = self.find_or_insert(now, self.hash(&claim.key), &claim.key);
         let (lease, m) = (&self.shared.config.lease, &self.metrics);
@@ -878,7 +885,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         if claim.one_off {
             // Its request falls to the failure policy, with the key remembered from now on
             // (the local fallback limit is per key).
-            sub(&self.metrics.claims_in_flight, 1);
+            sub_shared(&self.shared.unsharded.claims_in_flight, 1);
             if error == CallError::Abandoned {
                 return None;
             }
@@ -912,7 +919,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     pub fn cancel(&mut self, now: Nanos, claim: &Claim<K>) {
         self.shared.breaker.on_abandon(now);
         if claim.one_off {
-            sub(&self.metrics.claims_in_flight, 1);
+            sub_shared(&self.shared.unsharded.claims_in_flight, 1);
             sub(&self.metrics.claims, 1);
             sub(&self.metrics.redis_calls, 1);
             sub(&self.metrics.one_off_claims, 1);

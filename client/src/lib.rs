@@ -31,6 +31,7 @@ pub mod policy;
 mod slab;
 pub mod spec;
 pub mod time;
+mod timeouts;
 mod wheel;
 
 /// A seeded xorshift64 for the unit tests' random sequences (reproducible, no dependency).

@@ -30,7 +30,7 @@
 //!   after a Redis restart, and a bare `MultiplexedConnection` never does.
 
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
@@ -51,6 +51,7 @@ use crate::metrics::MetricsSnapshot;
 use crate::policy::FailurePolicy;
 use crate::spec::Limit;
 use crate::time::Nanos;
+use crate::timeouts::{Ticket, Timeouts};
 
 /// A limiter's configuration: one [`Limit`] applied to any number of keys, with its
 /// reservations, timeout, breaker and failure policy. A builder: every setting has a default
@@ -289,6 +290,8 @@ struct Inner<C: ConnectionLike + Clone + Send + Sync + 'static> {
     /// Wakes the housekeeping task when a deadline earlier than its sleep appears.
     housekeeper: Arc<Notify>,
     sleeping_until: AtomicU64,
+    /// The claims' call timeouts (expired by the housekeeping task).
+    timeouts: Timeouts,
 }
 
 /// The client-side limiter. Cheap to clone (one shared state); create it inside a tokio
@@ -393,6 +396,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
             clock: Clock::new(),
             housekeeper: housekeeper.clone(),
             sleeping_until: AtomicU64::new(u64::MAX),
+            timeouts: Timeouts::default(),
         });
         tokio::spawn(housekeeping(Arc::downgrade(&inner), housekeeper));
         Limiter { inner }
@@ -692,14 +696,21 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// Sends a claim and reports it; answers the next step of the request that sent it (and
     /// the limiter, for a task that finishes an orphaned request).
     async fn claim(self: Arc<Self>, c: Claim<Key>) -> (Arc<Self>, Option<Step<Key>>) {
-        let hash = self.shared.hash(c.key().as_str());
-        let deadline = self.instant(self.shared.deadline(&c));
+        let deadline = self.shared.deadline(&c).as_u64();
         let mut conn = self.conn.clone();
-        let res = tokio::time::timeout_at(deadline, c.command().query_async::<Decision>(&mut conn)).await;
+        let cmd = c.command();
+        let res =
+            Timed { inner: &self, call: pin!(cmd.query_async::<Decision>(&mut conn)), deadline, ticket: None }.await;
+        // A one-off claim's reply decides its request alone: no shard to lock.
+        if let (true, Some(Ok(d))) = (c.one_off(), &res) {
+            let step = self.shared.one_off_reply(&c, d);
+            return (self, Some(step));
+        }
+        let hash = self.shared.hash(c.key().as_str());
         let step = self.with_engine(hash, |e, now| match res {
-            Ok(Ok(d)) => e.on_reply(now, &c, &d),
-            Ok(Err(err)) => e.on_error(now, &c, call_error(&err)),
-            Err(_) => e.on_error(now, &c, CallError::Unavailable),
+            Some(Ok(d)) => e.on_reply(now, &c, &d),
+            Some(Err(err)) => e.on_error(now, &c, call_error(&err)),
+            None => e.on_error(now, &c, CallError::Unavailable),
         });
         // A one-off claim has no waiters (its key is not remembered).
         if !c.one_off() {
@@ -739,6 +750,48 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     }
 }
 
+/// A claim's call under its timeout ([`Timeouts`]): the reply, or `None` once its deadline
+/// has passed. Registers at its first poll without a reply; finishes on completion or drop.
+struct Timed<'a, C: ConnectionLike + Clone + Send + Sync + 'static, F> {
+    inner: &'a Inner<C>,
+    call: Pin<&'a mut F>,
+    deadline: u64,
+    ticket: Option<Ticket>,
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static, F: Future> Future for Timed<'_, C, F> {
+    type Output = Option<F::Output>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Every field is Unpin (references, a pinned reference, integers).
+        let this = &mut *self;
+        if let Poll::Ready(v) = this.call.as_mut().poll(cx) {
+            return Poll::Ready(Some(v));
+        }
+        match this.ticket {
+            Some(t) if this.inner.timeouts.pending(t, cx.waker()) => Poll::Pending,
+            Some(_) => Poll::Ready(None),
+            None => {
+                let inner = this.inner;
+                let (t, first) = inner.timeouts.register(this.deadline, cx.waker());
+                this.ticket = Some(t);
+                // A new front deadline earlier than the housekeeping task's sleep wakes it.
+                if first && this.deadline < inner.sleeping_until.load(Ordering::SeqCst) {
+                    inner.housekeeper.notify_one();
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static, F> Drop for Timed<'_, C, F> {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket {
+            self.inner.timeouts.finish(t);
+        }
+    }
+}
+
 /// The housekeeping task: sleeps until the earliest deadline of any shard (or until a request
 /// brings an earlier one), then lets the shards that are due handle it and sends their returns.
 /// Holds the limiter only while working.
@@ -747,6 +800,7 @@ async fn housekeeping<C: ConnectionLike + Clone + Send + Sync + 'static>(weak: W
         let next = {
             let Some(inner) = weak.upgrade() else { return };
             let now = inner.now();
+            inner.timeouts.expire(now.as_u64());
             let mut returns = Vec::new();
             for s in inner.shards.iter() {
                 if s.next_wake.load(Ordering::Relaxed) <= now.as_u64() {
@@ -761,11 +815,14 @@ async fn housekeeping<C: ConnectionLike + Clone + Send + Sync + 'static>(weak: W
             for r in returns {
                 tokio::spawn(inner.clone().give_back(r));
             }
-            let mut next = inner.shards.iter().map(|s| s.next_wake.load(Ordering::Relaxed)).min().unwrap_or(u64::MAX);
-            inner.sleeping_until.store(next, Ordering::Relaxed);
+            let scan = || inner.shards.iter().map(|s| s.next_wake.load(Ordering::Relaxed)).min().unwrap_or(u64::MAX);
+            let mut next = scan().min(inner.timeouts.first());
+            // SeqCst, as the front deadline's store and load in `Timed`: either this task
+            // reads the deadline below or the claim reads this sleep and notifies.
+            inner.sleeping_until.store(next, Ordering::SeqCst);
             // A deadline published between the scan and the store is seen here (or its
             // request notifies: notify_one keeps the permit).
-            next = next.min(inner.shards.iter().map(|s| s.next_wake.load(Ordering::Relaxed)).min().unwrap_or(u64::MAX));
+            next = next.min(scan()).min(inner.timeouts.first());
             (next != u64::MAX).then(|| inner.instant(Nanos::new(next)))
         };
         match next {

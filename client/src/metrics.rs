@@ -200,6 +200,14 @@ pub(crate) fn add_shared(c: &AtomicU64, n: u64) {
     }
 }
 
+/// `m.field -= n` on metrics several threads write at once, as [`add_shared`].
+#[inline]
+pub(crate) fn sub_shared(c: &AtomicU64, n: u64) {
+    if n > 0 {
+        c.fetch_sub(n, Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
