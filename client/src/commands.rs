@@ -229,17 +229,19 @@ pub async fn throttle<C: ConnectionLike>(
 mod tests {
     use super::*;
 
-    #[test]
-    fn builds_commands() {
-        let l = Limit::gcra(10, Duration::from_secs(1)).with_burst(20);
-        let c = limit_cmd("k", &l, Options::claim(5));
-        let args: Vec<String> = c
-            .args_iter()
+    fn args_of(c: &Cmd) -> Vec<String> {
+        c.args_iter()
             .map(|a| match a {
                 redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
                 redis::Arg::Cursor => "<cursor>".into(),
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn builds_commands() {
+        let l = Limit::gcra(10, Duration::from_secs(1)).with_burst(20);
+        let args = args_of(&limit_cmd("k", &l, Options::claim(5)));
         assert_eq!(args, ["RL.GCRA", "k", "10", "1000ms", "BURST", "20", "COST", "5", "PARTIAL"]);
     }
 
@@ -260,14 +262,7 @@ mod tests {
                     let l = Limit { algorithm, limit: u64::MAX, period, burst };
                     let mut c = Cmd::new();
                     append_limit(&mut c, &l);
-                    let got: Vec<String> = c
-                        .args_iter()
-                        .map(|a| match a {
-                            redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                            redis::Arg::Cursor => "<cursor>".into(),
-                        })
-                        .collect();
-                    assert_eq!(got, l.args(), "{l:?}");
+                    assert_eq!(args_of(&c), l.args(), "{l:?}");
                 }
             }
         }
