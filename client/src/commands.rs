@@ -66,24 +66,10 @@ pub fn limit_cmd(key: &str, limit: &Limit, opts: Options) -> Cmd {
 }
 
 /// Appends `limit period [BURST n]` ([`Limit::args`]) without allocating: the integers as the
-/// command formats them, the period in a buffer on the stack.
+/// command formats them, the period in a buffer on the stack ([`crate::spec::duration_arg`]'s form).
 pub fn append_limit(c: &mut Cmd, limit: &Limit) {
     c.arg(limit.limit);
-    let us = limit.period.as_micros().max(1);
-    let (n, unit) = if us.is_multiple_of(1000) { (us / 1000, *b"ms") } else { (us, *b"us") };
-    // u128::MAX has 39 digits.
-    let mut buf = [0u8; 41];
-    buf[39..].copy_from_slice(&unit);
-    let (mut at, mut n) = (39, n);
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    c.arg(&buf[at..]);
+    c.arg(crate::spec::duration_bytes(limit.period, &mut [0; 41]));
     if let (true, Some(b)) = (limit.algorithm.is_bucket(), limit.burst) {
         c.arg("BURST").arg(b);
     }

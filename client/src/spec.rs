@@ -116,12 +116,20 @@ impl Limit {
 
 /// A duration as a module argument (`250ms`, `1500us`); at least `1us`.
 pub fn duration_arg(d: Duration) -> String {
+    String::from_utf8_lossy(duration_bytes(d, &mut [0; 41])).into_owned()
+}
+
+/// [`duration_arg`] written into `out` (no allocation: a typed call builds one per request).
+pub(crate) fn duration_bytes(d: Duration, out: &mut [u8; 41]) -> &[u8] {
     let us = d.as_micros().max(1);
-    if us.is_multiple_of(1000) {
-        format!("{}ms", us / 1000)
-    } else {
-        format!("{us}us")
-    }
+    let (n, unit) = if us.is_multiple_of(1000) { (us / 1000, b"ms") } else { (us, b"us") };
+    let mut digits = itoa::Buffer::new();
+    // At most 39 digits (u128::MAX), then the unit.
+    let digits = digits.format(n).as_bytes();
+    let len = digits.len() + 2;
+    out[..digits.len()].copy_from_slice(digits);
+    out[digits.len()..len].copy_from_slice(unit);
+    &out[..len]
 }
 
 /// Parses a duration the way the module parses `period` and `window`: a positive integer with an

@@ -89,10 +89,11 @@ impl Timeouts {
     }
 
     /// Fires every call due by `now` (wakes its task; its next poll finds it timed out) and
-    /// drops the finished ones before the first still waiting; answers the next deadline.
-    pub(crate) fn expire(&self, now: u64) -> u64 {
+    /// drops the finished ones before the first still waiting ([`Timeouts::first`] then holds
+    /// the next deadline).
+    pub(crate) fn expire(&self, now: u64) {
         let mut due = Vec::new();
-        let first = {
+        {
             let mut q = self.lock();
             while let Some(e) = q.entries.front_mut() {
                 match e.waker.take() {
@@ -110,14 +111,11 @@ impl Timeouts {
             if q.entries.is_empty() && q.entries.capacity() > 1024 {
                 q.entries = VecDeque::new();
             }
-            let first = q.entries.front().map_or(u64::MAX, |e| e.deadline);
-            self.first.store(first, Ordering::SeqCst);
-            first
-        };
+            self.first.store(q.entries.front().map_or(u64::MAX, |e| e.deadline), Ordering::SeqCst);
+        }
         for w in due {
             w.wake();
         }
-        first
     }
 
     /// The front entry's deadline (`u64::MAX`: none).
@@ -151,9 +149,11 @@ mod tests {
         let (count, w) = waker();
         let (a, first) = t.register(100, &w);
         assert!(first && t.first() == 100);
-        assert_eq!(t.expire(99), 100);
+        t.expire(99);
+        assert_eq!(t.first(), 100);
         assert!(t.pending(a, &w));
-        assert_eq!(t.expire(100), u64::MAX);
+        t.expire(100);
+        assert_eq!(t.first(), u64::MAX);
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
         assert!(!t.pending(a, &w));
         t.finish(a);
@@ -168,7 +168,8 @@ mod tests {
         for &k in &tickets {
             t.finish(k);
         }
-        assert_eq!(t.expire(150), 200, "finished calls go, the waiting one stays");
+        t.expire(150);
+        assert_eq!(t.first(), 200, "finished calls go, the waiting one stays");
         assert_eq!(count.0.load(Ordering::SeqCst), 0);
         assert!(t.pending(10, &w));
     }
@@ -180,9 +181,11 @@ mod tests {
         let a = t.register(100, &w).0;
         let b = t.register(90, &w).0;
         t.finish(b);
-        assert_eq!(t.expire(95), 100, "b is behind a");
+        t.expire(95);
+        assert_eq!(t.first(), 100, "b is behind a");
         assert!(t.pending(a, &w));
-        assert_eq!(t.expire(100), u64::MAX);
+        t.expire(100);
+        assert_eq!(t.first(), u64::MAX);
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
         // A ticket long gone (fired or finished) is never pending, and finishing it is a no-op.
         assert!(!t.pending(b, &w));
