@@ -242,6 +242,33 @@ impl<K: AsRef<str>> Claim<K> {
     }
 }
 
+/// A one-off claim ([`Claim::one_off`]) without its key, for a driver that holds the key for
+/// as long as the request ([`Engine::check_or_one_off`]): the command is built from the key
+/// the driver has ([`Shared::one_off_command`]), its reply decided by
+/// [`Shared::one_off_outcome`]; a failure is reported as the claim's
+/// ([`Shared::one_off_claim`], then [`Engine::on_error`]), and a request given up before its
+/// reply with [`Shared::one_off_abandoned`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a one-off claim must be sent, and its reply, failure or abandonment reported"]
+pub struct OneOff {
+    cost: u64,
+    sent_at: Nanos,
+}
+
+impl OneOff {
+    /// The units the request needs (claimed exactly: `COST cost`).
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+    /// The engine's instant the claim was made.
+    pub fn sent_at(&self) -> Nanos {
+        self.sent_at
+    }
+    fn spec(&self) -> ClaimSpec {
+        ClaimSpec { id: 0, units: self.cost, partial: false, sent_at: self.sent_at, background: false, cost: self.cost }
+    }
+}
+
 /// Units to give back: `RL.RETURN key units AGE ms`. Report the answer with
 /// [`Engine::on_return`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -378,10 +405,40 @@ impl Shared {
     /// unsharded metrics). The key stays unremembered (a refusal is not cached: the key's next
     /// request within L, remembered, learns it again).
     pub fn one_off_reply<K>(&self, claim: &Claim<K>, d: &Decision) -> Step<K> {
+        let o = OneOff { cost: claim.spec.cost, sent_at: claim.spec.sent_at };
+        Step::Done { outcome: self.one_off_outcome(&o, d), refill: None }
+    }
+
+    /// The claim of a [`OneOff`], with its key: to report its failure ([`Engine::on_error`]).
+    pub fn one_off_claim<K>(&self, o: OneOff, key: K) -> Claim<K> {
+        Claim { key, spec: o.spec(), limit: self.config.lease.limit, dry_run: false, one_off: true }
+    }
+
+    /// The command of a [`OneOff`] for `key`: as [`Claim::command`] of its claim.
+    pub fn one_off_command(&self, o: &OneOff, key: &str) -> redis::Cmd {
+        commands::limit_cmd(key, &self.config.lease.limit, Options::cost(o.cost))
+    }
+
+    /// The instant a driver gives a [`OneOff`] up as timed out (as [`Shared::deadline`]).
+    pub fn one_off_deadline(&self, o: &OneOff) -> Nanos {
+        o.sent_at + self.config.call_timeout
+    }
+
+    /// A [`OneOff`] whose request went away before its reply: no longer in flight, its request
+    /// counted in `requests_abandoned`. Nothing is held for its key; units it was granted are
+    /// spent at the server (the safe direction), and the breaker learns nothing from a call
+    /// not seen to the end.
+    pub fn one_off_abandoned(&self, _o: OneOff) {
+        sub_shared(&self.unsharded.claims_in_flight, 1);
+        add_shared(&self.unsharded.requests_abandoned, 1);
+    }
+
+    /// The reply to a [`OneOff`]: its request's outcome ([`Shared::one_off_reply`]).
+    pub fn one_off_outcome(&self, o: &OneOff, d: &Decision) -> Outcome {
         self.breaker.on_success();
         let (lease, m) = (&self.config.lease, &self.unsharded);
         sub_shared(&m.claims_in_flight, 1);
-        let (cost, sent_at) = (claim.spec.cost, claim.spec.sent_at);
+        let (cost, sent_at) = (o.cost, o.sent_at);
         let granted = d.allowed.min(cost);
         add_shared(&m.units_claimed, granted);
         let base = Outcome {
@@ -412,7 +469,7 @@ impl Shared {
             add_shared(&m.shadow_would_blocks, 1);
             outcome.allowed = true;
         }
-        Step::Done { outcome, refill: None }
+        outcome
     }
 
     /// A return's answer (see [`Engine::on_return`]): needs no shard.
@@ -686,17 +743,32 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         K: Borrow<Q> + From<Q::Owned>,
         Q: Eq + ToOwned + ?Sized,
     {
+        match self.check_or_one_off(now, hash, key, cost) {
+            Ok(step) => step,
+            Err(o) => Step::Send(self.shared.one_off_claim(o, K::from(key.to_owned()))),
+        }
+    }
+
+    /// [`Engine::check_hashed`] for a driver that keeps the key for as long as the request: the
+    /// request of a key not remembered is answered as a [`OneOff`], which carries no copy of
+    /// the key (what would be [`Step::Send`] of a one-off [`Claim`]).
+    #[inline]
+    pub fn check_or_one_off<Q>(&mut self, now: Nanos, hash: u64, key: &Q, cost: u64) -> Result<Step<K>, OneOff>
+    where
+        K: Borrow<Q> + From<Q::Owned>,
+        Q: Eq + ToOwned + ?Sized,
+    {
         add(&self.metrics.requests, 1);
         let i = match self.find(hash, key) {
             Some(i) => i,
-            None => match self.one_off(now, hash, key, cost) {
-                Some(claim) => return Step::Send(claim),
+            None => match self.one_off(now, hash, cost) {
+                Some(o) => return Err(o),
                 None => self.insert(now, hash, key),
             },
         };
         let (lease, m) = (&self.shared.config.lease, &self.metrics);
         let v = self.slots[i].state.on_request(now, cost, lease, m);
-        self.step(now, i, cost, v)
+        Ok(self.step(now, i, cost, v))
     }
 
     /// A request of a key not remembered, when the sightings table is on and its entry holds
@@ -707,11 +779,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     /// capacity, the breaker refusing the call).
     #[cold]
     #[inline(never)]
-    fn one_off<Q>(&mut self, now: Nanos, hash: u64, key: &Q, cost: u64) -> Option<Claim<K>>
-    where
-        K: From<Q::Owned>,
-        Q: ToOwned + ?Sized,
-    {
+    fn one_off(&mut self, now: Nanos, hash: u64, cost: u64) -> Option<OneOff> {
         let cfg = &self.shared.config;
         if cfg.sightings == 0 || cost == 0 || cost > cfg.lease.limit.capacity() {
             return None;
@@ -745,8 +813,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         add(&m.one_off_claims, 1);
         // Unsharded: its reply is counted there ([`Shared::one_off_reply`]).
         add_shared(&self.shared.unsharded.claims_in_flight, 1);
-        let spec = ClaimSpec { id: 0, units: cost, partial: false, sent_at: now, background: false, cost };
-        Some(Claim { key: K::from(key.to_owned()), spec, limit: cfg.lease.limit, dry_run: false, one_off: true })
+        Some(OneOff { cost, sent_at: now })
     }
 
     /// Decides a request for `cost` units of `key` without taking anything: from what is held

@@ -47,7 +47,7 @@ pub(crate) fn test_rng(mut state: u64) -> impl FnMut() -> u64 {
 
 pub use connection::Reconnecting;
 pub use decision::{Decision, MultiDecision, ThrottleDecision};
-pub use engine::{CallError, Claim, Engine, EngineConfig, Outcome, Return, Source, Step, Waiter};
+pub use engine::{CallError, Claim, Engine, EngineConfig, OneOff, Outcome, Return, Source, Step, Waiter};
 pub use headers::{HeaderFormat, LimitStatus, XReset};
 /// The `http` crate the headers are built with.
 pub use http;

@@ -7,6 +7,8 @@
 //!   ├─ over-limit cache / cost > capacity ► refused locally
 //!   ├─ a claim of this key in flight ───► wait for it (one claim per key per process)
 //!   ├─ breaker open ────────────────────► failure policy (fail closed / open / local limit)
+//!   ├─ a key not remembered ────────────► one-off claim (the caller's task, its own key),
+//!   │                                      decided by its reply alone
 //!   └─ else ────────────────────────────► claim (sent from the caller's task, with a
 //!                                          timeout), decided by its reply
 //! ```
@@ -17,7 +19,9 @@
 //! * A request's own claim is sent from the caller's task; if the caller goes away (its future
 //!   is dropped) while the claim is out, the rest of the call is handed to a task, so a claim
 //!   is never left half done: its units still land, a refill its reply asks for is sent, and a
-//!   re-claim it asks for is cancelled ([`Engine::cancel`]) rather than left in flight.
+//!   re-claim it asks for is cancelled ([`Engine::cancel`]) rather than left in flight. A
+//!   one-off claim (a key not remembered) holds nothing for its key, so it goes with its
+//!   caller (`requests_abandoned`; units granted are spent at the server, never served).
 //! * Housekeeping (lease expiry, idle returns, forgetting keys) runs in one task that sleeps
 //!   until the earliest deadline of any shard ([`Engine::poll_timeout`]) and handles only the
 //!   keys due ([`Engine::handle_timeout`]): no periodic scan. It holds only a weak reference.
@@ -45,7 +49,7 @@ use crate::breaker::BreakerConfig;
 use crate::clock::Clock;
 use crate::commands;
 use crate::decision::Decision;
-use crate::engine::{CallError, Claim, Engine, EngineConfig, Outcome, Return, Shared, Step, Waiter};
+use crate::engine::{CallError, Claim, Engine, EngineConfig, OneOff, Outcome, Return, Shared, Step, Waiter};
 use crate::lease::LeaseConfig;
 use crate::metrics::MetricsSnapshot;
 use crate::policy::FailurePolicy;
@@ -225,6 +229,13 @@ impl LimiterConfig {
             ..EngineConfig::from_lease(lease)
         }
     }
+}
+
+/// What a request does after a first step that did not decide it.
+enum Later<'a, C: ConnectionLike + Clone + Send + Sync + 'static> {
+    /// A key not remembered: its one-off claim, sent from the caller's task ([`Inner::one_off`]).
+    OneOff(OneOff),
+    Rest(Rest<'a, C>),
 }
 
 /// The rest of a request that waits for Redis.
@@ -417,11 +428,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
         let hash = inner.shared.hash(key);
         // The decided outcome is returned before the await, so the future holds only the
         // boxed rest across it (a `match` on the first step would keep the whole result).
-        let rest = match inner.first_step(hash, key, |e, now| e.check_hashed(now, hash, key, cost)) {
+        let later = match inner.first_step(hash, key, |e, now| e.check_or_one_off(now, hash, key, cost)) {
             Ok(outcome) => return outcome,
-            Err(rest) => rest,
+            Err(later) => later,
         };
-        rest.await
+        inner.finish(hash, key, later).await
     }
 
     /// Decides a request for `cost` units of `key` without taking anything: from the units
@@ -430,11 +441,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
     /// a request.
     pub async fn peek(&self, key: &str, cost: u64) -> Outcome {
         let inner = &self.inner;
-        let rest = match inner.first_step(inner.shared.hash(key), key, |e, now| e.peek(now, key, cost)) {
+        let hash = inner.shared.hash(key);
+        let later = match inner.first_step(hash, key, |e, now| Ok(e.peek(now, key, cost))) {
             Ok(outcome) => return outcome,
-            Err(rest) => rest,
+            Err(later) => later,
         };
-        rest.await
+        inner.finish(hash, key, later).await
     }
 
     /// Puts back the units an admitted `outcome` of `key` took, at no cost (no Redis call):
@@ -616,30 +628,62 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         self: &'a Arc<Self>,
         hash: u64,
         key: &'a str,
-        f: impl FnOnce(&mut Engine<Key>, Nanos) -> Step<Key>,
-    ) -> Result<Outcome, Rest<'a, C>> {
+        f: impl FnOnce(&mut Engine<Key>, Nanos) -> Result<Step<Key>, OneOff>,
+    ) -> Result<Outcome, Later<'a, C>> {
         let shard = self.shard(hash);
         let mut e = Inner::<C>::lock(shard);
-        match f(&mut e, self.now()) {
-            Step::Done { outcome, refill: None } => {
-                self.release(shard, e);
-                Ok(outcome)
-            }
-            Step::Done { outcome, refill: Some(c) } => {
-                self.release(shard, e);
+        let step = f(&mut e, self.now());
+        self.release(shard, e);
+        match step {
+            Ok(Step::Done { outcome, refill: None }) => Ok(outcome),
+            Ok(Step::Done { outcome, refill: Some(c) }) => {
                 self.refill(c);
                 Ok(outcome)
             }
-            Step::Send(c) => {
-                self.release(shard, e);
+            Ok(Step::Send(c)) => {
                 let waiter = Waiter::gave_up(&c);
-                Err(Rest::Claim { inner: self, key, call: Handoff::new(self.clone().claim(c)), waiter })
+                Err(Later::Rest(Rest::Claim { inner: self, key, call: Handoff::new(self.clone().claim(c)), waiter }))
             }
-            step => {
-                self.release(shard, e);
-                Err(Rest::Slow(Box::pin(self.run(key, step))))
-            }
+            Ok(step) => Err(Later::Rest(Rest::Slow(Box::pin(self.run(key, step))))),
+            Err(o) => Err(Later::OneOff(o)),
         }
+    }
+
+    /// The rest of a request its first step did not decide.
+    async fn finish(self: &Arc<Self>, hash: u64, key: &str, later: Later<'_, C>) -> Outcome {
+        match later {
+            Later::OneOff(o) => self.one_off(hash, key, o).await,
+            Later::Rest(rest) => rest.await,
+        }
+    }
+
+    /// The one-off claim of a key not remembered, sent from the caller's task and decided by
+    /// its reply alone: no shard's lock, no copy of the key, nothing boxed or spawned (a cold
+    /// key's usual path). A caller that goes away mid-call takes the call with it: nothing is
+    /// held for the key, and units it was granted are spent at the server (the safe
+    /// direction). A failure falls to the failure policy as any claim's, by the engine.
+    async fn one_off(self: &Arc<Self>, hash: u64, key: &str, o: OneOff) -> Outcome {
+        let mut pending = Pending(&self.shared, Some(o));
+        let deadline = self.shared.one_off_deadline(&o).as_u64();
+        let mut conn = self.conn.clone();
+        let cmd = self.shared.one_off_command(&o, key);
+        let res =
+            Timed { inner: self, call: pin!(cmd.query_async::<Decision>(&mut conn)), deadline, ticket: None }.await;
+        pending.1 = None;
+        let error = match res {
+            Some(Ok(d)) => return self.shared.one_off_outcome(&o, &d),
+            Some(Err(e)) => call_error(&e),
+            None => CallError::Unavailable,
+        };
+        let c = self.shared.one_off_claim(o, Key::from(key));
+        let step = match self.with_engine(hash, |e, now| e.on_error(now, &c, error)) {
+            Some(step) => step,
+            // The engine answers a failed one-off claim's request; should it not, the request
+            // is decided anew.
+            None => self.with_engine(hash, |e, now| e.resume(now, key, Waiter::gave_up(&c))),
+        };
+        // Boxed: a failure is rare, and the request's future stays small without it.
+        Box::pin(self.run(key, step)).await
     }
 
     /// Sends a background claim from a task of its own: nobody waits for it.
@@ -701,21 +745,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         let cmd = c.command();
         let res =
             Timed { inner: &self, call: pin!(cmd.query_async::<Decision>(&mut conn)), deadline, ticket: None }.await;
-        // A one-off claim's reply decides its request alone: no shard to lock.
-        if let (true, Some(Ok(d))) = (c.one_off(), &res) {
-            let step = self.shared.one_off_reply(&c, d);
-            return (self, Some(step));
-        }
         let hash = self.shared.hash(c.key().as_str());
         let step = self.with_engine(hash, |e, now| match res {
             Some(Ok(d)) => e.on_reply(now, &c, &d),
             Some(Err(err)) => e.on_error(now, &c, call_error(&err)),
             None => e.on_error(now, &c, CallError::Unavailable),
         });
-        // A one-off claim has no waiters (its key is not remembered).
-        if !c.one_off() {
-            self.shard(hash).notify.notify_waiters();
-        }
+        self.shard(hash).notify.notify_waiters();
         (self, step)
     }
 
@@ -747,6 +783,18 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
             Err(_) => Err(CallError::Unavailable),
         };
         self.shared.on_return(self.now(), result);
+    }
+}
+
+/// A one-off claim in flight: reported abandoned ([`Shared::one_off_abandoned`]) if dropped
+/// before its reply (the request's caller went away).
+struct Pending<'a>(&'a Shared, Option<OneOff>);
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(o) = self.1.take() {
+            self.0.one_off_abandoned(o);
+        }
     }
 }
 

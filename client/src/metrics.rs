@@ -79,6 +79,10 @@ metrics! {
         one_off_claims,
         /// Claims given up as lost by the engine (no reply nor error for `stale_claim`).
         claims_given_up,
+        /// Requests whose caller went away (dropped the check) before their one-off claim's
+        /// reply: the call went with them, undecided; units it was granted are spent at the
+        /// server and counted nowhere here.
+        requests_abandoned,
         /// Units granted by claims.
         units_claimed,
         /// Units served to requests (local and Redis admits).

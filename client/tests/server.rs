@@ -57,7 +57,8 @@ fn accounting(m: &MetricsSnapshot) {
             + m.fallback_admits
             + m.fallback_denials
             + m.fail_open_admits
-            + m.fail_closed_denials,
+            + m.fail_closed_denials
+            + m.requests_abandoned,
         "{m:?}"
     );
 }
@@ -156,9 +157,10 @@ async fn reservations_serve_locally_within_the_limit() {
 }
 
 /// A caller that goes away while its request's claim is out (a client disconnect, a handler's
-/// own timeout) leaves nothing in flight: the claim finishes in a task of its own, its reply
-/// lands in the accounting, and the key's next request is decided normally (by its units or
-/// its own claim), with the key remembered or not (a one-off claim).
+/// own timeout) leaves nothing in flight, and the key's next request is decided normally (by
+/// its units or its own claim). A remembered key's claim finishes in a task of its own and its
+/// reply lands in the accounting; a key not remembered (a one-off claim, decided by its reply
+/// alone) takes its call with it and is counted in `requests_abandoned`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_gone_mid_claim_leaves_no_claim_in_flight() {
     let s = Server::start();
@@ -193,7 +195,10 @@ async fn a_caller_gone_mid_claim_leaves_no_claim_in_flight() {
         })
         .await;
         let m = limiter.metrics();
-        assert_eq!((m.claims, m.units_claimed, m.redis_errors), (1, 1, 0), "{m:?}");
+        let one_off = sightings > 0;
+        let (claimed, abandoned) = if one_off { (0, 1) } else { (1, 0) };
+        assert_eq!((m.claims, m.one_off_claims), (1, one_off as u64), "{m:?}");
+        assert_eq!((m.units_claimed, m.requests_abandoned, m.redis_errors), (claimed, abandoned, 0), "{m:?}");
         let o = limiter.check(&key, 1).await;
         assert!(o.allowed && o.source == Source::Redis, "{o:?}");
         let m = limiter.shutdown().await;

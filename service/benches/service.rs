@@ -22,7 +22,8 @@
 //! once per tick at 10k/s: the generator of the earlier runs). `BENCH_ONLY` keeps the rows
 //! whose name contains one of its `|`-separated parts (`"x1, 10000|x4, 10000"`);
 //! `BENCH_RUNS` (default 1) repeats the rows in interleaved rounds and reports medians;
-//! `BENCH_REDIS_HZ` sets the server's `hz`.
+//! `BENCH_REDIS_HZ` sets the server's `hz`; `BENCH_WORKER_THREADS` each instance's
+//! `WORKER_THREADS`.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -301,6 +302,10 @@ fn run(
         if s.every_value {
             args.extend(["--lease-hot-requests".into(), "1".into()]);
         }
+    }
+    // BENCH_WORKER_THREADS: each instance's WORKER_THREADS (default: the service's, one per CPU).
+    if let Ok(w) = std::env::var("BENCH_WORKER_THREADS") {
+        args.extend(["--worker-threads".into(), w]);
     }
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let svcs: Vec<ServiceProc> = (0..s.instances).map(|_| ServiceProc::start(dir.path(), &argv)).collect();

@@ -19,13 +19,18 @@ fn main() {
     } else {
         builder.init();
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let workers = match settings.worker_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("redis-ratelimit-service: cannot start the runtime: {e}");
             std::process::exit(1);
         }
     };
+    tracing::info!("serving with {} worker thread(s)", rt.metrics().num_workers());
     if let Err(e) = rt.block_on(redis_ratelimit_service::server::run(settings)) {
         tracing::error!("{e}");
         eprintln!("redis-ratelimit-service: {e}");

@@ -262,6 +262,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (force_tx, mut force_rx) = tokio::sync::watch::channel(false);
     let (h, s, g, drain) = (health.clone(), service.clone(), grpc_health.clone(), settings.drain_period);
     tokio::spawn(async move {
         let sig = signals.next().await;
@@ -285,6 +286,12 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         }
         g.close().await;
         let _ = stop_tx.send(true);
+        // A signal during the graceful stop ends its wait at once: the connections still open
+        // are closed, leases are given back, exit 0 (an operator's second Ctrl-C, or a
+        // supervisor's repeated SIGTERM, is obeyed rather than ignored until SHUTDOWN_TIMEOUT).
+        let sig = signals.next().await;
+        tracing::info!("{sig} during the graceful stop: closing the connections still open");
+        let _ = force_tx.send(true);
     });
     let mut rx1 = stop_rx.clone();
     let mut rx3 = stop_rx.clone();
@@ -304,16 +311,22 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         });
     // The graceful stop waits for every request in flight, at most SHUTDOWN_TIMEOUT: a request
     // that never ends must not keep the process (and its leases) until a SIGKILL.
+    // A further signal ends it sooner.
     let limit = async move {
         let _ = rx3.wait_for(|v| *v).await;
-        tokio::time::sleep(stop_limit).await;
+        tokio::select! {
+            _ = tokio::time::sleep(stop_limit) => true,
+            _ = force_rx.wait_for(|v| *v) => false,
+        }
     };
     let (a, b) = tokio::select! {
         done = async { tokio::join!(http, grpc) } => done,
-        _ = limit => {
-            tracing::warn!(
-                "graceful stop not done after SHUTDOWN_TIMEOUT ({stop_limit:?}): closing the connections still open"
-            );
+        timed_out = limit => {
+            if timed_out {
+                tracing::warn!(
+                    "graceful stop not done after SHUTDOWN_TIMEOUT ({stop_limit:?}): closing the connections still open"
+                );
+            }
             (Ok(()), Ok(()))
         }
     };

@@ -192,6 +192,11 @@ pub struct Settings {
     /// `text` or `json`.
     #[arg(long, env = "LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+    /// Threads serving requests (tokio workers). 0: one per CPU. Several instances on one host
+    /// share its CPUs: give each fewer (docs/service.md, "Threads"), as GOMAXPROCS does for
+    /// envoyproxy/ratelimit.
+    #[arg(long, env = "WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
 }
 
 impl Settings {

@@ -380,6 +380,28 @@ async fn a_second_signal_cuts_the_drain_period_short() {
     assert!(svc.log().contains("SIGINT during the drain: cut short: stopping the servers"), "{}", svc.log());
 }
 
+/// WORKER_THREADS sets the threads that serve requests (tokio's workers, as the runtime counts
+/// them, and the process's threads grow with it): several instances on one host each take
+/// their share of its CPUs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_threads_sets_the_serving_threads() {
+    let redis = Server::start();
+    let dir = TempDir::new("workers");
+    dir.write("d.yaml", &limit_yaml("workers", 100));
+    let url = format!("127.0.0.1:{}", redis.port);
+    let mut threads = Vec::new();
+    for n in [1usize, 3] {
+        let svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--worker-threads", &n.to_string()]);
+        svc.wait_log(&format!("serving with {n} worker thread(s)"), Duration::from_secs(10));
+        svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+        let mut c = svc.client().await;
+        assert_eq!(remaining(&ask(&mut c, request("workers", vec![desc(&[("k", &format!("v{n}"))])])).await), [99]);
+        threads.push(std::fs::read_dir(format!("/proc/{}/task", svc.pid())).unwrap().count() as i64);
+    }
+    // Two more workers, give or take a thread of tokio's blocking pool (the reloads use it).
+    assert!((1..=3).contains(&(threads[1] - threads[0])), "threads with 1 and 3 workers: {threads:?}");
+}
+
 /// Without a drain period (the default) SIGTERM stops the servers at once and exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_drain_period_sigterm_exits_at_once() {
@@ -472,6 +494,26 @@ async fn a_request_outliving_the_shutdown_timeout_does_not_keep_the_process() {
     assert!(st.success(), "exit status {st}:\n{}", s.svc.log());
     assert!(s.svc.log().contains("graceful stop not done after SHUTDOWN_TIMEOUT"), "{}", s.svc.log());
     // Its connection closed with the process: the call ends, failed.
+    let r = tokio::time::timeout(Duration::from_secs(10), &mut s.call).await.expect("the call ended").unwrap();
+    assert!(r.is_err(), "{r:?}");
+}
+
+/// A second signal during the graceful stop ends its wait at once: a request outliving the
+/// stop (Redis stalled, a 60 s Redis timeout, SHUTDOWN_TIMEOUT 10 min) does not keep the
+/// process once the operator signals again, and the process still exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_during_the_graceful_stop_closes_at_once() {
+    let mut s = StalledCall::start("force", &["--redis-timeout", "60s", "--shutdown-timeout", "10m"]).await;
+    s.svc.signal("-TERM");
+    s.svc.wait_log("stopping the servers", Duration::from_secs(10));
+    assert!(s.svc.running(), "the graceful stop waits for the call in flight");
+    s.svc.signal("-INT");
+    let st = s.svc.wait_exit(Duration::from_secs(20));
+    s.resume_redis();
+    assert!(st.success(), "exit status {st}:\n{}", s.svc.log());
+    let log = s.svc.log();
+    assert!(log.contains("SIGINT during the graceful stop: closing the connections still open"), "{log}");
+    assert!(!log.contains("graceful stop not done after SHUTDOWN_TIMEOUT"), "{log}");
     let r = tokio::time::timeout(Duration::from_secs(10), &mut s.call).await.expect("the call ended").unwrap();
     assert!(r.is_err(), "{r:?}");
 }
