@@ -426,9 +426,11 @@ impl Shared {
 
     /// A [`OneOff`] whose request went away before its reply: no longer in flight, its request
     /// counted in `requests_abandoned`. Nothing is held for its key; units it was granted are
-    /// spent at the server (the safe direction), and the breaker learns nothing from a call
-    /// not seen to the end.
-    pub fn one_off_abandoned(&self, _o: OneOff) {
+    /// spent at the server (the safe direction). The breaker learns nothing from a call not
+    /// seen to the end, but a half-open breaker's probe it was gives its permit up (as
+    /// [`Engine::cancel`]), or the breaker would stay half-open for good.
+    pub fn one_off_abandoned(&self, now: Nanos, _o: OneOff) {
+        self.breaker.on_abandon(now);
         sub_shared(&self.unsharded.claims_in_flight, 1);
         add_shared(&self.unsharded.requests_abandoned, 1);
     }

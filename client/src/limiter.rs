@@ -426,8 +426,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
     pub async fn check(&self, key: &str, cost: u64) -> Outcome {
         let inner = &self.inner;
         let hash = inner.shared.hash(key);
-        // The decided outcome is returned before the await, so the future holds only the
-        // boxed rest across it (a `match` on the first step would keep the whole result).
+        // The decided outcome is returned before the await, so the future keeps only the rest
+        // across it (a `match` on the first step would keep the whole result).
         let later = match inner.first_step(hash, key, |e, now| e.check_or_one_off(now, hash, key, cost)) {
             Ok(outcome) => return outcome,
             Err(later) => later,
@@ -663,13 +663,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// held for the key, and units it was granted are spent at the server (the safe
     /// direction). A failure falls to the failure policy as any claim's, by the engine.
     async fn one_off(self: &Arc<Self>, hash: u64, key: &str, o: OneOff) -> Outcome {
-        let mut pending = Pending(&self.shared, Some(o));
+        let mut pending = Pending(&self.shared, &self.clock, Some(o));
         let deadline = self.shared.one_off_deadline(&o).as_u64();
         let mut conn = self.conn.clone();
         let cmd = self.shared.one_off_command(&o, key);
         let res =
             Timed { inner: self, call: pin!(cmd.query_async::<Decision>(&mut conn)), deadline, ticket: None }.await;
-        pending.1 = None;
+        pending.2 = None;
         let error = match res {
             Some(Ok(d)) => return self.shared.one_off_outcome(&o, &d),
             Some(Err(e)) => call_error(&e),
@@ -788,12 +788,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
 
 /// A one-off claim in flight: reported abandoned ([`Shared::one_off_abandoned`]) if dropped
 /// before its reply (the request's caller went away).
-struct Pending<'a>(&'a Shared, Option<OneOff>);
+struct Pending<'a>(&'a Shared, &'a Clock, Option<OneOff>);
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        if let Some(o) = self.1.take() {
-            self.0.one_off_abandoned(o);
+        if let Some(o) = self.2.take() {
+            self.0.one_off_abandoned(self.1.now(), o);
         }
     }
 }

@@ -206,6 +206,40 @@ async fn a_caller_gone_mid_claim_leaves_no_claim_in_flight() {
     }
 }
 
+/// A half-open breaker's probe that is a one-off claim (a key not remembered), dropped by its
+/// caller before the reply, gives the probe up: the next request probes again and, Redis being
+/// back, is decided by Redis (a lost probe must not leave every later request on the failure
+/// policy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_one_off_probe_does_not_keep_the_breaker_half_open() {
+    let s = Server::start();
+    let cfg = LimiterConfig::new(Limit::token_bucket(1000, Duration::from_secs(1)))
+        .timeout(Duration::from_millis(300))
+        .breaker(1, Duration::from_millis(200));
+    let limiter = Limiter::new(manager(&s).await, cfg);
+    assert_eq!(limiter.check("warm", 1).await.source, Source::Redis);
+    freeze(&s, true);
+    // A one-off claim times out: the breaker opens.
+    let o = limiter.check("a", 1).await;
+    assert_eq!((o.allowed, o.source), (false, Source::FailClosed), "{o:?}");
+    assert_eq!(limiter.metrics().breaker_state, 1);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // Past the cool-down a new key's one-off claim is the probe; its caller drops it unanswered.
+    let probing = {
+        let mut check = Box::pin(limiter.check("b", 1));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        check.as_mut().poll(&mut cx).is_pending()
+    };
+    assert!(probing, "the probe waits for frozen Redis");
+    let m = limiter.metrics();
+    assert_eq!((m.requests_abandoned, m.claims_in_flight), (1, 0), "{m:?}");
+    freeze(&s, false);
+    let o = limiter.check("c", 1).await;
+    assert_eq!((o.allowed, o.source), (true, Source::Redis), "{o:?}");
+    assert_eq!(limiter.metrics().breaker_state, 0);
+    accounting(&limiter.shutdown().await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unused_units_go_back_on_shutdown_and_when_idle() {
     let s = Server::start();
