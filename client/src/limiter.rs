@@ -428,11 +428,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
         let hash = inner.shared.hash(key);
         // The decided outcome is returned before the await, so the future keeps only the rest
         // across it (a `match` on the first step would keep the whole result).
-        let later = match inner.first_step(hash, key, |e, now| e.check_or_one_off(now, hash, key, cost)) {
-            Ok(outcome) => return outcome,
-            Err(later) => later,
-        };
-        inner.finish(hash, key, later).await
+        match inner.first_step(hash, key, |e, now| e.check_or_one_off(now, hash, key, cost)) {
+            Ok(outcome) => outcome,
+            Err(Later::OneOff(o)) => inner.one_off(hash, key, o).await,
+            Err(Later::Rest(rest)) => rest.await,
+        }
     }
 
     /// Decides a request for `cost` units of `key` without taking anything: from the units
@@ -663,18 +663,28 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// held for the key, and units it was granted are spent at the server (the safe
     /// direction). A failure falls to the failure policy as any claim's, by the engine.
     async fn one_off(self: &Arc<Self>, hash: u64, key: &str, o: OneOff) -> Outcome {
-        let mut pending = Pending(&self.shared, &self.clock, Some(o));
-        let deadline = self.shared.one_off_deadline(&o).as_u64();
-        let mut conn = self.conn.clone();
-        let cmd = self.shared.one_off_command(&o, key);
-        let res =
-            Timed { inner: self, call: pin!(cmd.query_async::<Decision>(&mut conn)), deadline, ticket: None }.await;
-        pending.2 = None;
-        let error = match res {
-            Some(Ok(d)) => return self.shared.one_off_outcome(&o, &d),
-            Some(Err(e)) => call_error(&e),
-            None => CallError::Unavailable,
+        // The call's state in a block of its own, so that the request's future (which every
+        // caller moves, warm checks included) holds it only while the call is out.
+        let error = {
+            let mut pending = Pending(&self.shared, &self.clock, Some(o));
+            let deadline = self.shared.one_off_deadline(&o).as_u64();
+            let mut conn = self.conn.clone();
+            let cmd = self.shared.one_off_command(&o, key);
+            let call = pin!(cmd.query_async::<Decision>(&mut conn));
+            let res = Timed { inner: self, call, deadline, ticket: None }.await;
+            pending.2 = None;
+            match res {
+                Some(Ok(d)) => return self.shared.one_off_outcome(&o, &d),
+                Some(Err(e)) => call_error(&e),
+                None => CallError::Unavailable,
+            }
         };
+        self.one_off_failed(hash, key, o, error).await
+    }
+
+    /// A failed one-off claim's request, by the engine (the failure policy, the breaker):
+    /// boxed, a rare path that the request's future does not carry.
+    fn one_off_failed<'a>(self: &'a Arc<Self>, hash: u64, key: &'a str, o: OneOff, error: CallError) -> Slow<'a> {
         let c = self.shared.one_off_claim(o, Key::from(key));
         let step = match self.with_engine(hash, |e, now| e.on_error(now, &c, error)) {
             Some(step) => step,
@@ -682,8 +692,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
             // is decided anew.
             None => self.with_engine(hash, |e, now| e.resume(now, key, Waiter::gave_up(&c))),
         };
-        // Boxed: a failure is rare, and the request's future stays small without it.
-        Box::pin(self.run(key, step)).await
+        Box::pin(self.run(key, step))
     }
 
     /// Sends a background claim from a task of its own: nobody waits for it.
