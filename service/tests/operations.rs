@@ -319,11 +319,8 @@ async fn a_stalled_redis_times_out_into_each_failure_mode() {
 /// answered; the process exits 0 once the drain is over, not before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_sigterm_health_fails_while_requests_are_served_for_the_drain_period() {
-    let redis = Server::start();
+    let (redis, dir, url) = one_domain("drain", "drain");
     set_clock(&mut redis.conn(), (T0_S + 1) * 1_000_000);
-    let dir = TempDir::new("drain");
-    dir.write("d.yaml", &limit_yaml("drain", 100));
-    let url = format!("127.0.0.1:{}", redis.port);
     let mut svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--drain-period", "2s"]);
     svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
     let mut before = svc.client().await;
@@ -361,13 +358,20 @@ async fn after_sigterm_health_fails_while_requests_are_served_for_the_drain_peri
     }
 }
 
+/// A redis-server with the module, a configuration directory with one domain
+/// (`limit_yaml(domain, 100)`), and the service's `--redis-url` for that server.
+fn one_domain(tag: &str, domain: &str) -> (Server, TempDir, String) {
+    let redis = Server::start();
+    let dir = TempDir::new(tag);
+    dir.write("d.yaml", &limit_yaml(domain, 100));
+    let url = format!("127.0.0.1:{}", redis.port);
+    (redis, dir, url)
+}
+
 /// A second signal during the drain stops at once (SIGINT counts as SIGTERM), still exiting 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_cuts_the_drain_period_short() {
-    let redis = Server::start();
-    let dir = TempDir::new("drain-cut");
-    dir.write("d.yaml", &limit_yaml("drain", 100));
-    let url = format!("127.0.0.1:{}", redis.port);
+    let (_redis, dir, url) = one_domain("drain-cut", "drain");
     // Longer than the exit is waited for below: only the second signal can end it in time.
     let mut svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--drain-period", "10m"]);
     svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
@@ -385,10 +389,7 @@ async fn a_second_signal_cuts_the_drain_period_short() {
 /// their share of its CPUs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_threads_sets_the_serving_threads() {
-    let redis = Server::start();
-    let dir = TempDir::new("workers");
-    dir.write("d.yaml", &limit_yaml("workers", 100));
-    let url = format!("127.0.0.1:{}", redis.port);
+    let (_redis, dir, url) = one_domain("workers", "workers");
     let mut threads = Vec::new();
     for n in [1usize, 3] {
         let svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--worker-threads", &n.to_string()]);
@@ -405,10 +406,7 @@ async fn worker_threads_sets_the_serving_threads() {
 /// Without a drain period (the default) SIGTERM stops the servers at once and exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_drain_period_sigterm_exits_at_once() {
-    let redis = Server::start();
-    let dir = TempDir::new("no-drain");
-    dir.write("d.yaml", &limit_yaml("nodrain", 100));
-    let url = format!("127.0.0.1:{}", redis.port);
+    let (_redis, dir, url) = one_domain("no-drain", "nodrain");
     let mut svc = ServiceProc::start(dir.path(), &["--redis-url", &url]);
     svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
     let mut c = svc.client().await;
@@ -524,10 +522,7 @@ async fn a_second_signal_during_the_graceful_stop_closes_at_once() {
 async fn a_grpc_health_watch_sees_not_serving_and_ends_at_the_stop() {
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::HealthCheckRequest;
-    let redis = Server::start();
-    let dir = TempDir::new("watch");
-    dir.write("d.yaml", &limit_yaml("watch", 100));
-    let url = format!("127.0.0.1:{}", redis.port);
+    let (_redis, dir, url) = one_domain("watch", "watch");
     let mut svc = ServiceProc::start(dir.path(), &["--redis-url", &url]);
     svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", svc.grpc)).unwrap();
