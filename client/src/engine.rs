@@ -432,6 +432,13 @@ impl Shared {
     pub fn one_off_abandoned(&self, now: Nanos, _o: OneOff) {
         self.breaker.on_abandon(now);
         sub_shared(&self.unsharded.claims_in_flight, 1);
+        self.request_abandoned();
+    }
+
+    /// A request whose caller went away before it was decided (a driver's report: the engine
+    /// never sees it go): counted in `requests_abandoned`, so that every request is counted
+    /// once, decided or abandoned.
+    pub fn request_abandoned(&self) {
         add_shared(&self.unsharded.requests_abandoned, 1);
     }
 

@@ -244,7 +244,7 @@ type Slow<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
 /// The rest of a request that waits for Redis: its own claim (a cold key's usual path, one
 /// allocation: the claim's), else the whole of [`Inner::run`], boxed.
 enum Rest<'a, C: ConnectionLike + Clone + Send + Sync + 'static> {
-    Claim { inner: &'a Arc<Inner<C>>, key: &'a str, call: Handoff<C>, waiter: Waiter },
+    Claim { inner: &'a Arc<Inner<C>>, key: &'a str, call: Handoff<C>, waiter: Waiter, counted: bool },
     Slow(Slow<'a>),
 }
 
@@ -253,7 +253,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Future for Rest<'_, C> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
         // Every field is Unpin (references, boxes).
         let this = &mut *self;
-        if let Rest::Claim { inner, key, call, waiter } = this {
+        if let Rest::Claim { inner, key, call, waiter, counted } = this {
             let (inner, key) = (*inner, *key);
             let step = match Pin::new(call).poll(cx) {
                 Poll::Ready(Some(step)) => step,
@@ -268,7 +268,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Future for Rest<'_, C> {
                     }
                     return Poll::Ready(outcome);
                 }
-                step => *this = Rest::Slow(Box::pin(inner.run(key, step))),
+                step => *this = Rest::Slow(Box::pin(inner.run(key, step, *counted))),
             }
         }
         match this {
@@ -428,7 +428,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
         let hash = inner.shared.hash(key);
         // The decided outcome is returned before the await, so the future keeps only the rest
         // across it (a `match` on the first step would keep the whole result).
-        match inner.first_step(hash, key, |e, now| e.check_or_one_off(now, hash, key, cost)) {
+        match inner.first_step(hash, key, true, |e, now| e.check_or_one_off(now, hash, key, cost)) {
             Ok(outcome) => outcome,
             Err(Later::OneOff(o)) => inner.one_off(hash, key, o).await,
             Err(Later::Rest(rest)) => rest.await,
@@ -442,7 +442,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
     pub async fn peek(&self, key: &str, cost: u64) -> Outcome {
         let inner = &self.inner;
         let hash = inner.shared.hash(key);
-        let later = match inner.first_step(hash, key, |e, now| Ok(e.peek(now, key, cost))) {
+        let later = match inner.first_step(hash, key, false, |e, now| Ok(e.peek(now, key, cost))) {
             Ok(outcome) => return outcome,
             Err(later) => later,
         };
@@ -620,14 +620,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
 
     /// A request's first step, `f` under the shard's lock: decided at once (the local path:
     /// ready on the first poll, no allocation, nothing awaited; only the outcome leaves the
-    /// engine's step), or the rest of the request ([`Rest`]: its own claim, else [`Inner::run`]
-    /// boxed), so that the check's own future stays a few words (the whole wait is only built
-    /// when needed).
+    /// engine's step), or what is left of it ([`Later`]: a one-off claim, its own claim, else
+    /// [`Inner::run`] boxed; `counted` as there).
     #[inline]
     fn first_step<'a>(
         self: &'a Arc<Self>,
         hash: u64,
         key: &'a str,
+        counted: bool,
         f: impl FnOnce(&mut Engine<Key>, Nanos) -> Result<Step<Key>, OneOff>,
     ) -> Result<Outcome, Later<'a, C>> {
         let shard = self.shard(hash);
@@ -642,9 +642,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
             }
             Ok(Step::Send(c)) => {
                 let waiter = Waiter::gave_up(&c);
-                Err(Later::Rest(Rest::Claim { inner: self, key, call: Handoff::new(self.clone().claim(c)), waiter }))
+                let call = Handoff::new(self.clone().claim(c));
+                Err(Later::Rest(Rest::Claim { inner: self, key, call, waiter, counted }))
             }
-            Ok(step) => Err(Later::Rest(Rest::Slow(Box::pin(self.run(key, step))))),
+            Ok(step) => Err(Later::Rest(Rest::Slow(Box::pin(self.run(key, step, counted))))),
             Err(o) => Err(Later::OneOff(o)),
         }
     }
@@ -692,7 +693,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
             // is decided anew.
             None => self.with_engine(hash, |e, now| e.resume(now, key, Waiter::gave_up(&c))),
         };
-        Box::pin(self.run(key, step))
+        Box::pin(self.run(key, step, true))
     }
 
     /// Sends a background claim from a task of its own: nobody waits for it.
@@ -721,7 +722,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     }
 
     /// Carries a request's steps to its outcome.
-    async fn run(self: &Arc<Self>, key: &str, mut step: Step<Key>) -> Outcome {
+    ///
+    /// `counted`: a request (a check), counted in `requests` and so, if its caller goes away
+    /// undecided, in `requests_abandoned`; a peek is neither.
+    async fn run(self: &Arc<Self>, key: &str, mut step: Step<Key>, counted: bool) -> Outcome {
         loop {
             step = match step {
                 Step::Done { outcome, refill } => {
@@ -741,7 +745,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
                         None => self.with_engine(self.shared.hash(key), |e, now| e.resume(now, key, waiter)),
                     }
                 }
-                Step::Wait(w) => self.wait(key, w).await,
+                Step::Wait(w) => self.wait(key, w, counted).await,
             };
         }
     }
@@ -766,9 +770,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
 
     /// Waits for the claim `w` waits on (woken by its completion, or at `w.until()`), then
     /// lets the engine decide.
-    async fn wait(self: &Arc<Self>, key: &str, mut w: Waiter) -> Step<Key> {
+    async fn wait(self: &Arc<Self>, key: &str, mut w: Waiter, counted: bool) -> Step<Key> {
         let hash = self.shared.hash(key);
         let shard = self.shard(hash);
+        // Dropped while waiting, the request is never decided: counted as abandoned.
+        let mut undecided = Undecided(&self.shared, counted);
         loop {
             let notified = shard.notify.notified();
             tokio::pin!(notified);
@@ -776,7 +782,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
             notified.as_mut().enable();
             match self.with_engine(hash, |e, now| e.resume(now, key, w)) {
                 Step::Wait(again) => w = again,
-                step => return step,
+                step => {
+                    undecided.1 = false;
+                    return step;
+                }
             }
             let _ = tokio::time::timeout_at(self.instant(w.until()), notified).await;
         }
@@ -803,6 +812,18 @@ impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if let Some(o) = self.2.take() {
             self.0.one_off_abandoned(self.1.now(), o);
+        }
+    }
+}
+
+/// A request waiting for another's claim: reported abandoned ([`Shared::request_abandoned`])
+/// if dropped while still waiting (its caller went away).
+struct Undecided<'a>(&'a Shared, bool);
+
+impl Drop for Undecided<'_> {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0.request_abandoned();
         }
     }
 }

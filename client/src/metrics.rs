@@ -79,9 +79,11 @@ metrics! {
         one_off_claims,
         /// Claims given up as lost by the engine (no reply nor error for `stale_claim`).
         claims_given_up,
-        /// Requests whose caller went away (dropped the check) before their one-off claim's
-        /// reply: the call went with them, undecided; units it was granted are spent at the
-        /// server and counted nowhere here.
+        /// Requests whose caller went away (dropped the check) before they were decided: while
+        /// waiting for a claim of their key another request sent, or for their own one-off
+        /// claim (the call goes with them; units it was granted are spent at the server and
+        /// counted nowhere here). A request whose own claim is out is decided all the same,
+        /// in a task, and counted as decided.
         requests_abandoned,
         /// Units granted by claims.
         units_claimed,

@@ -240,6 +240,49 @@ async fn a_dropped_one_off_probe_does_not_keep_the_breaker_half_open() {
     accounting(&limiter.shutdown().await);
 }
 
+/// Concurrent checks (and some peeks) of new and returning keys, a third of their callers
+/// going away at a random moment (their own timeouts, as a gateway's): every claim finishes or
+/// is given up (nothing left in flight) and every check is counted once, decided or abandoned
+/// (a peek is not a request, dropped or not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_dropped_at_random_leave_nothing_in_flight_and_every_request_counted() {
+    let s = Server::start();
+    let cfg = LimiterConfig::new(Limit::token_bucket(1000, Duration::from_secs(1))).timeout(Duration::from_secs(2));
+    let limiter = Limiter::new(manager(&s).await, cfg);
+    let mut rng = common::Rng::new(7);
+    let (mut tasks, mut checks) = (Vec::new(), 0);
+    for _ in 0..3000 {
+        let l = limiter.clone();
+        let key = format!("k{}", rng.below(400));
+        let cut = rng.chance(33).then(|| Duration::from_micros(rng.below(3000)));
+        let peek = rng.chance(10);
+        checks += u64::from(!peek);
+        tasks.push(tokio::spawn(async move {
+            let call = async {
+                match peek {
+                    true => l.peek(&key, 1).await,
+                    false => l.check(&key, 1).await,
+                }
+            };
+            match cut {
+                Some(d) => drop(tokio::time::timeout(d, call).await),
+                None => drop(call.await),
+            }
+        }));
+        if rng.chance(5) {
+            tokio::task::yield_now().await;
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    until("the claims in flight", Duration::from_secs(10), async || limiter.metrics().claims_in_flight == 0).await;
+    let m = limiter.shutdown().await;
+    eprintln!("{m:?}");
+    assert_eq!(m.requests, checks, "{m:?}");
+    accounting(&m);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unused_units_go_back_on_shutdown_and_when_idle() {
     let s = Server::start();
