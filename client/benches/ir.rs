@@ -11,7 +11,8 @@
 //! * `cold_limiter`, `cold_direct`: a key never seen (an exact claim, a round trip) against
 //!   `commands::check`, on the same connection type, against a real redis-server;
 //!   `cold_direct_timeout`: that call under `tokio::time::timeout` (the limiter's 100 ms), as a
-//!   service makes it.
+//!   service makes it; `cold_direct_timer`: the bare call with one idle timer pending in the
+//!   runtime (what the tokio time driver costs at every park once any timer exists).
 //!
 //! `bash client/benches/ir.sh` (needs valgrind and the module: `make build`).
 
@@ -231,10 +232,16 @@ fn main() {
                 // `cold_direct_timeout`: the direct call as a service must make it, under a
                 // timeout (the limiter's default, 100 ms), so that a hung Redis cannot hang
                 // requests.
-                "cold_direct" | "cold_direct_timeout" => {
+                // `cold_direct_timer`: the bare call in a runtime with one timer pending (an
+                // hour's sleep that never fires), as a service's runtime always has one: the
+                // time driver's work at every park, which the limiter's timeouts cause too.
+                "cold_direct" | "cold_direct_timeout" | "cold_direct_timer" => {
                     let limit = Limit::token_bucket(1000, Duration::from_secs(60));
                     let timeout = (c == "cold_direct_timeout").then_some(Duration::from_millis(100));
                     let mut conn = conn;
+                    if c == "cold_direct_timer" {
+                        rt.spawn(tokio::time::sleep(Duration::from_secs(3600)));
+                    }
                     let t = cpu_now();
                     rt.block_on(async {
                         for i in 0..n {

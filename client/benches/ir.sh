@@ -8,7 +8,7 @@
 #                                            wall time: other processes do not count), the
 #                                            median of 5 runs of each case, natively
 # Cases: engine_1 governor_1 limiter_1 engine_1000 governor_1000 limiter_1000 cold_direct
-# cold_direct_timeout cold_limiter (default: all). N=$IR_N (default 100000; cold cases N/20).
+# cold_direct_timeout cold_direct_timer cold_limiter (default: all). N=$IR_N (default 100000; cold cases N/20).
 # The driver cases run on a current-thread runtime (a background refill is sent only when a
 # check waits, so one stays in flight); IR_MT=1: a multi-thread runtime with one worker, so
 # refills complete as in a service.
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/../.."
 MODE=ir
 if [ "${1:-}" = cpu ]; then MODE=cpu; shift; fi
 N=${IR_N:-100000}
-CASES=${*:-engine_1 governor_1 limiter_1 engine_1000 governor_1000 limiter_1000 cold_direct cold_direct_timeout cold_limiter}
+CASES=${*:-engine_1 governor_1 limiter_1 engine_1000 governor_1000 limiter_1000 cold_direct cold_direct_timeout cold_direct_timer cold_limiter}
 BIN=$(cargo bench -p redis-ratelimit-client --bench ir --no-run --message-format=json 2>/dev/null |
   jq -r 'select(.reason == "compiler-artifact" and .target.name == "ir") | .executable' | tail -1)
 ir() { # case n -> total Ir of the process (every thread)

@@ -7,8 +7,12 @@
 //! cool-down per process, not once per request.
 //!
 //! Shared by every key of a limiter (Redis is down for all of them at once); `&self` methods
-//! over a small mutex, so one breaker serves every shard of the driver.
+//! over a small mutex, so one breaker serves every shard of the driver. While Redis answers
+//! (closed, no failure counted) a call's permit and its success read one flag instead of
+//! taking the mutex: every claim of every shard asks, so the healthy path shares nothing
+//! written.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use crate::time::Nanos;
@@ -63,11 +67,21 @@ impl Permit {
 pub struct Breaker {
     config: BreakerConfig,
     state: Mutex<State>,
+    /// `state` is `Closed { failures: 0 }`; written only under its lock ([`Breaker::set`]).
+    healthy: AtomicBool,
 }
+
+const HEALTHY: State = State::Closed { failures: 0 };
 
 impl Breaker {
     pub fn new(config: BreakerConfig) -> Breaker {
-        Breaker { config, state: Mutex::new(State::Closed { failures: 0 }) }
+        Breaker { config, state: Mutex::new(HEALTHY), healthy: AtomicBool::new(true) }
+    }
+
+    /// Moves to `new` (`s`: the locked state), keeping the flag in step.
+    fn set(&self, s: &mut State, new: State) {
+        *s = new;
+        self.healthy.store(new == HEALTHY, Ordering::Release);
     }
 
     pub fn config(&self) -> BreakerConfig {
@@ -81,11 +95,15 @@ impl Breaker {
     /// May a call go to Redis now? An open breaker past its cool-down turns half-open and
     /// hands out exactly one [`Permit::Probe`].
     pub fn permit(&self, now: Nanos) -> Permit {
+        // A call racing a failure that opens the breaker may still go: as if it came first.
+        if self.healthy.load(Ordering::Acquire) {
+            return Permit::Call;
+        }
         let mut s = self.lock();
         match *s {
             State::Closed { .. } => Permit::Call,
             State::Open { until } if now >= until => {
-                *s = State::HalfOpen;
+                self.set(&mut s, State::HalfOpen);
                 Permit::Probe
             }
             State::Open { until } => Permit::Reject { retry_in: until - now },
@@ -95,7 +113,13 @@ impl Breaker {
 
     /// A call answered (any reply from the server, even a limiter error): close.
     pub fn on_success(&self) {
-        *self.lock() = State::Closed { failures: 0 };
+        // Already closed with no failure counted: nothing to write (a failure racing this
+        // success is then ordered after it).
+        if self.healthy.load(Ordering::Acquire) {
+            return;
+        }
+        let mut s = self.lock();
+        self.set(&mut s, HEALTHY);
     }
 
     /// A call failed or timed out. Returns true when this failure opened the breaker.
@@ -104,13 +128,13 @@ impl Breaker {
         let open = State::Open { until: now + self.config.cool_down };
         match *s {
             State::Closed { failures } if failures + 1 < self.config.failures.max(1) => {
-                *s = State::Closed { failures: failures + 1 };
+                self.set(&mut s, State::Closed { failures: failures + 1 });
                 false
             }
             // A failure reported late by a call sent before the breaker opened: stay open.
             State::Open { .. } => false,
             _ => {
-                *s = open;
+                self.set(&mut s, open);
                 true
             }
         }
@@ -121,7 +145,7 @@ impl Breaker {
     pub fn on_abandon(&self, now: Nanos) {
         let mut s = self.lock();
         if *s == State::HalfOpen {
-            *s = State::Open { until: now };
+            self.set(&mut s, State::Open { until: now });
         }
     }
 
@@ -132,6 +156,9 @@ impl Breaker {
 
     /// The state, for the `breaker_state` gauge.
     pub fn state(&self) -> BreakerState {
+        if self.healthy.load(Ordering::Acquire) {
+            return BreakerState::Closed;
+        }
         match *self.lock() {
             State::Closed { .. } => BreakerState::Closed,
             State::Open { .. } => BreakerState::Open,

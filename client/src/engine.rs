@@ -365,6 +365,8 @@ pub struct Shared {
     pub config: EngineConfig,
     pub breaker: Breaker,
     pub hasher: KeyHasher,
+    /// The limit's arguments, encoded once for the one-off claims' commands.
+    limit_args: commands::LimitArgs,
     /// What no shard counts: the answers of returns sent by a driver without its shard.
     unsharded: Metrics,
     /// The metrics of every engine made with this state.
@@ -383,6 +385,7 @@ impl Shared {
             config,
             breaker: Breaker::new(config.breaker),
             hasher: KeyHasher::default(),
+            limit_args: commands::LimitArgs::new(&config.lease.limit),
             unsharded: Metrics::default(),
             engines: Mutex::new(Vec::new()),
         })
@@ -416,7 +419,7 @@ impl Shared {
 
     /// The command of a [`OneOff`] for `key`: as [`Claim::command`] of its claim.
     pub fn one_off_command(&self, o: &OneOff, key: &str) -> redis::Cmd {
-        commands::limit_cmd(key, &self.config.lease.limit, Options::cost(o.cost))
+        self.limit_args.cmd(key, Options::cost(o.cost))
     }
 
     /// The instant a driver gives a [`OneOff`] up as timed out (as [`Shared::deadline`]).
