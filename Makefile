@@ -18,10 +18,12 @@ deps:
 	@bash scripts/deps.sh
 
 build: deps
-	$(CARGO) build --release
+	$(CARGO) build --release --locked
 
 run: build
 	exec redis-server redis.conf
+
+# Every cargo call is --locked: a stale Cargo.lock fails here instead of being rewritten.
 
 # Style, as CI enforces it: rustfmt (rustfmt.toml) and clippy with warnings as errors, on the
 # workspace and on the two crates outside it (fuzz/, examples/rust/).
@@ -29,15 +31,15 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --all --check
 	$(CARGO) fmt --manifest-path examples/rust/Cargo.toml --all --check
-	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
-	CARGO_TARGET_DIR=$(CURDIR)/target/examples-rust $(CARGO) clippy --manifest-path examples/rust/Cargo.toml --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets --release -- -D warnings
+	CARGO_TARGET_DIR=$(CURDIR)/target/examples-rust $(CARGO) clippy --locked --manifest-path examples/rust/Cargo.toml --all-targets -- -D warnings
 
 # Every test binary and every example runs even when one fails (each failure is listed); the
 # target fails at the end if any did. One cargo invocation for the whole workspace: features are
 # unified once, so the dependencies the crates share (redis, tokio, ...) build once, not per crate.
 test: build
 	@status=0; \
-	$(CARGO) test --release --workspace --no-fail-fast -- --test-threads=$(TEST_THREADS) || status=1; \
+	$(CARGO) test --locked --release --workspace --no-fail-fast -- --test-threads=$(TEST_THREADS) || status=1; \
 	bash scripts/examples.sh || status=1; \
 	exit $$status
 
@@ -52,7 +54,7 @@ examples: build
 
 # Longer load, hostile-input, fault and fuzz-property runs (RL_LONG=1).
 test-long: build
-	RL_LONG=1 RL_FUZZ_CASES=50000 $(CARGO) test --release --test load --test hostile --test faults --test fuzz_props -- --test-threads=$(TEST_THREADS) --nocapture
+	RL_LONG=1 RL_FUZZ_CASES=50000 $(CARGO) test --locked --release --test load --test hostile --test faults --test fuzz_props -- --test-threads=$(TEST_THREADS) --nocapture
 
 # cargo fuzz targets (args, codec, algorithms): FUZZ_SECONDS each (default 10); fuzz-long: 600.
 fuzz:
@@ -65,8 +67,8 @@ fuzz-long:
 # ../shared/peers, or BENCH_REDIS_CELL_SRC) and the seeds' Lua scripts, alone and with a replica
 # (target/bench-report.md; knobs: benches/server/main.rs), then the cores alone (criterion).
 bench: build
-	$(CARGO) bench --bench server
-	$(CARGO) bench --bench core
+	$(CARGO) bench --locked --bench server
+	$(CARGO) bench --locked --bench core
 
 # Instructions per call under callgrind (repeatable whatever the machine load).
 profile: build
@@ -74,18 +76,18 @@ profile: build
 
 # The effective-burst harness: worst count in any 60 s window per algorithm and trace.
 burst: build
-	$(CARGO) test --release --test effective_burst -- --ignored --nocapture print_table
+	$(CARGO) test --locked --release --test effective_burst -- --ignored --nocapture print_table
 
 # Local reservations: the deterministic simulator (scenarios S1–S5, leases against per-request
 # checking); writes target/simulate/summary.json and fails when an invariant is violated.
 simulate:
-	$(CARGO) run --release -p redis-ratelimit-sim -- --out target/simulate
+	$(CARGO) run --locked --release -p redis-ratelimit-sim -- --out target/simulate
 
 # The rate limit service for Envoy (docs/service.md) with the example configuration in
 # service/config, on the module's `make run` Redis (127.0.0.1:6379; started here, in the
 # background, if nothing answers there). gRPC on :8081, HTTP on :8080.
 run-service: build
-	$(CARGO) build --release -p redis-ratelimit-service
+	$(CARGO) build --locked --release -p redis-ratelimit-service
 	@if ! redis-cli -p 6379 ping >/dev/null 2>&1; then \
 	  echo "run-service: starting redis-server with the module on 127.0.0.1:6379 (make run's)"; \
 	  redis-server redis.conf --daemonize yes --pidfile $(CURDIR)/target/run-service-redis.pid --logfile $(CURDIR)/target/run-service-redis.log; \
@@ -96,7 +98,7 @@ run-service: build
 # The service's load generator (a benchmark, not a test): latency, req/s per core and Redis
 # commands per request against the envoyproxy/ratelimit baseline (target/bench-service/report.md).
 bench-service: build
-	$(CARGO) bench -p redis-ratelimit-service --bench service
+	$(CARGO) bench --locked -p redis-ratelimit-service --bench service
 
 cluster: build
 	bash scripts/cluster.sh start $(CLUSTER_BASE) $(CURDIR)/$(MODULE)

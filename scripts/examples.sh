@@ -44,7 +44,7 @@ module=${RL_MODULE:-target/release/libredis_ratelimit.so}
 case "$module" in /*) ;; *) module=$root/$module ;; esac
 if [ ! -f "$module" ] && [ -z "${RL_MODULE:-}" ]; then
   say "building the module (cargo build --release)"
-  cargo build --release || { say "0 passed, ${#selected[@]} failed"; exit 1; }
+  cargo build --release --locked || { say "0 passed, ${#selected[@]} failed"; exit 1; }
 fi
 if [ ! -f "$module" ]; then
   echo "examples: module not found at $module (run \`make build\` or set RL_MODULE)" >&2
