@@ -32,6 +32,11 @@ pub mod pb {
                     tonic::include_proto!("envoy.service.ratelimit.v3");
                 }
             }
+            pub mod rate_limit_quota {
+                pub mod v3 {
+                    tonic::include_proto!("envoy.service.rate_limit_quota.v3");
+                }
+            }
         }
         pub mod extensions {
             pub mod common {
