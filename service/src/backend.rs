@@ -316,7 +316,7 @@ impl Backend {
     }
 
     /// One command, with the timeout, the breaker and the metrics.
-    async fn call(&self, op: RedisOp, cmd: &Cmd, slot: Option<u16>) -> Result<Value, BackendError> {
+    pub(crate) async fn call(&self, op: RedisOp, cmd: &Cmd, slot: Option<u16>) -> Result<Value, BackendError> {
         if let Permit::Reject { .. } = self.breaker.permit(self.now_ns()) {
             self.metrics.breaker_rejects.fetch_add(1, Ordering::Relaxed);
             return Err(BackendError::Unavailable("circuit breaker open".into()));
