@@ -196,11 +196,18 @@ async fn the_docs_configuration_limits_each_address() {
     let r = s.envoy.get_concurrently(&vec![vec![]; 100]).await;
     assert_limited_to_50_per_second(&s, &r);
 
+    // The headers docs/service.md shows ("Response headers"): a first request 1 s into an hour.
+    set_clock(&mut s.redis.conn(), (T0_S + 1) * 1_000_000);
     let r = s.envoy.get_from(Ipv4Addr::new(127, 0, 0, 2), &[("X-User-Id", "alice")]).await;
     assert_eq!(r.status, 200, "another address has its own bucket: {r:?}");
     assert_eq!(
         r.header("ratelimit-policy"),
         Some("\"payment.remote_address\";q=50;w=1, \"payment.user_id\";q=1000;w=3600"),
+        "{r:?}"
+    );
+    assert_eq!(
+        r.header("ratelimit"),
+        Some("\"payment.remote_address\";r=49;t=1, \"payment.user_id\";r=999;t=7199"),
         "{r:?}"
     );
     assert_eq!(s.upstream.seen().last().unwrap().header("x-user-id"), Some("alice"));
