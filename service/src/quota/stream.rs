@@ -228,7 +228,15 @@ async fn run(
                         s.domain.as_deref().unwrap_or(""),
                         q.settings.max_report_bytes
                     );
-                    break None;
+                    // A report too large (tonic: OUT_OF_RANGE) is refused as RESOURCE_EXHAUSTED;
+                    // any other error is passed on (the client may be gone: then unheard).
+                    let status = match e.code() {
+                        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => {
+                            Status::resource_exhausted(format!("usage report refused: {}", e.message()))
+                        }
+                        _ => e,
+                    };
+                    break Some(status);
                 }
             },
             _ = wake => s.refresh_due().await,
