@@ -19,6 +19,8 @@ pub const SECOND: u64 = 1_000_000_000;
 pub const LEASE_FILL_INTERVAL_S: i64 = 86_400;
 /// The longest lease (a slow limit's), in nanoseconds.
 pub const MAX_LEASE: u64 = 60 * SECOND;
+/// The shortest time between two leases of one bucket (a small burst at a high rate).
+pub const MIN_REFRESH: u64 = 50_000_000;
 /// Leases remembered per ledger for settling (pushed since the last report): three times a
 /// 5 s report period at the default refresh (500 ms), 1 KiB per bucket at most; past it the
 /// oldest are forgotten (their units stay counted: conservative).
@@ -87,14 +89,18 @@ pub fn lease_life(p: &Params, rate: &Rate) -> u64 {
     whole.clamp(p.lease, MAX_LEASE.max(p.lease))
 }
 
-/// How long after its push a lease is replaced: `refresh` for a lease of life `L`; for a
-/// longer one `refresh` before it ends.
-pub fn replace_after(p: &Params, life: u64) -> u64 {
-    if life <= p.lease {
-        p.refresh
-    } else {
-        life - p.refresh
+/// How long after its push a lease is replaced: `refresh` before a long (slow limit's) lease
+/// ends; for a lease of life `L`, `refresh`, or sooner when the limit refills its capacity
+/// sooner (`capacity ÷ rate`, at least [`MIN_REFRESH`]): a lease can never hold more than the
+/// capacity (Redis grants at most its balance), so a bucket whose burst is below
+/// `rate × refresh` would otherwise be held to `capacity ÷ refresh`.
+pub fn replace_after(p: &Params, rate: &Rate) -> u64 {
+    let life = lease_life(p, rate);
+    if life > p.lease {
+        return life - p.refresh;
     }
+    let fill = to_u64(div_ceil_u128(rate.capacity as u128 * rate.period as u128, rate.units.max(1) as u128));
+    p.refresh.min(fill.max(MIN_REFRESH))
 }
 
 /// One lease pushed to an Envoy.
@@ -148,8 +154,7 @@ impl Ledger {
     /// report, an even split of the limit's rate over that time among `sharers` Envoys (plus
     /// one). At most the capacity and `u32::MAX` (a token bucket's `max_tokens`).
     pub fn want(&self, p: &Params, rate: &Rate, sharers: u64) -> u64 {
-        let life = lease_life(p, rate);
-        let span = replace_after(p, life) as u128;
+        let span = replace_after(p, rate) as u128;
         let base = match self.demand {
             Some((n, per)) if per > 0 => {
                 let d = div_ceil_u128(n as u128 * span, per as u128);
@@ -177,7 +182,7 @@ impl Ledger {
         }
         self.unsettled.push_back(lease);
         self.granted = self.granted.saturating_add(units);
-        let mut next = pushed.saturating_add(replace_after(p, life));
+        let mut next = pushed.saturating_add(replace_after(p, rate));
         if let Some(end) = window_end {
             next = next.min(end.max(pushed.saturating_add(1_000_000)));
         }
@@ -294,8 +299,11 @@ mod tests {
         assert_eq!(lease_life(&p, &Rate { units: 2, period: 3 * SECOND, capacity: 2 }), 2 * SECOND);
         // A day: capped.
         assert_eq!(lease_life(&p, &Rate { units: 1, period: 86_400 * SECOND, capacity: 1 }), MAX_LEASE);
-        assert_eq!(replace_after(&p, SECOND), 500 * MS);
-        assert_eq!(replace_after(&p, 6 * SECOND), 5500 * MS);
+        assert_eq!(replace_after(&p, &per_second(1000, 1000)), 500 * MS);
+        assert_eq!(replace_after(&p, &Rate { units: 10, period: 60 * SECOND, capacity: 10 }), 5500 * MS);
+        // A burst refilled in 250 ms: replaced every 250 ms; in 1 ms: every 50 ms.
+        assert_eq!(replace_after(&p, &per_second(200, 50)), 250 * MS);
+        assert_eq!(replace_after(&p, &per_second(10_000, 10)), MIN_REFRESH);
     }
 
     #[test]

@@ -539,3 +539,74 @@ impl Stack {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Configurations in the docs, run as written.
+
+/// The fenced blocks of a Markdown text that are Envoy configuration, each with the marker
+/// `<!-- test: envoy-NAME -->` on the last non-blank line before it (None when unmarked).
+pub fn envoy_blocks(text: &str) -> Vec<(Option<String>, String)> {
+    let mut out = Vec::new();
+    let mut lines = text.lines();
+    let mut before = "";
+    while let Some(line) = lines.next() {
+        if line.trim_start().starts_with("```") {
+            let body: Vec<&str> = lines.by_ref().take_while(|l| !l.trim_start().starts_with("```")).collect();
+            let body = body.join("\n") + "\n";
+            let envoy =
+                ["type.googleapis.com/envoy.", "static_resources:", "envoy_grpc", "health_checks:", "http_filters:"]
+                    .iter()
+                    .any(|m| body.contains(m));
+            if envoy {
+                let marker = before.trim().strip_prefix("<!-- test: ").and_then(|m| m.strip_suffix(" -->"));
+                out.push((marker.map(str::to_string), body));
+            }
+            before = "";
+        } else if !line.trim().is_empty() {
+            before = line;
+        }
+    }
+    out
+}
+
+pub fn repo_file(rel: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// The documented mechanism: each default port (`port_value: N`, exactly once in the file)
+/// replaced by the test's.
+pub fn with_ports(yaml: &str, ports: &[(u16, u16)]) -> String {
+    let mut out = yaml.to_string();
+    for (from, to) in ports {
+        let old = format!("port_value: {from}");
+        let at: Vec<usize> = out
+            .match_indices(&old)
+            .map(|(i, _)| i)
+            .filter(|i| !out[i + old.len()..].starts_with(|c: char| c.is_ascii_digit()))
+            .collect();
+        assert_eq!(at.len(), 1, "`{old}` once in the doc's configuration:\n{yaml}");
+        out.replace_range(at[0]..at[0] + old.len(), &format!("port_value: {to}"));
+    }
+    out
+}
+
+/// The fenced block of `file` (relative to the repository) marked `<!-- test: NAME -->` on the
+/// last non-blank line before it, Envoy configuration or not.
+pub fn doc_block(file: &str, name: &str) -> String {
+    let text = repo_file(file);
+    let mut lines = text.lines();
+    let mut before = "";
+    while let Some(line) = lines.next() {
+        if line.trim_start().starts_with("```") {
+            let body: Vec<&str> = lines.by_ref().take_while(|l| !l.trim_start().starts_with("```")).collect();
+            if before.trim() == format!("<!-- test: {name} -->") {
+                return body.join("\n") + "\n";
+            }
+            before = "";
+        } else if !line.trim().is_empty() {
+            before = line;
+        }
+    }
+    panic!("{file} has no block marked <!-- test: {name} -->")
+}
