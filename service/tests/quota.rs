@@ -148,6 +148,14 @@ fn by_bucket(actions: &[BucketAction]) -> HashMap<String, Vec<Push>> {
     out
 }
 
+/// Every `line` (`name{labels} value`) is in the service's /metrics.
+fn assert_metrics(svc: &ServiceProc, lines: &[&str]) {
+    let metrics = svc.http("GET", "/metrics", "").1;
+    for line in lines {
+        assert!(metrics.contains(&format!("{line}\n")), "{line} not in\n{metrics}");
+    }
+}
+
 fn start(redis: &Server, config: &str, extra: &[&str]) -> (TempDir, ServiceProc) {
     let dir = TempDir::new("quota");
     dir.write("edge.yaml", config);
@@ -159,17 +167,35 @@ fn start(redis: &Server, config: &str, extra: &[&str]) -> (TempDir, ServiceProc)
     (dir, svc)
 }
 
+/// One service on a fresh redis-server with the module (its clock pinned at [`T0_S`] + 1 s when
+/// `pinned`), a connection to Redis with its command stats reset, and a stream of the `edge`
+/// domain.
+struct Setup {
+    redis: Server,
+    con: redis::Connection,
+    _dir: TempDir,
+    svc: ServiceProc,
+    envoy: FakeEnvoy,
+}
+
+async fn setup(pinned: bool, extra: &[&str]) -> Setup {
+    let redis = Server::start();
+    let mut con = redis.conn();
+    if pinned {
+        set_clock(&mut con, (T0_S + 1) * 1_000_000);
+    }
+    let (_dir, svc) = start(&redis, CONFIG, extra);
+    reset_stats(&mut con);
+    let envoy = FakeEnvoy::connect(&svc, "edge").await;
+    Setup { redis, con, _dir, svc, envoy }
+}
+
 /// A lease is `[DENY_ALL, token bucket {granted, 1 per day}]` with a TTL of QUOTA_LEASE,
 /// claimed from the key ShouldRateLimit uses for the same entries; it is replaced every
 /// QUOTA_REFRESH with one claim each; the limit is shared with ShouldRateLimit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_is_claimed_then_pushed_and_replaced_on_the_service_clock() {
-    let redis = Server::start();
-    let mut con = redis.conn();
-    set_clock(&mut con, (T0_S + 1) * 1_000_000);
-    let (_dir, svc) = start(&redis, CONFIG, &[]);
-    reset_stats(&mut con);
-    let mut envoy = FakeEnvoy::connect(&svc, "edge").await;
+    let Setup { redis: _redis, mut con, _dir, svc, mut envoy } = setup(true, &[]).await;
     let b = bucket(&[("hot", "h")]);
     // The bucket's first report (Envoy sends it at once, counting the request that made it).
     envoy.report(&[(&b, 1, 0)]).await;
@@ -194,27 +220,23 @@ async fn a_lease_is_claimed_then_pushed_and_replaced_on_the_service_clock() {
     assert_eq!(third["hot=h"], vec![Push::Deny(1), Push::Bucket(1, 1, 86_400, 1)]);
     // One claim per lease, and ShouldRateLimit's check (RL.GCRA too).
     assert_eq!(command_calls_of(&mut con, "rl.gcra"), 4);
-    let metrics = svc.http("GET", "/metrics", "").1;
-    for line in [
-        "ratelimit_service_quota_streams 1",
-        "ratelimit_service_quota_buckets 1",
-        "ratelimit_service_quota_assignments{kind=\"lease\"} 2",
-        "ratelimit_service_quota_assignments{kind=\"deny\"} 1",
-        "ratelimit_service_quota_units_granted 3",
-    ] {
-        assert!(metrics.contains(&format!("{line}\n")), "{line} not in\n{metrics}");
-    }
+    assert_metrics(
+        &svc,
+        &[
+            "ratelimit_service_quota_streams 1",
+            "ratelimit_service_quota_buckets 1",
+            "ratelimit_service_quota_assignments{kind=\"lease\"} 2",
+            "ratelimit_service_quota_assignments{kind=\"deny\"} 1",
+            "ratelimit_service_quota_units_granted 3",
+        ],
+    );
 }
 
 /// A bucket's entries are one descriptor whatever their order; the rule decides the push:
 /// leases, or a static action (unknown, unlimited, zero, shadow mode) with QUOTA_STATIC_TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buckets_are_descriptors_and_static_rules_get_static_actions() {
-    let redis = Server::start();
-    let mut con = redis.conn();
-    set_clock(&mut con, (T0_S + 1) * 1_000_000);
-    let (_dir, svc) = start(&redis, CONFIG, &[]);
-    let mut envoy = FakeEnvoy::connect(&svc, "edge").await;
+    let Setup { redis, mut con, _dir, svc, mut envoy } = setup(true, &[]).await;
     let (nested, vip, blocked, trial, unknown) = (
         bucket(&[("path", "/a"), ("user", "bob")]),
         bucket(&[("vip", "x")]),
@@ -240,15 +262,15 @@ async fn buckets_are_descriptors_and_static_rules_get_static_actions() {
     wait_until(Duration::from_secs(5), "the shadow-mode charge", || {
         svc.metric("ratelimit_service_rate_limit_shadow_mode{domain=\"edge\",key1=\"trial\"}") == 2
     });
-    let metrics = svc.http("GET", "/metrics", "").1;
-    for line in [
-        "ratelimit_service_quota_unknown_buckets 1",
-        "ratelimit_service_quota_assignments{kind=\"static\"} 4",
-        "ratelimit_service_rate_limit_within_limit{domain=\"edge\",key1=\"vip\"} 3",
-        "ratelimit_service_rate_limit_over_limit{domain=\"edge\",key1=\"blocked\"} 2",
-    ] {
-        assert!(metrics.contains(&format!("{line}\n")), "{line} not in\n{metrics}");
-    }
+    assert_metrics(
+        &svc,
+        &[
+            "ratelimit_service_quota_unknown_buckets 1",
+            "ratelimit_service_quota_assignments{kind=\"static\"} 4",
+            "ratelimit_service_rate_limit_within_limit{domain=\"edge\",key1=\"vip\"} 3",
+            "ratelimit_service_rate_limit_over_limit{domain=\"edge\",key1=\"blocked\"} 2",
+        ],
+    );
     // QUOTA_UNKNOWN_BUCKETS=deny.
     let (_dir2, deny) = start(&redis, CONFIG, &["--quota-unknown-buckets", "deny"]);
     let mut envoy = FakeEnvoy::connect(&deny, "edge").await;
@@ -265,11 +287,7 @@ async fn buckets_are_descriptors_and_static_rules_get_static_actions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_bucket_is_abandoned_and_its_unused_leases_given_back() {
     // The real clock: RL.RETURN credits `units − rate × AGE` against the bucket's history.
-    let redis = Server::start();
-    let mut con = redis.conn();
-    let (_dir, svc) = start(&redis, CONFIG, &[]);
-    reset_stats(&mut con);
-    let mut envoy = FakeEnvoy::connect(&svc, "edge").await;
+    let Setup { redis: _redis, mut con, _dir, svc, mut envoy } = setup(false, &[]).await;
     let b = bucket(&[("slow", "s")]);
     envoy.report(&[(&b, 1, 0)]).await;
     // 60 per minute: a lease of 1 + 1 units each 500 ms (life 1 s).
@@ -406,9 +424,7 @@ async fn memory_is_bounded() {
 /// reconnects elsewhere), so the graceful stop does not wait for them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_end_at_shutdown() {
-    let redis = Server::start();
-    let (_dir, mut svc) = start(&redis, CONFIG, &[]);
-    let mut envoy = FakeEnvoy::connect(&svc, "edge").await;
+    let Setup { redis: _redis, con: _, _dir, mut svc, mut envoy } = setup(false, &[]).await;
     envoy.report(&[(&bucket(&[("api", "public")]), 1, 0)]).await;
     envoy.actions().await;
     svc.signal("-TERM");
