@@ -195,6 +195,131 @@ async fn the_docs_configuration_enforces_a_hot_bucket_at_the_edge() {
     assert!(svc.metric("ratelimit_service_quota_units_granted") >= admitted.len() as u64);
 }
 
+/// A free loopback port (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The quota filter of the docs' configuration (one bucket, `{api: public}`, DENY_ALL before a
+/// lease), asking the cluster `cluster`.
+fn edge_filter(cluster: &str) -> serde_json::Value {
+    json!({
+        "name": "envoy.filters.http.rate_limit_quota",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig",
+            "rlqs_server": { "envoy_grpc": { "cluster_name": cluster } },
+            "domain": "edge",
+            "bucket_matchers": { "on_no_match": { "action": {
+                "name": "quota",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings",
+                    "bucket_id_builder": { "bucket_id_builder": { "api": { "string_value": "public" } } },
+                    "reporting_interval": "5s",
+                    "no_assignment_behavior": { "fallback_rate_limit": { "blanket_rule": "DENY_ALL" } }
+                }
+            } } }
+        }
+    })
+}
+
+/// The fleet bound (docs/quota-service.md, "The bound"), measured: three Envoys with uneven load
+/// on one bucket (gcra 300/s, burst 100; L = 1 s), two service replicas; Envoy B is killed at
+/// 3 s holding a lease, replica 1 (Envoys A and C) is killed at 5 s and started again at
+/// 5.5 s. Every window of 1 s admits at most `c + r·(W + L + d)` = 100 + 300 × (1 + 1 + 0.1) =
+/// 730 (admissions counted only when certainly inside the window); A and C get leases again
+/// after the restart (at their next report, within 5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_bound_holds_on_three_envoys_through_a_crash_and_a_restart() {
+    let redis = Server::start();
+    let mut con = redis.conn();
+    let config = TempDir::new("quota-fleet");
+    config.write(
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: api\n    value: public\n    rate_limit: {requests_per_unit: 300, unit: second, algorithm: gcra, burst: 100}\n",
+    );
+    let url = format!("127.0.0.1:{}", redis.port);
+    let ports = [free_port(), free_port()];
+    let replica = |port: u16| {
+        let p = port.to_string();
+        let svc = ServiceProc::start(config.path(), &["--redis-url", &url, "--grpc-port", &p, "--instances", "2"]);
+        svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+        svc
+    };
+    let mut replicas = vec![replica(ports[0]), replica(ports[1])];
+    let upstream = Upstream::start();
+    let envoy_on = |port: u16| {
+        let mut c = EnvoyConfig::new(&format!("127.0.0.1:{port}"), upstream.port);
+        c.http_filters = vec![edge_filter("rate_limit_cluster")];
+        Envoy::start(&c.render())
+    };
+    let (a, b, c) = (envoy_on(ports[0]), envoy_on(ports[1]), envoy_on(ports[0]));
+    reset_stats(&mut con);
+    let t0 = Instant::now();
+    let end = Duration::from_secs(12);
+    // Uneven: A three clients flat out, B one until it is killed, C one at about 200/s.
+    let load = |port: u16, until: Duration, pause: Duration| {
+        tokio::spawn(async move {
+            let mut client = Client::new(port);
+            let mut seen = Vec::new();
+            while t0.elapsed() < until {
+                let sent = t0.elapsed();
+                let status = client.get(&[]).await;
+                seen.push((sent, t0.elapsed(), status));
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+            seen
+        })
+    };
+    let mut tasks = vec![(0, load(b.port, Duration::from_millis(2900), Duration::ZERO))];
+    for _ in 0..3 {
+        tasks.push((1, load(a.port, end, Duration::ZERO)));
+    }
+    tasks.push((2, load(c.port, end, Duration::from_millis(5))));
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(t0.elapsed())).await;
+    drop(b); // killed holding its lease
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(t0.elapsed())).await;
+    replicas[0].signal("-KILL");
+    replicas[0].wait_exit(Duration::from_secs(5));
+    tokio::time::sleep(Duration::from_millis(5500).saturating_sub(t0.elapsed())).await;
+    replicas[0] = replica(ports[0]);
+    let mut by_envoy: Vec<Vec<(Duration, Duration, u16)>> = vec![Vec::new(); 3];
+    for (e, t) in tasks {
+        by_envoy[e].extend(t.await.unwrap());
+    }
+    let commands = command_calls(&mut con);
+    let all: Vec<(Duration, Duration, u16)> = by_envoy.concat();
+    let admitted: Vec<(Duration, Duration)> = all.iter().filter(|r| r.2 == 200).map(|r| (r.0, r.1)).collect();
+    let worst = most_in_any_window(admitted.clone(), Duration::from_secs(1));
+    let count = |e: usize, from: f64, to: f64| {
+        by_envoy[e]
+            .iter()
+            .filter(|r| r.2 == 200 && r.0 >= Duration::from_secs_f64(from) && r.0 < Duration::from_secs_f64(to))
+            .count()
+    };
+    println!(
+        "fleet: {} requests, {} admitted (A {}, B {}, C {}), worst 1 s window {worst} (bound 730), {commands} Redis \
+         commands; admitted by A+C in 0-5 s {}, 5-6.5 s {}, 10.5-12 s {}",
+        all.len(),
+        admitted.len(),
+        count(1, 0.0, 12.0),
+        count(0, 0.0, 12.0),
+        count(2, 0.0, 12.0),
+        count(1, 0.0, 5.0) + count(2, 0.0, 5.0),
+        count(1, 5.0, 6.5) + count(2, 5.0, 6.5),
+        count(1, 10.5, 12.0) + count(2, 10.5, 12.0),
+    );
+    assert!(worst <= 730, "{worst} admitted in one second");
+    for (e, name) in [(0, "B"), (1, "A"), (2, "C")] {
+        assert!(count(e, 0.0, 3.0) > 0, "Envoy {name} admitted nothing before 3 s");
+    }
+    // After the restart A and C are served again (their next report reaches a replica).
+    assert!(count(1, 10.5, 12.0) + count(2, 10.5, 12.0) > 0, "no lease after the restart");
+    assert!(commands * 1000 <= 10 * all.len() as u64, "{commands} Redis commands for {} requests", all.len());
+    assert_eq!(upstream.count(), admitted.len());
+}
+
 // ---------------------------------------------------------------------------------------------
 // What Envoy 1.40 does with the pushes, against a scripted RLQS server.
 
