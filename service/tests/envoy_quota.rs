@@ -245,7 +245,7 @@ async fn the_fleet_bound_holds_on_three_envoys_through_a_crash_and_a_restart() {
         svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
         svc
     };
-    let mut replicas = vec![replica(ports[0]), replica(ports[1])];
+    let mut replicas = [replica(ports[0]), replica(ports[1])];
     let upstream = Upstream::start();
     let envoy_on = |port: u16| {
         let mut c = EnvoyConfig::new(&format!("127.0.0.1:{port}"), upstream.port);
