@@ -5,12 +5,12 @@
 //! `redis::aio::ConnectionManager` reconnects by itself with a backoff of its own; with redis
 //! 1.8's defaults it waits 100 ms to 6.4 s between attempts (0.27's: 1–2 s, then 60–120 s), and
 //! a command sent meanwhile waits for that attempt: decisions fall to the failure policy for
-//! seconds after Redis is back. [`Reconnecting`] has no backoff of its own: a call finds the connection broken (an
-//! IO error, a dropped connection), drops it, and the next call connects again (under
-//! `connect_timeout`). While Redis is down the limiter's breaker lets one call through per
-//! cool-down (the half-open probe), so there is one connection attempt per cool-down, jittered
-//! by when requests arrive, and a restart longer than the cool-down costs at most one
-//! cool-down plus one connection attempt.
+//! seconds after Redis is back. [`Reconnecting`] has no backoff of its own: a call finds the
+//! connection broken (an IO error, a dropped connection), drops it, and the next call connects
+//! again (under `connect_timeout`). While Redis is down the limiter's breaker lets one call
+//! through per cool-down (the half-open probe), so there is one connection attempt per
+//! cool-down, jittered by when requests arrive, and a restart longer than the cool-down costs at
+//! most one cool-down plus one connection attempt.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

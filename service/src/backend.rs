@@ -203,7 +203,8 @@ impl Lazy {
 
 enum Conns {
     Single { pool: Vec<Lazy>, next: AtomicUsize },
-    Cluster { client: redis::cluster::ClusterClient, conn: Mutex<Option<ClusterConnection>>, timeout: Duration },
+    // Boxed: redis 1.x's ClusterClient holds its whole configuration (over 500 bytes).
+    Cluster { client: Box<redis::cluster::ClusterClient>, conn: Mutex<Option<ClusterConnection>>, timeout: Duration },
 }
 
 /// A connection for one call: routed to a slot's primary on a cluster.
@@ -269,7 +270,7 @@ impl Backend {
                     .max_retry_wait(100)
                     .build()
                     .map_err(|e| format!("invalid Redis Cluster nodes {nodes:?}: {e}"))?;
-                Conns::Cluster { client, conn: Mutex::new(None), timeout: cfg.timeout }
+                Conns::Cluster { client: Box::new(client), conn: Mutex::new(None), timeout: cfg.timeout }
             }
         };
         let cluster = matches!(conns, Conns::Cluster { .. });
