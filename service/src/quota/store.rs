@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use redis::cluster_routing::get_slot;
 use redis::FromRedisValue;
 use redis_ratelimit_client::commands::{give_back_cmd, limit_cmd, Options};
 use redis_ratelimit_client::spec::Limit;
@@ -52,11 +51,11 @@ impl QuotaStore for Backend {
     ) -> BoxFuture<'a, Result<Decision, BackendError>> {
         Box::pin(async move {
             let cmd = limit_cmd(key, limit, Options::claim(units));
-            let slot = self.cluster.then(|| get_slot(key.as_bytes()));
+            let slot = self.slot_of(key);
             let v = tokio::time::timeout(deadline, self.call(RedisOp::Claim, &cmd, slot))
                 .await
                 .map_err(|_| late(deadline))??;
-            Decision::from_redis_value(&v).map_err(|e| BackendError::Reply(e.to_string()))
+            Decision::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string()))
         })
     }
 
@@ -69,12 +68,12 @@ impl QuotaStore for Backend {
     ) -> BoxFuture<'a, Result<u64, BackendError>> {
         Box::pin(async move {
             let cmd = give_back_cmd(key, units, Some(age));
-            let slot = self.cluster.then(|| get_slot(key.as_bytes()));
+            let slot = self.slot_of(key);
             match tokio::time::timeout(deadline, self.call(RedisOp::Return, &cmd, slot))
                 .await
                 .map_err(|_| late(deadline))?
             {
-                Ok(v) => Ok(i64::from_redis_value(&v).map(|n| n.max(0) as u64).unwrap_or(0)),
+                Ok(v) => Ok(i64::from_redis_value(v).map(|n| n.max(0) as u64).unwrap_or(0)),
                 Err(BackendError::Reply(m)) if m.contains("no limiter at this key") => Ok(0),
                 Err(e) => Err(e),
             }
