@@ -20,21 +20,20 @@
 //!   `cost − rate × AGE`: it never ends above the state where the units were never taken) and
 //!   the request is refused. docs/service.md ("Redis Cluster") states what holds.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
-use redis::{Cmd, ErrorKind, FromRedisValue, ServerErrorKind, Value};
+use redis::cluster_routing::Slot;
+use redis::{Cmd, FromRedisValue, Value};
 use redis_ratelimit_client::breaker::{Breaker, BreakerConfig, Permit};
 use redis_ratelimit_client::commands::{limit_cmd, Options};
 use redis_ratelimit_client::spec::{Algorithm, Limit};
 use redis_ratelimit_client::{Decision, MultiDecision, Nanos};
-use tokio::sync::Mutex;
 
+use crate::connection::{classify, Conn, Conns};
+pub use crate::connection::{BackendError, Target};
 use crate::metrics::{Metrics, RedisOp};
 
 /// The script for a group that cannot be one `RL.MULTI` (see the module docs).
@@ -113,46 +112,6 @@ pub struct Outcome {
     pub verdicts: Vec<Verdict>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BackendError {
-    /// No answer: connection refused or lost, timeout, breaker open.
-    Unavailable(String),
-    /// Redis answered an error (OOM at maxmemory, a script error, an ACL refusal).
-    Reply(String),
-}
-
-impl std::fmt::Display for BackendError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BackendError::Unavailable(m) => write!(f, "redis unavailable: {m}"),
-            BackendError::Reply(m) => write!(f, "redis error: {m}"),
-        }
-    }
-}
-
-fn classify(e: redis::RedisError) -> BackendError {
-    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
-        BackendError::Unavailable(e.to_string())
-    } else {
-        match e.kind() {
-            ErrorKind::Server(
-                ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown | ServerErrorKind::TryAgain,
-            ) => BackendError::Unavailable(e.to_string()),
-            ErrorKind::Server(ServerErrorKind::NoScript) => BackendError::Reply(format!("NOSCRIPT {e}")),
-            _ => BackendError::Reply(e.to_string()),
-        }
-    }
-}
-
-/// Where Redis is.
-#[derive(Clone, Debug)]
-pub enum Target {
-    /// One server (a redis:// or unix:// URL).
-    Single(String),
-    /// Redis Cluster seed nodes (redis:// URLs).
-    Cluster(Vec<String>),
-}
-
 #[derive(Clone, Debug)]
 pub struct BackendConfig {
     pub target: Target,
@@ -164,72 +123,6 @@ pub struct BackendConfig {
     /// Benchmark baseline: send what envoyproxy/ratelimit sends (a pipelined `INCRBY` +
     /// `EXPIRE` per descriptor, on fixed-window keys) instead of the module's commands.
     pub baseline: bool,
-}
-
-/// A lazily (re)connected ConnectionManager: Redis may be down when the service starts.
-struct Lazy {
-    client: redis::Client,
-    conn: Mutex<Option<ConnectionManager>>,
-    timeout: Duration,
-}
-
-impl Lazy {
-    async fn get(&self) -> Result<ConnectionManager, BackendError> {
-        let mut g = self.conn.lock().await;
-        if let Some(c) = g.as_ref() {
-            return Ok(c.clone());
-        }
-        // Reconnect backoff of 20 ms, then 40 ms (each jittered up to twice that), at most
-        // 200 ms: redis-rs's default waits seconds, long after Redis is back. (redis 0.27's
-        // first delay ignored these settings: 1–2 s.)
-        let cfg = ConnectionManagerConfig::new()
-            .set_min_delay(Duration::from_millis(20))
-            .set_exponent_base(2.0)
-            .set_max_delay(Duration::from_millis(200))
-            .set_number_of_retries(2)
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout));
-        let fut = ConnectionManager::new_with_config(self.client.clone(), cfg);
-        match tokio::time::timeout(self.timeout.saturating_mul(4), fut).await {
-            Ok(Ok(c)) => {
-                *g = Some(c.clone());
-                Ok(c)
-            }
-            Ok(Err(e)) => Err(BackendError::Unavailable(e.to_string())),
-            Err(_) => Err(BackendError::Unavailable("connect timed out".into())),
-        }
-    }
-}
-
-enum Conns {
-    Single { pool: Vec<Lazy>, next: AtomicUsize },
-    // Boxed: redis 1.x's ClusterClient holds its whole configuration (over 500 bytes).
-    Cluster { client: Box<redis::cluster::ClusterClient>, conn: Mutex<Option<ClusterConnection>>, timeout: Duration },
-}
-
-/// A connection for one call: routed to a slot's primary on a cluster.
-// Short-lived (one per call): its size does not matter.
-#[allow(clippy::large_enum_variant)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl Conn {
-    async fn query(&mut self, cmd: &Cmd, slot: Option<Slot>) -> redis::RedisResult<Value> {
-        match (self, slot) {
-            (Conn::Single(c), _) => c.req_packed_command(cmd).await,
-            (Conn::Cluster(c), Some(s)) => {
-                // redis 1.x takes the command by value (0.27 cloned it inside).
-                c.route_command(
-                    cmd.clone(),
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_slot(s, SlotAddr::Master))),
-                )
-                .await
-            }
-            (Conn::Cluster(c), None) => c.req_packed_command(cmd).await,
-        }
-    }
 }
 
 /// The Redis backend of the service.
@@ -252,27 +145,7 @@ fn limit_args(l: &Limit) -> Vec<String> {
 
 impl Backend {
     pub fn new(cfg: &BackendConfig, metrics: Arc<Metrics>) -> Result<Backend, String> {
-        let conns = match &cfg.target {
-            Target::Single(url) => {
-                let client =
-                    redis::Client::open(url.as_str()).map_err(|e| format!("invalid Redis URL '{url}': {e}"))?;
-                let pool = (0..cfg.pool_size.max(1))
-                    .map(|_| Lazy { client: client.clone(), conn: Mutex::new(None), timeout: cfg.timeout })
-                    .collect();
-                Conns::Single { pool, next: AtomicUsize::new(0) }
-            }
-            Target::Cluster(nodes) => {
-                let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
-                    .connection_timeout(cfg.timeout)
-                    .response_timeout(cfg.timeout)
-                    .retries(2)
-                    .min_retry_wait(5)
-                    .max_retry_wait(100)
-                    .build()
-                    .map_err(|e| format!("invalid Redis Cluster nodes {nodes:?}: {e}"))?;
-                Conns::Cluster { client: Box::new(client), conn: Mutex::new(None), timeout: cfg.timeout }
-            }
-        };
+        let conns = Conns::new(&cfg.target, cfg.pool_size, cfg.timeout)?;
         let cluster = matches!(conns, Conns::Cluster { .. });
         Ok(Backend {
             conns,
@@ -290,29 +163,6 @@ impl Backend {
         Nanos::from(self.epoch.elapsed())
     }
 
-    async fn conn(&self) -> Result<Conn, BackendError> {
-        match &self.conns {
-            Conns::Single { pool, next } => {
-                let i = next.fetch_add(1, Ordering::Relaxed) % pool.len();
-                pool[i].get().await.map(Conn::Single)
-            }
-            Conns::Cluster { client, conn, timeout } => {
-                let mut g = conn.lock().await;
-                if let Some(c) = g.as_ref() {
-                    return Ok(Conn::Cluster(c.clone()));
-                }
-                match tokio::time::timeout(timeout.saturating_mul(4), client.get_async_connection()).await {
-                    Ok(Ok(c)) => {
-                        *g = Some(c.clone());
-                        Ok(Conn::Cluster(c))
-                    }
-                    Ok(Err(e)) => Err(BackendError::Unavailable(e.to_string())),
-                    Err(_) => Err(BackendError::Unavailable("cluster connect timed out".into())),
-                }
-            }
-        }
-    }
-
     /// Is the breaker letting calls through (for /healthcheck)?
     pub fn healthy(&self) -> bool {
         !self.breaker.is_open()
@@ -326,7 +176,7 @@ impl Backend {
         }
         let started = Instant::now();
         let result = async {
-            let mut c = self.conn().await?;
+            let mut c = self.conns.get().await?;
             self.metrics.redis_call(op, 1);
             match tokio::time::timeout(self.timeout, c.query(cmd, slot)).await {
                 Ok(Ok(v)) => v.extract_error().map_err(classify),
@@ -393,7 +243,7 @@ impl Backend {
             let key = format!("{}_{}", c.key, (now_s / div) * div);
             pipe.cmd("INCRBY").arg(&key).arg(c.cost).cmd("EXPIRE").arg(&key).arg(div).ignore();
         }
-        let mut conn = self.conn().await?;
+        let mut conn = self.conns.get().await?;
         self.metrics.redis_call(RedisOp::Check, 2 * checks.len() as u64);
         let started = Instant::now();
         let counts: Vec<u64> = match &mut conn {

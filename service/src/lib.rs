@@ -6,7 +6,8 @@
 //! * [`service`]: a request's descriptors decided together (one Redis command per request on a
 //!   single server; the slot protocol on Redis Cluster), with the failure policies, metrics and
 //!   response headers.
-//! * [`backend`]: the Redis side: connections, the commands, the cross-slot protocol.
+//! * [`backend`]: the Redis side: the commands, the cross-slot protocol.
+//! * [`connection`]: the Redis connections.
 //! * [`quota`]: the Rate Limit Quota Service (`StreamRateLimitQuotas`): Envoy enforces leases of
 //!   the module's limits in process.
 //! * [`server`]: gRPC (tonic) and HTTP (`/json`, `/healthcheck`, `/metrics`, `/rlconfig`), and the
@@ -16,6 +17,7 @@
 
 pub mod backend;
 pub mod config;
+pub mod connection;
 pub mod headers;
 pub mod json;
 pub mod leases;
