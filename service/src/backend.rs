@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{get_slot, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, FromRedisValue, Value};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::{Cmd, ErrorKind, FromRedisValue, ServerErrorKind, Value};
 use redis_ratelimit_client::breaker::{Breaker, BreakerConfig, Permit};
 use redis_ratelimit_client::commands::{limit_cmd, Options};
 use redis_ratelimit_client::spec::{Algorithm, Limit};
@@ -135,10 +135,10 @@ fn classify(e: redis::RedisError) -> BackendError {
         BackendError::Unavailable(e.to_string())
     } else {
         match e.kind() {
-            redis::ErrorKind::ClusterDown | redis::ErrorKind::MasterDown | redis::ErrorKind::TryAgain => {
-                BackendError::Unavailable(e.to_string())
-            }
-            redis::ErrorKind::NoScriptError => BackendError::Reply(format!("NOSCRIPT {e}")),
+            ErrorKind::Server(
+                ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown | ServerErrorKind::TryAgain,
+            ) => BackendError::Unavailable(e.to_string()),
+            ErrorKind::Server(ServerErrorKind::NoScript) => BackendError::Reply(format!("NOSCRIPT {e}")),
             _ => BackendError::Reply(e.to_string()),
         }
     }
@@ -179,15 +179,16 @@ impl Lazy {
         if let Some(c) = g.as_ref() {
             return Ok(c.clone());
         }
-        // Reconnect backoff of at most 200 ms: redis-rs's default waits minutes after the
-        // first retries, long after Redis is back.
+        // Reconnect backoff of 20 ms, then 40 ms (each jittered up to twice that), at most
+        // 200 ms: redis-rs's default waits seconds, long after Redis is back. (redis 0.27's
+        // first delay ignored these settings: 1–2 s.)
         let cfg = ConnectionManagerConfig::new()
-            .set_factor(10)
-            .set_exponent_base(2)
-            .set_max_delay(200)
+            .set_min_delay(Duration::from_millis(20))
+            .set_exponent_base(2.0)
+            .set_max_delay(Duration::from_millis(200))
             .set_number_of_retries(2)
-            .set_connection_timeout(self.timeout)
-            .set_response_timeout(self.timeout);
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
         let fut = ConnectionManager::new_with_config(self.client.clone(), cfg);
         match tokio::time::timeout(self.timeout.saturating_mul(4), fut).await {
             Ok(Ok(c)) => {
@@ -202,7 +203,8 @@ impl Lazy {
 
 enum Conns {
     Single { pool: Vec<Lazy>, next: AtomicUsize },
-    Cluster { client: redis::cluster::ClusterClient, conn: Mutex<Option<ClusterConnection>>, timeout: Duration },
+    // Boxed: redis 1.x's ClusterClient holds its whole configuration (over 500 bytes).
+    Cluster { client: Box<redis::cluster::ClusterClient>, conn: Mutex<Option<ClusterConnection>>, timeout: Duration },
 }
 
 /// A connection for one call: routed to a slot's primary on a cluster.
@@ -214,13 +216,14 @@ enum Conn {
 }
 
 impl Conn {
-    async fn query(&mut self, cmd: &Cmd, slot: Option<u16>) -> redis::RedisResult<Value> {
+    async fn query(&mut self, cmd: &Cmd, slot: Option<Slot>) -> redis::RedisResult<Value> {
         match (self, slot) {
             (Conn::Single(c), _) => c.req_packed_command(cmd).await,
             (Conn::Cluster(c), Some(s)) => {
+                // redis 1.x takes the command by value (0.27 cloned it inside).
                 c.route_command(
-                    cmd,
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(s, SlotAddr::Master))),
+                    cmd.clone(),
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_slot(s, SlotAddr::Master))),
                 )
                 .await
             }
@@ -267,7 +270,7 @@ impl Backend {
                     .max_retry_wait(100)
                     .build()
                     .map_err(|e| format!("invalid Redis Cluster nodes {nodes:?}: {e}"))?;
-                Conns::Cluster { client, conn: Mutex::new(None), timeout: cfg.timeout }
+                Conns::Cluster { client: Box::new(client), conn: Mutex::new(None), timeout: cfg.timeout }
             }
         };
         let cluster = matches!(conns, Conns::Cluster { .. });
@@ -316,7 +319,7 @@ impl Backend {
     }
 
     /// One command, with the timeout, the breaker and the metrics.
-    async fn call(&self, op: RedisOp, cmd: &Cmd, slot: Option<u16>) -> Result<Value, BackendError> {
+    pub(crate) async fn call(&self, op: RedisOp, cmd: &Cmd, slot: Option<Slot>) -> Result<Value, BackendError> {
         if let Permit::Reject { .. } = self.breaker.permit(self.now_ns()) {
             self.metrics.breaker_rejects.fetch_add(1, Ordering::Relaxed);
             return Err(BackendError::Unavailable("circuit breaker open".into()));
@@ -349,8 +352,8 @@ impl Backend {
         result
     }
 
-    fn slot_of(&self, key: &str) -> Option<u16> {
-        self.cluster.then(|| get_slot(key.as_bytes()))
+    pub(crate) fn slot_of(&self, key: &str) -> Option<Slot> {
+        self.cluster.then(|| Slot::for_key(key))
     }
 
     /// Decides `checks` (see the module docs): one command when they share a slot.
@@ -362,7 +365,7 @@ impl Backend {
             return self.decide_baseline(checks).await;
         }
         // Group by slot, keeping request order inside a group.
-        let mut groups: Vec<(Option<u16>, Vec<usize>)> = Vec::new();
+        let mut groups: Vec<(Option<Slot>, Vec<usize>)> = Vec::new();
         for (i, c) in checks.iter().enumerate() {
             let s = self.slot_of(&c.key);
             match groups.iter_mut().find(|(gs, _)| *gs == s) {
@@ -428,7 +431,7 @@ impl Backend {
     async fn decide_across_slots(
         &self,
         checks: &[Check],
-        groups: &[(Option<u16>, Vec<usize>)],
+        groups: &[(Option<Slot>, Vec<usize>)],
         dry_run: bool,
     ) -> Result<Outcome, BackendError> {
         let mut verdicts: Vec<Option<Verdict>> = vec![None; checks.len()];
@@ -454,7 +457,7 @@ impl Backend {
         let mut refused = false;
         let mut failure: Option<BackendError> = None;
         for pass in [true, false] {
-            let batch: Vec<&(Option<u16>, Vec<usize>)> =
+            let batch: Vec<&(Option<Slot>, Vec<usize>)> =
                 groups.iter().filter(|(_, idx)| returnable(idx) == pass).collect();
             if batch.is_empty() {
                 continue;
@@ -534,7 +537,7 @@ impl Backend {
         &self,
         checks: &[Check],
         idx: &[usize],
-        slot: Option<u16>,
+        slot: Option<Slot>,
         dry: bool,
     ) -> Result<(bool, Vec<Verdict>), BackendError> {
         let group: Vec<&Check> = idx.iter().map(|i| &checks[*i]).collect();
@@ -544,7 +547,7 @@ impl Backend {
             let c = group[0];
             let opts = Options { cost: Some(c.cost), dry_run: dry, partial: false };
             let v = self.call(RedisOp::Check, &limit_cmd(&c.key, &c.limit, opts), slot).await?;
-            let d = Decision::from_redis_value(&v).map_err(|e| BackendError::Reply(e.to_string()))?;
+            let d = Decision::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string()))?;
             let admitted = d.allowed == c.cost;
             return Ok((admitted, vec![verdict(d, c.cost, admitted, admitted && !dry)]));
         }
@@ -562,7 +565,7 @@ impl Backend {
                 cmd.arg("DRYRUN");
             }
             let v = self.call(RedisOp::Multi, &cmd, slot).await?;
-            let m = MultiDecision::from_redis_value(&v).map_err(|e| BackendError::Reply(e.to_string()))?;
+            let m = MultiDecision::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string()))?;
             if m.limits.len() != group.len() {
                 return Err(BackendError::Reply(format!(
                     "RL.MULTI answered {} limits for {}",
@@ -636,7 +639,7 @@ fn parse_script_reply(v: &Value, group: &[&Check]) -> Result<(bool, Vec<Verdict>
     let mut vs = Vec::with_capacity(group.len());
     for (k, c) in group.iter().enumerate() {
         let admitted = int(&items[2 + 2 * k])? == 1;
-        let d = Decision::from_redis_value(&items[3 + 2 * k]).map_err(|e| BackendError::Reply(e.to_string()))?;
+        let d = Decision::from_redis_value_ref(&items[3 + 2 * k]).map_err(|e| BackendError::Reply(e.to_string()))?;
         let consumed = real && admitted && c.cost > 0;
         if admitted && !consumed {
             vs.push(verdict(d, c.cost, true, false));

@@ -198,6 +198,10 @@ pub struct Settings {
     /// envoyproxy/ratelimit.
     #[arg(long, env = "WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
+
+    /// The Rate Limit Quota Service's settings (QUOTA_*, docs/quota-service.md).
+    #[command(flatten)]
+    pub quota: crate::quota::QuotaFlags,
 }
 
 impl Settings {

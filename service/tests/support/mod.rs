@@ -17,6 +17,9 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
+/// The real Envoy in front of the service (tests/envoy.rs).
+pub mod envoy;
+
 /// A day boundary (unix seconds), so every unit's window starts there.
 pub const T0_S: u64 = 20_834 * 86_400;
 
