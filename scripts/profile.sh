@@ -31,6 +31,7 @@ done
 if redis-cli -p "$PORT" ping >/dev/null 2>&1; then
   echo "profile: port $PORT is busy; set PROFILE_PORT" >&2; exit 1
 fi
+STAMP=$(bash scripts/perf-doc.sh stamp)   # this checkout, as the run starts
 mkdir -p "$OUT"
 rm -f "$OUT"/callgrind.out.*
 OUT=$(cd "$OUT" && pwd)
@@ -132,6 +133,12 @@ for limit in "${LOG_LIMITS[@]}"; do
 done
 
 {
+  echo "# make profile"
+  echo ""
+  echo "$STAMP"
+  echo "- Module: $MODULE"
+  echo "- Command: \`PROFILE_N=$N PROFILE_KEYS=$KEYS PROFILE_LOG_LIMITS=\"${LOG_LIMITS[*]}\"${PROFILE_ONLY:+ PROFILE_ONLY='$PROFILE_ONLY'} bash scripts/profile.sh\`; $(redis-server --version | awk '{ print $1, $2, $3 }')"
+  echo ""
   echo "### Instructions per call inside call() (callgrind; $N pipelined calls over $KEYS warm keys)"
   echo ""
   echo "| command | Ir/call | × INCR |"
