@@ -55,20 +55,20 @@ check() {
     function fail(msg) { printf "perf-doc: %s:%d: %s\n", FILENAME, FNR, msg > "/dev/stderr"; bad = 1 }
     /^<!-- bench: [a-z0-9-]+ -->$/ {
       name = $3
-      if (open != "") fail("block " open " is not closed before " name " opens")
+      if (current != "") fail("block " current " is not closed before " name " opens")
       if (name in seen) fail("block " name " appears twice")
-      seen[name] = 1; open = name; stamped = 0; blocks++; next
+      seen[name] = 1; current = name; stamped = 0; blocks++; next
     }
     /^<!-- \/bench: [a-z0-9-]+ -->$/ {
       name = $3
-      if (open != name) fail("closing " name " without its opening marker")
+      if (current != name) fail("closing " name " without its opening marker")
       else if (!stamped) fail("block " name " has no stamp line (bash scripts/perf-doc.sh stamp)")
-      open = ""; next
+      current = ""; next
     }
-    /<!-- \/?bench:/ { fail("malformed marker: " $0) }
-    open != "" && $0 ~ re { stamped = 1 }
+    /^[ \t]*<!-- *\/?bench/ { fail("malformed marker: " $0) }
+    current != "" && $0 ~ re { stamped = 1 }
     END {
-      if (open != "") fail("block " open " is never closed")
+      if (current != "") fail("block " current " is never closed")
       if (!blocks) fail("no bench blocks")
       exit bad
     }' "$doc"
@@ -94,11 +94,11 @@ splice() {
     die "$name: $doc needs one '<!-- bench: $name -->' and one '<!-- /bench: $name -->' (found $opens and $closes)"
   body_of "$report" >"$body"
   grep -qE "$STAMP_RE" "$body" || die "$name: $report has no stamp line ('- Commit: \`<sha>\` · Machine: <CPU>, <n> CPUs')"
-  awk -v open="<!-- bench: $name -->" -v close="<!-- /bench: $name -->" -v body="$body" '
-    $0 == close { inside = 0; if (!opened) exit 1 }
+  awk -v first="<!-- bench: $name -->" -v last="<!-- /bench: $name -->" -v body="$body" '
+    $0 == last { inside = 0; if (!opened) exit 1 }
     inside { next }
     { print }
-    $0 == open { while ((getline l < body) > 0) print l; inside = 1; opened = 1 }
+    $0 == first { while ((getline l < body) > 0) print l; inside = 1; opened = 1 }
     END { if (inside) exit 1 }' "$doc" >"$out" || die "$name: '<!-- /bench: $name -->' must follow its opening marker"
   cat "$out" >"$doc"
   echo "perf-doc: $name <- $report" >&2
