@@ -127,7 +127,7 @@ for limit in "${LOG_LIMITS[@]}"; do
   i=$((i + 1))
   callgrind_control -d "case$i" "$VPID" >/dev/null 2>&1
   f=$(grep -l "^desc: Trigger: dump case$i\$" "$OUT"/callgrind.out.*.* | head -1)
-  ir=$(callgrind_annotate --inclusive=yes "$f" 2>/dev/null | awk '/=>/ { next } /commands::sliding_log_command([[:space:]]|$)/ && !done { gsub(",", "", $1); print $1; done = 1 }')
+  ir=$(callgrind_annotate --inclusive=yes "$f" 2>/dev/null | awk '/=>/ { next } /commands::SLIDINGLOG::run([[:space:]]|$)/ && !done { gsub(",", "", $1); print $1; done = 1 }')
   LOG_IR[$limit]=$(( ${ir:-0} / (N / 2) ))
   cli RL.DEBUG CLOCK REAL >/dev/null
 done
