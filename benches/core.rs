@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
-use redis_ratelimit::core::codec::State as Stored;
-use redis_ratelimit::core::spec::Update;
-use redis_ratelimit::core::{
+use redis_ratelimit_core::codec::State as Stored;
+use redis_ratelimit_core::spec::Update;
+use redis_ratelimit_core::{
     fixed, gcra, leaky, sliding, sliding_log, token_bucket, Nanos, Rate, Request, Window, NANOS_PER_MICRO,
     NANOS_PER_SEC,
 };

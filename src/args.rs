@@ -2,9 +2,9 @@
 //! 1 MB, not UTF-8); every error is an `ERR …` message naming the argument, and nothing is
 //! parsed leniently (no signs, no spaces, no floats, no overflow).
 
-use crate::core::codec::Algorithm;
-use crate::core::spec::Spec;
-use crate::core::{
+use redis_ratelimit_core::codec::Algorithm;
+use redis_ratelimit_core::spec::Spec;
+use redis_ratelimit_core::{
     Nanos, Rate, Request, Window, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
 };
 

@@ -10,10 +10,10 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-use crate::core::{Nanos, NANOS_PER_MICRO};
+use redis_ratelimit_core::{Nanos, NANOS_PER_MICRO};
 
 /// Latest instant the debug clock accepts (µs): the sliding log's timestamp range.
-pub const MAX_DEBUG_US: i64 = crate::core::sliding_log::MAX_TS;
+pub const MAX_DEBUG_US: i64 = redis_ratelimit_core::sliding_log::MAX_TS;
 
 static DEBUG_ENABLED: AtomicBool = AtomicBool::new(false);
 /// The pinned instant in µs, or REAL when the debug clock follows the host clock.

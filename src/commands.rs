@@ -12,13 +12,15 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use crate::acl::Acl;
 use crate::args::{self, wrong_arity};
 use crate::command_info::{arg, flag, ArgDoc, Doc, Keys, Kind, RO_ACCESS, RW_DELETE, RW_UPDATE, RW_UPDATE_NO_ACCESS};
-use crate::core::codec::{Algorithm, State};
-use crate::core::give_back::{self, Refusal};
-use crate::core::spec::{AlgorithmMismatch, Spec, Update};
-use crate::core::{ceil_ms, info as state_info, multi as multi_limits, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
 use crate::reply;
 use crate::state::{server_ms, CellReader, Entry, Held, Key, Stored, SETSTATE, WRONGTYPE};
 use crate::{clock, metrics, propagation};
+use redis_ratelimit_core::codec::{Algorithm, State};
+use redis_ratelimit_core::give_back::{self, Refusal};
+use redis_ratelimit_core::spec::{AlgorithmMismatch, Spec, Update};
+use redis_ratelimit_core::{
+    ceil_ms, info as state_info, multi as multi_limits, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC,
+};
 
 /// One argument of the running command, as Redis passed it. Only `dispatch` makes these (the
 /// field is private and the type neither Clone nor Copy), so an `Arg` is always an element of
@@ -653,7 +655,7 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     if o.limited {
         keys.iter().for_each(|k| metrics::notify_limited(ctx, k.as_ptr()));
     }
-    let retry_ms = reply::ms_or_minus_one(o.retry_after);
+    let retry_ms = redis_ratelimit_core::ms_or_minus_one(o.retry_after);
     let allowed = o.allowed as i64;
     if reply::resp3(ctx) {
         reply::map(ctx, 3);

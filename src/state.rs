@@ -1,6 +1,6 @@
 //! The native data type `ratelimit`, its callbacks, and the key access the commands use.
 //!
-//! A key's value is a `core::codec::State`, boxed or packed into the value word itself (see
+//! A key's value is the core's `codec::State`, boxed or packed into the value word itself (see
 //! `value`: GCRA, leaky, fixed and sliding states usually need no allocation). Every callback
 //! Redis 7.0 may call is implemented (it calls them without checking for null): RDB save/load,
 //! AOF rewrite, free, memory usage, digest and copy; and active defragmentation where the server
@@ -14,11 +14,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 
-use crate::core::codec::{State, ENCODING_VERSION};
-use crate::core::gcra;
-use crate::core::spec::{Spec, Update};
-use crate::core::Rate;
 use crate::value::{self, Loaded, Word};
+use redis_ratelimit_core::codec::{State, ENCODING_VERSION};
+use redis_ratelimit_core::gcra;
+use redis_ratelimit_core::spec::{Spec, Update};
+use redis_ratelimit_core::Rate;
 
 /// The type name identifies the RDB payload for life: never change it.
 pub static RL_TYPE: RedisType = RedisType::new(
@@ -317,7 +317,7 @@ pub fn cell_arrival(value: &[u8], ttl_ms: i64, now_ns: i64) -> Option<i64> {
     if ttl_ms < 0 {
         return None;
     }
-    let ttl_ns = ttl_ms.checked_mul(crate::core::NANOS_PER_MILLI)?;
+    let ttl_ns = ttl_ms.checked_mul(redis_ratelimit_core::NANOS_PER_MILLI)?;
     let off = (tat_ns as i128 - now_ns as i128 - ttl_ns as i128).abs();
     (off <= CELL_TTL_SLACK as i128).then_some(tat_ns)
 }
@@ -325,7 +325,7 @@ pub fn cell_arrival(value: &[u8], ttl_ms: i64, now_ns: i64) -> Option<i64> {
 /// How far a redis-cell key's TTL may end from its arrival time: 60 s (the gap between the two
 /// clock readings of one write is microseconds, or a script's run time on Redis 7.2+, where a
 /// script's commands share its start time).
-pub const CELL_TTL_SLACK: i64 = 60 * crate::core::NANOS_PER_SEC;
+pub const CELL_TTL_SLACK: i64 = 60 * redis_ratelimit_core::NANOS_PER_SEC;
 
 /// A redis-cell key as the GCRA state it is under `spec`'s rate. redis-cell stores only the
 /// arrival time (its parameters come with every call, as ours do), so the same instant read
@@ -636,7 +636,7 @@ pub fn server_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{NANOS_PER_MILLI, NANOS_PER_SEC};
+    use redis_ratelimit_core::{NANOS_PER_MILLI, NANOS_PER_SEC};
 
     const NOW: i64 = 1_700_000_000 * NANOS_PER_SEC;
 

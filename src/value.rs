@@ -47,11 +47,11 @@ use std::os::raw::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 
-use crate::core::codec::State;
-use crate::core::{fixed, gcra, leaky, sliding, token_bucket, Nanos, Rate, Window, NANOS_PER_MICRO};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::{fixed, gcra, leaky, sliding, token_bucket, Nanos, Rate, Window, NANOS_PER_MICRO};
 
 /// 2020-01-01T00:00:00Z in ns: a compact token bucket's instant counts from here.
-pub const BASE: Nanos = 1_577_836_800 * crate::core::NANOS_PER_SEC;
+pub const BASE: Nanos = 1_577_836_800 * redis_ratelimit_core::NANOS_PER_SEC;
 const ID_BITS: u32 = 12;
 /// Parameter sets the table holds.
 pub const CAPACITY: usize = (1 << ID_BITS) - 1;
@@ -639,7 +639,9 @@ pub fn value_bytes(s: &State, form: Form) -> usize {
         Form::Boxed => {
             std::mem::size_of::<State>()
                 + match s {
-                    State::SlidingLog(l) => std::mem::size_of::<crate::core::sliding_log::State>() + l.log.heap_bytes(),
+                    State::SlidingLog(l) => {
+                        std::mem::size_of::<redis_ratelimit_core::sliding_log::State>() + l.log.heap_bytes()
+                    }
                     _ => 0,
                 }
         }
@@ -649,7 +651,7 @@ pub fn value_bytes(s: &State, form: Form) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{NANOS_PER_MILLI, NANOS_PER_SEC};
+    use redis_ratelimit_core::{NANOS_PER_MILLI, NANOS_PER_SEC};
 
     fn roundtrip(s: State) -> bool {
         enable_inline(true);
@@ -826,7 +828,7 @@ mod tests {
                 3_600 * NANOS_PER_SEC,
                 86_400 * NANOS_PER_SEC,
                 7_777_777_777_777,
-                crate::core::MAX_PERIOD,
+                redis_ratelimit_core::MAX_PERIOD,
             ];
             let (limit, period) = (LIMITS[next() as usize % 10], PERIODS[next() as usize % 8]);
             let Ok(r) = Rate::new(limit, period, limit) else { continue };

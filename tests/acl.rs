@@ -9,8 +9,8 @@ mod common;
 
 use common::{err_text, now_us, run, try_run, Args, CellReply, LimiterReply, Opts, Server};
 use redis::{Connection, Value};
-use redis_ratelimit::core::{codec::State, gcra, Rate, Request, NANOS_PER_MICRO, NANOS_PER_SEC};
 use redis_ratelimit::{acl, COMMANDS};
+use redis_ratelimit_core::{codec::State, gcra, Rate, Request, NANOS_PER_MICRO, NANOS_PER_SEC};
 
 fn user_conn(s: &Server, user: &str, pw: &str) -> Connection {
     let client = redis::Client::open(format!("redis://{user}:{pw}@127.0.0.1:{}/", s.port)).unwrap();

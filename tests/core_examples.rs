@@ -1,8 +1,8 @@
-//! Hand-checked examples for the pure algorithm core (`redis_ratelimit::core`): the documented
+//! Hand-checked examples for the pure algorithm core (`redis_ratelimit_core`): the documented
 //! examples, extreme rates, window boundaries, exact retry/reset times and partial grants.
 //! No Redis needed.
 
-use redis_ratelimit::core::{
+use redis_ratelimit_core::{
     ceil_ms, codec, gcra, leaky, sliding, sliding_log, token_bucket, Decision, Nanos, Rate, Request, Window, MAX_COUNT,
     MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
 };

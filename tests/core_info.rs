@@ -1,11 +1,11 @@
-//! RL.INFO's fields (`redis_ratelimit::core::info`), without a server: names in reply order,
+//! RL.INFO's fields (`redis_ratelimit_core::info`), without a server: names in reply order,
 //! values in µs and units, and a redis-cell key's arrival time rounded up to the µs. The same
 //! fields through redis-server: tests/replies.rs and tests/cell_interop.rs.
 
-use redis_ratelimit::core::codec::State;
-use redis_ratelimit::core::info::{cell_fields, fields, Field};
-use redis_ratelimit::core::spec::{Spec, Update};
-use redis_ratelimit::core::{Nanos, Rate, Request, Window, NANOS_PER_SEC};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::info::{cell_fields, fields, Field};
+use redis_ratelimit_core::spec::{Spec, Update};
+use redis_ratelimit_core::{Nanos, Rate, Request, Window, NANOS_PER_SEC};
 
 const T0: Nanos = 1_700_000_000 * NANOS_PER_SEC;
 const MIN: Nanos = 60 * NANOS_PER_SEC;

@@ -1,13 +1,13 @@
-//! RL.MULTI's all-or-nothing decision (`redis_ratelimit::core::multi`), without a server:
+//! RL.MULTI's all-or-nothing decision (`redis_ratelimit_core::multi`), without a server:
 //! admitted calls consume on every limit as single calls would, refused ones consume nothing
 //! and show each limit's own view, the retry time is the longest wait or never, PARTIAL grants
 //! the least any limit has, and conversions to new parameters are kept as single calls keep
 //! them. The same behaviour through redis-server: tests/multi.rs.
 
-use redis_ratelimit::core::codec::{Algorithm, State};
-use redis_ratelimit::core::multi::{check, Outcome};
-use redis_ratelimit::core::spec::{AlgorithmMismatch, Spec, Update};
-use redis_ratelimit::core::{Decision, Nanos, Rate, Request, Window, NANOS_PER_SEC};
+use redis_ratelimit_core::codec::{Algorithm, State};
+use redis_ratelimit_core::multi::{check, Outcome};
+use redis_ratelimit_core::spec::{AlgorithmMismatch, Spec, Update};
+use redis_ratelimit_core::{Decision, Nanos, Rate, Request, Window, NANOS_PER_SEC};
 
 /// 2023-11-14T22:13:20Z.
 const T0: Nanos = 1_700_000_000 * NANOS_PER_SEC;

@@ -1,11 +1,11 @@
-//! Property tests for the pure algorithm core (`redis_ratelimit::core`): capacity bounds,
+//! Property tests for the pure algorithm core (`redis_ratelimit_core`): capacity bounds,
 //! agreement with naive models, GCRA ≡ token bucket, clocks stepping backwards, exact
 //! retry/reset times, partial grants, decision invariants and the state codec.
 //! No Redis needed. Run with `cargo test --release --test core_props`.
 
 use proptest::prelude::*;
 
-use redis_ratelimit::core::{
+use redis_ratelimit_core::{
     codec, leaky, sliding_log, Decision, Nanos, Rate, Request, Window, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI,
     NANOS_PER_SEC,
 };
@@ -784,7 +784,7 @@ proptest! {
     /// Floor, ceiling and truncating division give the same quotient on both paths.
     #[test]
     fn division_fast_paths_are_exact(n in edge_i128(), d in divisor()) {
-        use redis_ratelimit::core::{div_ceil_i128, div_floor_i128, div_trunc_i128, exact};
+        use redis_ratelimit_core::{div_ceil_i128, div_floor_i128, div_trunc_i128, exact};
         prop_assert_eq!(div_floor_i128(n, d), exact::div_floor(n, d));
         prop_assert_eq!(div_ceil_i128(n, d), exact::div_ceil(n, d));
         prop_assert_eq!(div_trunc_i128(n, d), exact::div_trunc(n, d));
@@ -808,7 +808,7 @@ fn any_window() -> impl Strategy<Value = Window> {
         1i64..=3 * US,
         1i64..=10 * NANOS_PER_MILLI,
         SEC..=3_600 * SEC,
-        86_400 * SEC..=redis_ratelimit::core::MAX_PERIOD,
+        86_400 * SEC..=redis_ratelimit_core::MAX_PERIOD,
     ];
     (limit, len).prop_map(|(l, w)| Window::new(l, w).unwrap())
 }
@@ -895,7 +895,7 @@ fn varint_len(v: u64) -> usize {
 fn byte_log_memory_per_entry() {
     for (gap, bytes) in [(US, 1), (7 * NANOS_PER_MILLI, 2), (SEC / 2, 3), (60 * SEC, 4), (3_600 * SEC, 5)] {
         for n in [10u64, 100, 1_000, 10_000] {
-            let w = Window::new(n, redis_ratelimit::core::MAX_PERIOD).unwrap();
+            let w = Window::new(n, redis_ratelimit_core::MAX_PERIOD).unwrap();
             let mut s = sliding_log::State::new(w);
             for i in 0..n as i64 {
                 let (_, c) = sliding_log::check(Some(&s), &w, T0 + i * gap, Request::new(1));

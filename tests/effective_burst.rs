@@ -687,7 +687,7 @@ fn memory_per_key_is_constant_but_for_the_sliding_log() {
     for row in &rows {
         if row.algo == SLIDINGLOG {
             // 100 entries 1 µs apart cost about 1 byte each in memory (the varint of the gap,
-            // src/core/sliding_log.rs), the encoding exactly 8 each; 100 requests in one µs
+            // core/src/sliding_log.rs), the encoding exactly 8 each; 100 requests in one µs
             // share one entry.
             assert!(row.mem[1] - row.mem[0] >= 99, "{:?}", row.mem);
             assert!(row.mem[1] - row.mem[0] <= 2 * 99, "{:?}", row.mem);
@@ -698,7 +698,7 @@ fn memory_per_key_is_constant_but_for_the_sliding_log() {
             assert_eq!(row.mem[0], row.mem[1], "{}", row.algo.cmd);
             assert_eq!(row.mem[0], row.mem[2], "{}", row.algo.cmd);
             assert_eq!(row.encoded[0], row.encoded[1], "{}", row.algo.cmd);
-            // src/core/codec.rs: version + tag, then the fields.
+            // core/src/codec.rs: version + tag, then the fields.
             let expected = match row.algo {
                 GCRA | LEAKY => 2 + 24 + 16,    // limit, period, burst; tat (i128)
                 TOKENBUCKET => 2 + 24 + 16 + 8, // limit, period, burst; tokens (i128), last
@@ -823,7 +823,7 @@ fn print_table() {
     println!(
         "\nMemory per key (redis {version}; MEMORY USAGE key SAMPLES 0, key names of 7 bytes; \
          size_of::<State>() = {} bytes + heap):",
-        std::mem::size_of::<redis_ratelimit::core::codec::State>()
+        std::mem::size_of::<redis_ratelimit_core::codec::State>()
     );
     println!(
         "| {:<11} | {:>14} | {:>20} | {:>18} | {:>13} | {:>14} |",

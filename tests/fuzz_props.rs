@@ -87,11 +87,11 @@ fn valid_encoding() -> impl Strategy<Value = Vec<u8>> {
         any::<bool>(),
     )
         .prop_map(|(seed, a, limit, period, n, commit)| {
-            use redis_ratelimit::core::codec::Algorithm;
-            use redis_ratelimit::core::spec::{Spec, Update};
-            use redis_ratelimit::core::{Rate, Request, Window};
+            use redis_ratelimit_core::codec::Algorithm;
+            use redis_ratelimit_core::spec::{Spec, Update};
+            use redis_ratelimit_core::{Rate, Request, Window};
             let algo = Algorithm::ALL[a];
-            let limit = if seed % 7 == 0 { redis_ratelimit::core::MAX_COUNT } else { limit };
+            let limit = if seed % 7 == 0 { redis_ratelimit_core::MAX_COUNT } else { limit };
             let spec = match algo {
                 Algorithm::Gcra => Spec::Gcra(Rate::new(limit, period, limit).unwrap()),
                 Algorithm::TokenBucket => Spec::TokenBucket(Rate::new(limit, period, limit).unwrap()),

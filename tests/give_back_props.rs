@@ -7,9 +7,9 @@
 
 use proptest::prelude::*;
 
-use redis_ratelimit::core::codec::{Algorithm, State};
-use redis_ratelimit::core::give_back::{give_back, Credit, Refusal};
-use redis_ratelimit::core::{fixed, gcra, sliding, token_bucket, Nanos, Rate, Request, Window, NANOS_PER_SEC};
+use redis_ratelimit_core::codec::{Algorithm, State};
+use redis_ratelimit_core::give_back::{give_back, Credit, Refusal};
+use redis_ratelimit_core::{fixed, gcra, sliding, token_bucket, Nanos, Rate, Request, Window, NANOS_PER_SEC};
 
 #[path = "common/core_dispatch.rs"]
 mod core_dispatch;

@@ -17,9 +17,9 @@ use std::time::Instant;
 use common::resp::{Reply, Resp};
 use common::{hex, now_ms, Opts, Rng, Server};
 use redis_ratelimit::args;
-use redis_ratelimit::core::codec::{Algorithm, State};
-use redis_ratelimit::core::spec::{Spec, Update};
-use redis_ratelimit::core::{Nanos, Request, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
+use redis_ratelimit_core::codec::{Algorithm, State};
+use redis_ratelimit_core::spec::{Spec, Update};
+use redis_ratelimit_core::{Nanos, Request, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
 use robust::*;
 
 const T0_US: i64 = 1_700_000_000_000_000;
@@ -372,7 +372,7 @@ fn random_spec(rng: &mut Rng) -> Spec {
     };
     let burst = if is_bucket(cmd) && rng.chance(30) { rng.range(1, 1000) as u64 } else { limit };
     // A burst that would take over 200 years to refill is refused by Rate::new: fall back.
-    if is_bucket(cmd) && redis_ratelimit::core::Rate::new(limit, period, burst).is_err() {
+    if is_bucket(cmd) && redis_ratelimit_core::Rate::new(limit, period, burst).is_err() {
         return spec_of(cmd, 10, NANOS_PER_SEC, None);
     }
     spec_of(cmd, limit, period, Some(burst))

@@ -11,8 +11,8 @@ use common::{
     clock_set, err_text, limiter, payload, pexpiretime, rl_info_int, unhex, wait_replica_synced, Opts, Server,
 };
 use redis::{Connection, Value};
-use redis_ratelimit::core::codec::State;
-use redis_ratelimit::core::{fixed, gcra, sliding, token_bucket, Rate, Window, MAX_COUNT, NANOS_PER_SEC};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::{fixed, gcra, sliding, token_bucket, Rate, Window, MAX_COUNT, NANOS_PER_SEC};
 
 /// The instant: 1800000000 s, a multiple of 2 h.
 const T_US: i64 = 1_800_000_000_000_000;

@@ -14,9 +14,8 @@ mod traffic;
 use common::{clock_set, ints, rl_info_int, Opts, Rng, Server};
 use redis::{Connection, Value};
 use redis_ratelimit::args;
-use redis_ratelimit::core::codec::{Algorithm, State};
-use redis_ratelimit::core::NANOS_PER_MICRO;
-use redis_ratelimit::reply::decision_values;
+use redis_ratelimit_core::codec::{Algorithm, State};
+use redis_ratelimit_core::NANOS_PER_MICRO;
 
 const START_US: i64 = 1_700_000_000_000_000;
 
@@ -37,7 +36,7 @@ impl Oracle {
                 self.state = Some(new);
             }
         }
-        let (values, n) = decision_values(&d, algo == Algorithm::Leaky);
+        let (values, n) = d.reply_values(algo == Algorithm::Leaky);
         values[..n].to_vec()
     }
 }

@@ -7,9 +7,9 @@ mod common;
 
 use common::resp::{Reply, Resp};
 use common::Server;
-use redis_ratelimit::core::codec::State;
-use redis_ratelimit::core::spec::Update;
-use redis_ratelimit::core::{gcra, Rate, NANOS_PER_SEC};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::spec::Update;
+use redis_ratelimit_core::{gcra, Rate, NANOS_PER_SEC};
 
 /// One path: commands that prepare the key, then the call under test. `{k}` stands for the key
 /// (`{k2}` for a second one, `{state}` for a RL.SETSTATE payload).

@@ -8,10 +8,10 @@
 #![allow(clippy::manual_range_contains)]
 
 use redis_ratelimit::args;
-use redis_ratelimit::core::codec::{Algorithm, State};
-use redis_ratelimit::core::give_back::{give_back, Refusal};
-use redis_ratelimit::core::spec::{Spec, Update};
-use redis_ratelimit::core::{
+use redis_ratelimit_core::codec::{Algorithm, State};
+use redis_ratelimit_core::give_back::{give_back, Refusal};
+use redis_ratelimit_core::spec::{Spec, Update};
+use redis_ratelimit_core::{
     sliding_log, Decision, Nanos, Rate, Request, Window, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI,
     NANOS_PER_SEC,
 };

@@ -4,8 +4,8 @@
 //! Included with `#[path = "common/core_dispatch.rs"] mod core_dispatch;` (not a test target).
 #![allow(dead_code)]
 
-use redis_ratelimit::core::codec::{Algorithm, State};
-use redis_ratelimit::core::{
+use redis_ratelimit_core::codec::{Algorithm, State};
+use redis_ratelimit_core::{
     fixed, gcra, leaky, sliding, sliding_log, token_bucket, Decision, Nanos, Rate, Request, Window,
 };
 

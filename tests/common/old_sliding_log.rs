@@ -6,8 +6,8 @@
 
 use std::collections::VecDeque;
 
-use redis_ratelimit::core::sliding_log::Commit;
-use redis_ratelimit::core::Window;
+use redis_ratelimit_core::sliding_log::Commit;
+use redis_ratelimit_core::Window;
 
 const TS_BITS: u32 = 53;
 const TS_MASK: u64 = (1 << TS_BITS) - 1;

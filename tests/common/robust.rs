@@ -3,9 +3,9 @@
 //! Included with `#[path = "common/robust.rs"] mod robust;` next to `mod common;`.
 #![allow(dead_code)]
 
-use redis_ratelimit::core::codec::State;
-use redis_ratelimit::core::spec::{Spec, Update};
-use redis_ratelimit::core::{ceil_ms, Decision, Nanos, Rate, Request, Window, NANOS_PER_MICRO, NANOS_PER_SEC};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::spec::{Spec, Update};
+use redis_ratelimit_core::{ceil_ms, Decision, Nanos, Rate, Request, Window, NANOS_PER_MICRO, NANOS_PER_SEC};
 
 use crate::common::resp::Reply;
 use crate::common::{CellReply, LimiterReply, LIMITER_FIELDS};

@@ -10,7 +10,7 @@ use crate::net::{sample_rtt, Availability, Outages};
 use crate::rng::Rng;
 use crate::server::{Answer, Command, Server};
 use crate::Nanos;
-use redis_ratelimit::core::spec::Spec;
+use redis_ratelimit_core::spec::Spec;
 
 /// The server's clock at virtual time 0 (late 2025, not aligned to any window).
 pub const SERVER_EPOCH: Nanos = 1_764_000_123_456_789_000;

@@ -7,12 +7,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use redis_ratelimit::core::spec::Spec;
-use redis_ratelimit::reply::decision_values;
 use redis_ratelimit_client::engine::{CallError, Claim, Return, Source, Step, Waiter};
 use redis_ratelimit_client::{
     Decision, Engine, FailurePolicy as ClientPolicy, Limit, LimiterConfig, Nanos as ClientNanos,
 };
+use redis_ratelimit_core::spec::Spec;
 
 use crate::model::{CallId, CallerId, ClientModel, Effect, FailurePolicy, ModelCounters, Outcome, Verdict};
 use crate::scenarios::{LeaseFactory, Scenario};
@@ -137,8 +136,8 @@ impl LeaseModel {
 }
 
 /// The core's decision as the module replies it, then parsed as the client parses a reply.
-fn as_reply(d: &redis_ratelimit::core::Decision) -> Decision {
-    let (v, _) = decision_values(d, true);
+fn as_reply(d: &redis_ratelimit_core::Decision) -> Decision {
+    let (v, _) = d.reply_values(true);
     Decision::from_fields(v[0], v[1], v[2], v[3], v[4], if d.delay.is_some() { Some(v[5]) } else { None })
 }
 

@@ -12,4 +12,4 @@ pub mod rng;
 pub mod scenarios;
 pub mod server;
 
-pub use redis_ratelimit::core::Nanos;
+pub use redis_ratelimit_core::Nanos;

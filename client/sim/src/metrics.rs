@@ -3,7 +3,7 @@
 
 use crate::engine::Record;
 use crate::Nanos;
-use redis_ratelimit::core::spec::Spec;
+use redis_ratelimit_core::spec::Spec;
 
 /// Most instants of `ts` (sorted) inside any closed interval of length `w`: an exact sliding
 /// two-pointer sweep.
@@ -175,7 +175,7 @@ pub fn ratio(a: u64, b: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redis_ratelimit::core::{Rate, Window};
+    use redis_ratelimit_core::{Rate, Window};
 
     #[test]
     fn window_sweep() {

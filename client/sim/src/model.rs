@@ -5,9 +5,9 @@
 
 use crate::server::{Answer, Command};
 use crate::Nanos;
-use redis_ratelimit::core::codec::State;
-use redis_ratelimit::core::spec::Spec;
-use redis_ratelimit::core::Request;
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::spec::Spec;
+use redis_ratelimit_core::Request;
 
 /// A request waiting for its verdict, named by the simulator.
 pub type CallerId = u64;

@@ -5,8 +5,8 @@ use crate::metrics::{bound, max_in_window, summarize, Lag, Summary};
 use crate::model::{ClientModel, FailurePolicy, PerRequest};
 use crate::net::{Availability, Outages};
 use crate::Nanos;
-use redis_ratelimit::core::spec::Spec;
-use redis_ratelimit::core::{Rate, Window, NANOS_PER_MILLI, NANOS_PER_SEC};
+use redis_ratelimit_core::spec::Spec;
+use redis_ratelimit_core::{Rate, Window, NANOS_PER_MILLI, NANOS_PER_SEC};
 
 const SEC: Nanos = NANOS_PER_SEC;
 const MS: Nanos = NANOS_PER_MILLI;

@@ -2,10 +2,10 @@
 //! calls it per command (`Spec::check`, then `Update::apply` when there is something to store;
 //! `give_back` for RL.RETURN). Time is the server's clock: virtual time plus an epoch offset.
 
-use redis_ratelimit::core::codec::State;
-use redis_ratelimit::core::give_back::give_back;
-use redis_ratelimit::core::spec::Spec;
-use redis_ratelimit::core::{Decision, Nanos, Request};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::give_back::give_back;
+use redis_ratelimit_core::spec::Spec;
+use redis_ratelimit_core::{Decision, Nanos, Request};
 
 /// A command as an instance sends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

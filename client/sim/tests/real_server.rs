@@ -20,9 +20,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
-use redis_ratelimit::core::spec::Spec;
-use redis_ratelimit::core::{Rate, NANOS_PER_SEC};
 use redis_ratelimit_client::{Limit, Limiter, LimiterConfig, Source};
+use redis_ratelimit_core::spec::Spec;
+use redis_ratelimit_core::{Rate, NANOS_PER_SEC};
 use redis_ratelimit_sim::metrics::{bound, Lag};
 
 const INSTANCES: usize = 8;

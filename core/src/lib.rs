@@ -93,6 +93,30 @@ impl Decision {
     pub fn limited(&self, req: &Request) -> bool {
         req.cost > 0 && self.allowed == 0
     }
+
+    /// The integers of a limiter command's reply, named by [`DECISION_FIELDS`]: the first five,
+    /// or all six with `delay_ms` (RL.LEAKY). Durations in milliseconds rounded up (never early),
+    /// -1 for none.
+    pub fn reply_values(&self, with_delay: bool) -> ([i64; 6], usize) {
+        let values = [
+            self.allowed as i64,
+            self.limit as i64,
+            self.remaining as i64,
+            ms_or_minus_one(self.retry_after),
+            ceil_ms(self.reset_after),
+            ms_or_minus_one(self.delay),
+        ];
+        (values, if with_delay { 6 } else { 5 })
+    }
+}
+
+/// Field names of a limiter command's reply, in order ([`Decision::reply_values`]).
+pub const DECISION_FIELDS: [&str; 6] =
+    ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms"];
+
+/// Milliseconds rounded up, or -1 for "none" (a reply's optional durations).
+pub fn ms_or_minus_one(ns: Option<Nanos>) -> i64 {
+    ns.map_or(-1, ceil_ms)
 }
 
 /// Sustained rate `limit` per `period` with a capacity of `burst` units (GCRA, token bucket,
@@ -118,7 +142,7 @@ impl Rate {
     }
 
     /// Capacity in scaled time units (ns × limit): burst × period.
-    pub(crate) fn capacity_scaled(&self) -> i128 {
+    pub fn capacity_scaled(&self) -> i128 {
         self.burst as i128 * self.period as i128
     }
 }
