@@ -77,7 +77,7 @@ pub fn period(arg: &[u8], name: &str) -> ArgResult<Nanos> {
     let split = arg.iter().position(|b| !b.is_ascii_digit()).unwrap_or(arg.len());
     let (num, unit) = arg.split_at(split);
     let n = digits(num).filter(|&n| n > 0).ok_or_else(bad)?;
-    const UNITS: [(&[u8], Nanos); 7] = [
+    const UNITS: [(&[u8], i64); 7] = [
         (b"", NANOS_PER_SEC),
         (b"s", NANOS_PER_SEC),
         (b"us", NANOS_PER_MICRO),
@@ -88,7 +88,7 @@ pub fn period(arg: &[u8], name: &str) -> ArgResult<Nanos> {
     ];
     let scale = UNITS.iter().find(|(u, _)| unit.eq_ignore_ascii_case(u)).map(|(_, s)| *s).ok_or_else(bad)?;
     match (n as i128) * (scale as i128) {
-        ns if ns <= MAX_PERIOD as i128 => Ok(ns as Nanos),
+        ns if ns <= MAX_PERIOD.as_i128() => Ok(Nanos::new(ns as i64)),
         _ => Err(format!("ERR invalid {name} '{}': at most 100 years (36525d)", shown(arg))),
     }
 }
@@ -186,7 +186,7 @@ pub fn cl_throttle(args: &[&[u8]]) -> ArgResult<(Rate, u64)> {
     }
     let count = positive(args[1], "count_per_period")?;
     let seconds = match digits(args[2]) {
-        Some(s) if s >= 1 && (s as i128) * (NANOS_PER_SEC as i128) <= MAX_PERIOD as i128 => s as Nanos,
+        Some(s) if s >= 1 && (s as i128) * (NANOS_PER_SEC as i128) <= MAX_PERIOD.as_i128() => s,
         Some(s) if s >= 1 => return Err("ERR period must be at most 100 years in seconds".into()),
         _ => return Err("ERR period must be a positive integer (seconds)".into()),
     };
@@ -194,7 +194,7 @@ pub fn cl_throttle(args: &[&[u8]]) -> ArgResult<(Rate, u64)> {
         Some(q) => non_negative(q, "quantity")?,
         None => 1,
     };
-    let rate = Rate::new(count, seconds * NANOS_PER_SEC, max_burst + 1).map_err(|e| format!("ERR {e}"))?;
+    let rate = Rate::new(count, Nanos::from_secs(seconds), max_burst + 1).map_err(|e| format!("ERR {e}"))?;
     Ok((rate, quantity))
 }
 
@@ -299,7 +299,7 @@ pub fn give_back(args: &[&[u8]]) -> ArgResult<GiveBack> {
             return Err("ERR option AGE given more than once".into());
         }
         let (ms, tail) = tail.split_first().ok_or("ERR AGE needs a value")?;
-        age = Some((non_negative(ms, "AGE")? as Nanos).saturating_mul(NANOS_PER_MILLI));
+        age = Some(Nanos::from_millis(non_negative(ms, "AGE")?));
         rest = tail;
     }
     Ok(GiveBack { n, age })

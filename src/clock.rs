@@ -74,7 +74,7 @@ pub fn now_us() -> i64 {
 
 /// Now, in ns since the epoch (a whole number of µs).
 pub fn now() -> Nanos {
-    now_us() * NANOS_PER_MICRO
+    Nanos::new(now_us() * NANOS_PER_MICRO)
 }
 
 /// Pins the debug clock at `us`.

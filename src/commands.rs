@@ -18,9 +18,7 @@ use crate::{clock, metrics, propagation};
 use redis_ratelimit_core::codec::{Algorithm, State};
 use redis_ratelimit_core::give_back::{self, Refusal};
 use redis_ratelimit_core::spec::{AlgorithmMismatch, Spec, Update};
-use redis_ratelimit_core::{
-    ceil_ms, info as state_info, multi as multi_limits, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC,
-};
+use redis_ratelimit_core::{info as state_info, multi as multi_limits, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
 
 /// One argument of the running command, as Redis passed it. Only `dispatch` makes these (the
 /// field is private and the type neither Clone nor Copy), so an `Arg` is always an element of
@@ -181,7 +179,7 @@ fn store_with(entry: Entry<'_>, update: Update, reset_after: Nanos, exact: bool)
     let payload = encode_for_propagation(entry.ctx(), &update);
     let key = entry.apply(update)?.map_err(|e| format!("ERR {e}"))?;
     let now_ms = server_ms();
-    let reset_ms = ceil_ms(reset_after).max(1);
+    let reset_ms = (reset_after.as_millis_ceil() as i64).max(1);
     let needed = now_ms.saturating_add(reset_ms);
     // (A new key, or one a user made persistent, has no expiry: -1.)
     let expire_at = if exact {
@@ -364,7 +362,10 @@ limiter_command!(
 fn cell_seconds(ns: Option<Nanos>) -> i64 {
     match ns {
         None => -1,
-        Some(ns) => ns / NANOS_PER_SEC + ((ns % NANOS_PER_SEC) / NANOS_PER_MILLI >= 1) as i64,
+        Some(ns) => {
+            let ns = ns.as_i64();
+            ns / NANOS_PER_SEC + ((ns % NANOS_PER_SEC) / NANOS_PER_MILLI >= 1) as i64
+        }
     }
 }
 

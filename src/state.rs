@@ -536,7 +536,7 @@ impl<'k> Entry<'k> {
             Held::Ours(s) => Ok(Stored::Ours(s)),
             Held::String => {
                 let key = &*self.key;
-                let tat_ns = key.string().and_then(|b| cell_arrival(&b, key.ttl_ms(), crate::clock::now()));
+                let tat_ns = key.string().and_then(|b| cell_arrival(&b, key.ttl_ms(), crate::clock::now().as_i64()));
                 match tat_ns {
                     None => Err(format!("{WRONGTYPE} (not a redis-cell arrival time)")),
                     Some(_) if !reader.reads() => Err(CELL_KEYS_OFF.to_string()),

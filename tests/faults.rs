@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::resp::{Reply, Resp};
 use common::{hex, now_ms, unhex, Opts, Rng, Server};
 use redis_ratelimit_core::spec::Spec;
-use redis_ratelimit_core::{Decision, Request, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
+use redis_ratelimit_core::{Decision, Nanos, Request, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
 use robust::*;
 
 const T0_US: i64 = 1_700_000_000_000_000;
@@ -88,9 +88,9 @@ impl Lim {
     fn unit_us(&self) -> i64 {
         match self.spec {
             Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => {
-                (r.period / r.limit as i64 / NANOS_PER_MICRO).max(1)
+                (r.period.as_i64() / r.limit as i64 / NANOS_PER_MICRO).max(1)
             }
-            Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => w.window / NANOS_PER_MICRO,
+            Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => w.window.as_i64() / NANOS_PER_MICRO,
         }
     }
 
@@ -443,7 +443,7 @@ fn setstate_log_commits_keep_the_state_loadable() {
     use redis_ratelimit_core::sliding_log::Commit;
     use redis_ratelimit_core::spec::Update;
     use redis_ratelimit_core::Window;
-    let win = Window::new(MAX_COUNT, 3_600 * NANOS_PER_SEC).unwrap();
+    let win = Window::new(MAX_COUNT, Nanos::new(3_600 * NANOS_PER_SEC)).unwrap();
     let far = (now_ms() + 365 * 86_400_000).to_string();
     let mut replies = Vec::new();
     for i in 0..3 {
@@ -736,7 +736,7 @@ fn generate_rdb_fixtures() {
     // A key without a TTL, as RL.SETSTATE without PXAT leaves it.
     c.clock_set(1_700_000_000_000_000);
     let (_, u) = spec_of("RL.GCRA", 7, 3_600 * NANOS_PER_SEC, None)
-        .check(None, 1_700_000_000_000_000 * NANOS_PER_MICRO, Request::new(3))
+        .check(None, Nanos::new(1_700_000_000_000_000 * NANOS_PER_MICRO), Request::new(3))
         .unwrap();
     let mut p = Vec::new();
     u.unwrap().encode_into(&mut p);

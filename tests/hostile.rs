@@ -365,14 +365,14 @@ fn random_spec(rng: &mut Rng) -> Spec {
         2 => rng.range(1, 1_000_000_000) as u64,
         _ => rng.range(1, 100) as u64,
     };
-    let period: Nanos = match rng.below(5) {
+    let period: i64 = match rng.below(5) {
         0 => 36_525 * 86_400 * NANOS_PER_SEC,
         1 => NANOS_PER_MICRO,
         _ => rng.range(1, 10_000) * NANOS_PER_MILLI,
     };
     let burst = if is_bucket(cmd) && rng.chance(30) { rng.range(1, 1000) as u64 } else { limit };
     // A burst that would take over 200 years to refill is refused by Rate::new: fall back.
-    if is_bucket(cmd) && redis_ratelimit_core::Rate::new(limit, period, burst).is_err() {
+    if is_bucket(cmd) && redis_ratelimit_core::Rate::new(limit, Nanos::new(period), burst).is_err() {
         return spec_of(cmd, 10, NANOS_PER_SEC, None);
     }
     spec_of(cmd, limit, period, Some(burst))
@@ -387,7 +387,8 @@ fn valid_payload(rng: &mut Rng) -> Vec<u8> {
     for _ in 0..rng.range(1, 6) {
         now += rng.range(-1_000_000, 5_000_000_000);
         let cost = rng.range(0, 3) as u64;
-        let (_, u) = spec.check(model.state.as_ref(), now, Request { cost, partial: rng.chance(50) }).unwrap();
+        let (_, u) =
+            spec.check(model.state.as_ref(), Nanos::new(now), Request { cost, partial: rng.chance(50) }).unwrap();
         if let Some(u) = u {
             model.apply(&u);
             last_update = Some(u);
@@ -399,7 +400,7 @@ fn valid_payload(rng: &mut Rng) -> Vec<u8> {
         _ => match &model.state {
             Some(s) => s.encode_into(&mut out),
             None => {
-                let (_, u) = spec.check(None, now, Request::new(1)).unwrap();
+                let (_, u) = spec.check(None, Nanos::new(now), Request::new(1)).unwrap();
                 u.unwrap().encode_into(&mut out);
             }
         },

@@ -15,7 +15,7 @@ use common::{clock_set, ints, rl_info_int, Opts, Rng, Server};
 use redis::{Connection, Value};
 use redis_ratelimit::args;
 use redis_ratelimit_core::codec::{Algorithm, State};
-use redis_ratelimit_core::NANOS_PER_MICRO;
+use redis_ratelimit_core::{Nanos, NANOS_PER_MICRO};
 
 const START_US: i64 = 1_700_000_000_000_000;
 
@@ -29,8 +29,10 @@ impl Oracle {
         let command = format!("RL.{}", algo.name().to_ascii_uppercase());
         let bytes: Vec<&[u8]> = words.iter().map(|w| w.as_bytes()).collect();
         let check = args::check(algo, &bytes, &command).expect("valid arguments");
-        let (d, update) =
-            check.spec.check(self.state.as_ref(), now_us * NANOS_PER_MICRO, check.req).expect("same algorithm");
+        let (d, update) = check
+            .spec
+            .check(self.state.as_ref(), Nanos::new(now_us * NANOS_PER_MICRO), check.req)
+            .expect("same algorithm");
         if let (Some(u), false) = (update, check.dryrun) {
             if let Some(new) = u.apply(self.state.as_mut()).expect("update applies") {
                 self.state = Some(new);

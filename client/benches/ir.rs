@@ -62,7 +62,7 @@ impl Direct {
 
     fn check(&mut self, key: &str) -> bool {
         self.now += 100;
-        let now = Nanos::new(self.now);
+        let now = Nanos::new(self.now as i64);
         let grant = |units: u64| Decision::from_fields(units as i64, 1_000_000_000, 500_000_000, -1, 1, None);
         let mut step = self.engine.check(now, key, 1);
         loop {

@@ -68,7 +68,7 @@ impl Instant_ {
 
     fn check(&mut self, key: &str) -> bool {
         self.now += 100;
-        let now = Nanos::new(self.now);
+        let now = Nanos::new(self.now as i64);
         let mut step = self.engine.check(now, key, 1);
         loop {
             step = match step {

@@ -215,7 +215,7 @@ pub fn give_back_cmd(key: &str, n: u64, age: Option<Duration>) -> Cmd {
     let mut c = redis::cmd("RL.RETURN");
     c.arg(key).arg(n);
     if let Some(a) = age {
-        c.arg("AGE").arg(crate::time::Nanos::from(a).as_millis_ceil());
+        c.arg("AGE").arg(redis_ratelimit_core::Nanos::from(a).as_millis_ceil());
     }
     c
 }

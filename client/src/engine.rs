@@ -35,8 +35,8 @@ use crate::metrics::{add, add_shared, sub, sub_shared, Metrics, MetricsSnapshot}
 use crate::policy::{FailurePolicy, LocalBucket};
 use crate::slab::Slab;
 use crate::spec::Limit;
-use crate::time::Nanos;
 use crate::wheel::Wheel;
+use redis_ratelimit_core::Nanos;
 
 /// The hasher of every shard of a limiter (foldhash, seeded per process): one hash per check
 /// picks the shard and finds the key.

@@ -29,11 +29,11 @@
 //! totals, the claim in flight), its transitions are the crate's own ([`crate::engine`] drives
 //! them).
 
-use crate::batch::{claim_size, BatchInput, ClaimSize, Demand};
+use crate::batch::{claim_size, BatchInput, ClaimSize, Demand, ToF64};
 use crate::decision::Decision;
 use crate::metrics::{add, sub, Metrics};
 use crate::spec::{Algorithm, Limit};
-use crate::time::Nanos;
+use redis_ratelimit_core::Nanos;
 use thin_vec::ThinVec;
 
 /// `span` scaled by a factor in [1/2, 3/2) drawn from `seed` (splitmix64).
@@ -43,7 +43,7 @@ fn jitter(span: Nanos, seed: u64) -> Nanos {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
     let frac = (z >> 11) as f64 / (1u64 << 53) as f64;
-    Nanos::new((span.as_f64() * (0.5 + frac)) as u64)
+    Nanos::new((span.to_f64() * (0.5 + frac)) as i64)
 }
 
 /// How a key's reservations behave.
@@ -121,7 +121,7 @@ impl LeaseConfig {
         let k = if lease_demand.is_finite() { lease_demand.clamp(1.0, 3.0) } else { 1.0 };
         // ¾: the instances together ask a third more than the refill, so that it is taken.
         let share = if self.instances > 1 {
-            Nanos::new((self.interval().as_f64() * self.instances as f64 * k * 0.75).min(u64::MAX as f64 / 2.0) as u64)
+            Nanos::new((self.interval().to_f64() * self.instances as f64 * k * 0.75).min(u64::MAX as f64 / 2.0) as i64)
         } else {
             Nanos::ZERO
         };
@@ -352,7 +352,7 @@ impl KeyState {
     }
 
     fn rtt(&self) -> Nanos {
-        Nanos::new(self.rtt as u64)
+        Nanos::new(self.rtt as i64)
     }
 
     /// Units held (unexpired as of the last call that expired leases).
@@ -794,7 +794,7 @@ impl KeyState {
             // worth making; the next claims ask for the demand of the pacing interval.
             let retry = d.retry_after.map_or(Nanos::ZERO, Nanos::from);
             let pace = if cfg.batching() {
-                let lease_demand = self.demand.rate_at(now, cfg.demand_tau, self.demand_last) * cfg.lease.as_f64();
+                let lease_demand = self.demand.rate_at(now, cfg.demand_tau, self.demand_last) * cfg.lease.to_f64();
                 cfg.dry_hold(lease_demand)
             } else {
                 Nanos::ZERO
@@ -923,7 +923,7 @@ mod tests {
 
     const S: Nanos = Nanos::from_secs(1);
     fn n(ns: u64) -> Nanos {
-        Nanos::new(ns)
+        Nanos::new(ns as i64)
     }
 
     fn reply(allowed: u64, limit: u64, remaining: u64, retry_ms: i64, reset_ms: i64) -> Decision {

@@ -30,7 +30,6 @@ pub mod metrics;
 pub mod policy;
 mod slab;
 pub mod spec;
-pub mod time;
 mod timeouts;
 mod wheel;
 
@@ -57,5 +56,6 @@ pub use metrics::MetricsSnapshot;
 pub use policy::FailurePolicy;
 /// The `redis` crate this client is built on (use it to open connections).
 pub use redis;
+/// The one time type of every crate (the core's).
+pub use redis_ratelimit_core::Nanos;
 pub use spec::{Algorithm, Limit};
-pub use time::Nanos;

@@ -35,7 +35,7 @@
 
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -54,8 +54,9 @@ use crate::lease::LeaseConfig;
 use crate::metrics::MetricsSnapshot;
 use crate::policy::FailurePolicy;
 use crate::spec::Limit;
-use crate::time::Nanos;
 use crate::timeouts::{Ticket, Timeouts};
+use redis_ratelimit_core::AtomicNanos;
+use redis_ratelimit_core::Nanos;
 
 /// A limiter's configuration: one [`Limit`] applied to any number of keys, with its
 /// reservations, timeout, breaker and failure policy. A builder: every setting has a default
@@ -288,8 +289,8 @@ struct Shard {
     engine: Mutex<Engine<Key>>,
     /// Woken after every claim of this shard completes.
     notify: Notify,
-    /// The engine's next deadline (ns), for the housekeeping task.
-    next_wake: AtomicU64,
+    /// The engine's next deadline (`Nanos::MAX`: none), for the housekeeping task.
+    next_wake: AtomicNanos,
 }
 
 struct Inner<C: ConnectionLike + Clone + Send + Sync + 'static> {
@@ -300,7 +301,7 @@ struct Inner<C: ConnectionLike + Clone + Send + Sync + 'static> {
     clock: Clock,
     /// Wakes the housekeeping task when a deadline earlier than its sleep appears.
     housekeeper: Arc<Notify>,
-    sleeping_until: AtomicU64,
+    sleeping_until: AtomicNanos,
     /// The claims' call timeouts (expired by the housekeeping task).
     timeouts: Timeouts,
 }
@@ -395,7 +396,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
             .map(|_| Shard {
                 engine: Mutex::new(Engine::with_shared(shared.clone())),
                 notify: Notify::new(),
-                next_wake: AtomicU64::new(u64::MAX),
+                next_wake: AtomicNanos::new(Nanos::MAX),
             })
             .collect();
         let housekeeper = Arc::new(Notify::new());
@@ -406,7 +407,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
             shards,
             clock: Clock::new(),
             housekeeper: housekeeper.clone(),
-            sleeping_until: AtomicU64::new(u64::MAX),
+            sleeping_until: AtomicNanos::new(Nanos::MAX),
             timeouts: Timeouts::default(),
         });
         tokio::spawn(housekeeping(Arc::downgrade(&inner), housekeeper));
@@ -587,7 +588,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// if it is earlier than its sleep) and sends what the engine queued.
     #[inline]
     fn release(self: &Arc<Self>, shard: &Shard, mut e: MutexGuard<'_, Engine<Key>>) {
-        let next = e.poll_timeout().map_or(u64::MAX, Nanos::as_u64);
+        let next = e.poll_timeout().unwrap_or(Nanos::MAX);
         let transmit = e.poll_transmit();
         if transmit.is_none() {
             drop(e);
@@ -609,7 +610,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// usual check leaves it where it was), the task woken only when it is earlier than its
     /// sleep.
     #[inline]
-    fn publish(&self, shard: &Shard, next: u64) {
+    fn publish(&self, shard: &Shard, next: Nanos) {
         if shard.next_wake.load(Ordering::Relaxed) != next {
             shard.next_wake.store(next, Ordering::Relaxed);
         }
@@ -668,7 +669,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         // caller moves, warm checks included) holds it only while the call is out.
         let error = {
             let mut pending = Pending(&self.shared, &self.clock, Some(o));
-            let deadline = self.shared.one_off_deadline(&o).as_u64();
+            let deadline = self.shared.one_off_deadline(&o);
             let mut conn = self.conn.clone();
             let cmd = self.shared.one_off_command(&o, key);
             let call = pin!(cmd.query_async::<Decision>(&mut conn));
@@ -753,7 +754,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// Sends a claim and reports it; answers the next step of the request that sent it (and
     /// the limiter, for a task that finishes an orphaned request).
     async fn claim(self: Arc<Self>, c: Claim<Key>) -> (Arc<Self>, Option<Step<Key>>) {
-        let deadline = self.shared.deadline(&c).as_u64();
+        let deadline = self.shared.deadline(&c);
         let mut conn = self.conn.clone();
         let cmd = c.command();
         let res =
@@ -833,7 +834,7 @@ impl Drop for Undecided<'_> {
 struct Timed<'a, C: ConnectionLike + Clone + Send + Sync + 'static, F> {
     inner: &'a Inner<C>,
     call: Pin<&'a mut F>,
-    deadline: u64,
+    deadline: Nanos,
     ticket: Option<Ticket>,
 }
 
@@ -878,22 +879,22 @@ async fn housekeeping<C: ConnectionLike + Clone + Send + Sync + 'static>(weak: W
         let next = {
             let Some(inner) = weak.upgrade() else { return };
             let now = inner.now();
-            inner.timeouts.expire(now.as_u64());
+            inner.timeouts.expire(now);
             let mut returns = Vec::new();
             for s in inner.shards.iter() {
-                if s.next_wake.load(Ordering::Relaxed) <= now.as_u64() {
+                if s.next_wake.load(Ordering::Relaxed) <= now {
                     let mut e = Inner::<C>::lock(s);
                     e.handle_timeout(now);
                     while let Some(r) = e.poll_transmit() {
                         returns.push(r);
                     }
-                    s.next_wake.store(e.poll_timeout().map_or(u64::MAX, Nanos::as_u64), Ordering::Relaxed);
+                    s.next_wake.store(e.poll_timeout().unwrap_or(Nanos::MAX), Ordering::Relaxed);
                 }
             }
             for r in returns {
                 tokio::spawn(inner.clone().give_back(r));
             }
-            let scan = || inner.shards.iter().map(|s| s.next_wake.load(Ordering::Relaxed)).min().unwrap_or(u64::MAX);
+            let scan = || inner.shards.iter().map(|s| s.next_wake.load(Ordering::Relaxed)).min().unwrap_or(Nanos::MAX);
             let mut next = scan().min(inner.timeouts.first());
             // SeqCst, as the front deadline's store and load in `Timed`: either this task
             // reads the deadline below or the claim reads this sleep and notifies.
@@ -901,7 +902,7 @@ async fn housekeeping<C: ConnectionLike + Clone + Send + Sync + 'static>(weak: W
             // A deadline published between the scan and the store is seen here (or its
             // request notifies: notify_one keeps the permit).
             next = next.min(scan()).min(inner.timeouts.first());
-            (next != u64::MAX).then(|| inner.instant(Nanos::new(next)))
+            (next != Nanos::MAX).then(|| inner.instant(next))
         };
         match next {
             Some(at) => {

@@ -5,7 +5,7 @@
 //! [`FailurePolicy::LocalShare`].
 
 use crate::spec::Limit;
-use crate::time::Nanos;
+use redis_ratelimit_core::Nanos;
 
 /// The per-limiter failure policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -65,7 +65,7 @@ pub struct LocalBucket {
 pub type LocalVerdict = Result<(), Option<Nanos>>;
 
 fn interval(limit: u64, period: Nanos) -> Nanos {
-    Nanos::new(period.as_u64().div_ceil(limit.max(1)).max(1))
+    Nanos::new(period.as_u64().div_ceil(limit.max(1)).max(1) as i64)
 }
 
 impl LocalBucket {

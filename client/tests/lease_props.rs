@@ -247,7 +247,7 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, sightings: bool, ops
                 assert!(r.engine.on_error(r.now, &p.claim, CallError::Abandoned).is_none());
                 r.wake(p.key, p.claim.id());
             }
-            Op::Advance { ns } => r.now += Nanos::new(ns),
+            Op::Advance { ns } => r.now += Nanos::new(ns as i64),
             Op::Tick => {
                 // A refund follows its check at once in practice, never a forgetting of its
                 // key (the per-key totals would then count it against the key's next life).

@@ -106,7 +106,7 @@ impl State {
             State::TokenBucket(s) => {
                 put_rate(out, &s.rate);
                 out.extend_from_slice(&s.tokens.to_le_bytes());
-                out.extend_from_slice(&s.last.to_le_bytes());
+                out.extend_from_slice(&s.last.as_i64().to_le_bytes());
             }
             State::Sliding(s) => {
                 put_window(out, &s.win);
@@ -155,7 +155,7 @@ impl State {
                 if tokens > rate.capacity_scaled() {
                     return Err("tokens above capacity");
                 }
-                State::TokenBucket(token_bucket::State { rate, tokens, last: r.i64()? }.normalised())
+                State::TokenBucket(token_bucket::State { rate, tokens, last: Nanos::new(r.i64()?) }.normalised())
             }
             Algorithm::Sliding => State::Sliding(
                 sliding::State { win: r.window()?, index: r.i64()?, prev: r.units()?, curr: r.units()? }.normalised(),
@@ -251,13 +251,13 @@ fn put_u64(out: &mut Vec<u8>, v: u64) {
 
 fn put_rate(out: &mut Vec<u8>, r: &Rate) {
     put_u64(out, r.limit);
-    put_u64(out, r.period as u64);
+    put_u64(out, r.period.as_i64() as u64);
     put_u64(out, r.burst);
 }
 
 fn put_window(out: &mut Vec<u8>, w: &Window) {
     put_u64(out, w.limit);
-    put_u64(out, w.window as u64);
+    put_u64(out, w.window.as_i64() as u64);
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -304,7 +304,7 @@ impl Reader<'_> {
         Ok(v)
     }
     fn period(&mut self) -> Result<Nanos, &'static str> {
-        let p = self.i64()?;
+        let p = Nanos::new(self.i64()?);
         super::check_period(p)?;
         Ok(p)
     }

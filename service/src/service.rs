@@ -508,7 +508,7 @@ impl Service {
                     consumed: admitted && o.allowed,
                 },
                 // Not consulted: another limit refused first from its local cache.
-                None => fallback_verdict(c, true, 0),
+                None => fallback_verdict(c, true, Nanos::ZERO),
             });
         }
         let outcome = Outcome { admitted, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() };
@@ -614,7 +614,7 @@ impl Service {
                 let admit = mode == FailureMode::Open;
                 let m = if admit { &self.metrics.failure_open } else { &self.metrics.failure_closed };
                 m.fetch_add(1, Relaxed);
-                checks.iter().map(|c| fallback_verdict(c, admit, 0)).collect()
+                checks.iter().map(|c| fallback_verdict(c, admit, Nanos::ZERO)).collect()
             }
             FailureMode::Local => self.local_decide(checks),
         };
@@ -663,8 +663,8 @@ impl Service {
             let m = if admitted { &self.metrics.failure_local_admits } else { &self.metrics.failure_local_denials };
             m.fetch_add(1, Relaxed);
             let retry = match r {
-                Err(Some(ns)) => ns.as_u64(),
-                _ => 0,
+                Err(Some(ns)) => *ns,
+                _ => Nanos::ZERO,
             };
             out.push(fallback_verdict(c, admitted, retry));
         }
@@ -673,13 +673,13 @@ impl Service {
 }
 
 /// A verdict made without Redis (nothing known of the shared state).
-fn fallback_verdict(c: &Check, admitted: bool, retry_ns: u64) -> Verdict {
+fn fallback_verdict(c: &Check, admitted: bool, retry: Nanos) -> Verdict {
     Verdict {
         decision: redis_ratelimit_client::Decision {
             allowed: if admitted { c.cost } else { 0 },
             limit: c.limit.capacity(),
             remaining: 0,
-            retry_after: (!admitted && retry_ns > 0).then(|| Duration::from_nanos(retry_ns)),
+            retry_after: (!admitted && retry > Nanos::ZERO).then(|| retry.into()),
             reset_after: Duration::ZERO,
             delay: None,
         },

@@ -8,15 +8,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use redis_ratelimit_client::engine::{CallError, Claim, Return, Source, Step, Waiter};
-use redis_ratelimit_client::{
-    Decision, Engine, FailurePolicy as ClientPolicy, Limit, LimiterConfig, Nanos as ClientNanos,
-};
+use redis_ratelimit_client::{Decision, Engine, FailurePolicy as ClientPolicy, Limit, LimiterConfig, Nanos};
 use redis_ratelimit_core::spec::Spec;
 
 use crate::model::{CallId, CallerId, ClientModel, Effect, FailurePolicy, ModelCounters, Outcome, Verdict};
 use crate::scenarios::{LeaseFactory, Scenario};
 use crate::server::{Answer, Command};
-use crate::Nanos;
 
 /// The factory of lease models.
 pub fn factory() -> Option<Box<LeaseFactory>> {
@@ -27,7 +24,7 @@ pub fn factory() -> Option<Box<LeaseFactory>> {
 
 /// The client's limit for a core spec.
 pub fn limit_of(spec: &Spec) -> Limit {
-    let ns = |n: Nanos| Duration::from_nanos(n as u64);
+    let ns = Duration::from;
     match *spec {
         Spec::Gcra(r) => Limit { burst: Some(r.burst), ..Limit::gcra(r.limit, ns(r.period)) },
         Spec::TokenBucket(r) => Limit { burst: Some(r.burst), ..Limit::token_bucket(r.limit, ns(r.period)) },
@@ -46,7 +43,7 @@ pub fn config(sc: &Scenario, policy: FailurePolicy) -> LimiterConfig {
         FailurePolicy::Closed => ClientPolicy::FailClosed,
         FailurePolicy::Open => ClientPolicy::FailOpen,
         FailurePolicy::Fallback(Spec::Gcra(r)) => {
-            ClientPolicy::LocalFallback { limit: r.limit, period: ClientNanos::new(r.period as u64), burst: r.burst }
+            ClientPolicy::LocalFallback { limit: r.limit, period: r.period, burst: r.burst }
         }
         FailurePolicy::Fallback(other) => panic!("the client's local fallback is a bucket, not {other:?}"),
     };
@@ -63,8 +60,8 @@ enum Flight {
 }
 
 /// The engine's clock: the instance's own (its virtual time plus offset, never negative).
-fn at(now: Nanos) -> ClientNanos {
-    ClientNanos::new(now as u64)
+fn at(now: i64) -> Nanos {
+    Nanos::new(now)
 }
 
 pub struct LeaseModel {
@@ -130,7 +127,7 @@ impl LeaseModel {
     fn send_return(&mut self, r: Return<usize>, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
         let call = calls();
         self.flights.insert(call, Flight::Return);
-        let age = (r.age().as_millis_ceil() * 1_000_000) as Nanos;
+        let age = (r.age().as_millis_ceil() * 1_000_000) as i64;
         out.push(Effect::Send { call, command: Command::Return { key: *r.key(), units: r.units(), age } });
     }
 }
@@ -144,7 +141,7 @@ fn as_reply(d: &redis_ratelimit_core::Decision) -> Decision {
 impl ClientModel for LeaseModel {
     fn request(
         &mut self,
-        now: Nanos,
+        now: i64,
         key: usize,
         caller: CallerId,
         calls: &mut dyn FnMut() -> CallId,
@@ -157,7 +154,7 @@ impl ClientModel for LeaseModel {
 
     fn outcome(
         &mut self,
-        now: Nanos,
+        now: i64,
         call: CallId,
         outcome: Outcome,
         calls: &mut dyn FnMut() -> CallId,
@@ -190,16 +187,16 @@ impl ClientModel for LeaseModel {
         self.transmit(calls, out);
     }
 
-    fn tick(&mut self, now: Nanos, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+    fn tick(&mut self, now: i64, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
         self.engine.handle_timeout(at(now));
         self.transmit(calls, out);
     }
 
-    fn next_tick(&self) -> Option<Nanos> {
-        self.engine.poll_timeout().map(|t| t.as_u64().min(i64::MAX as u64) as Nanos)
+    fn next_tick(&self) -> Option<i64> {
+        self.engine.poll_timeout().map(Nanos::as_i64)
     }
 
-    fn shutdown(&mut self, now: Nanos, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+    fn shutdown(&mut self, now: i64, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
         for r in self.engine.drain(at(now)) {
             self.send_return(r, calls, out);
         }

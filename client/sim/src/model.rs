@@ -4,10 +4,9 @@
 //! commands to the server, enforces the call timeout, and tells them the answers.
 
 use crate::server::{Answer, Command};
-use crate::Nanos;
 use redis_ratelimit_core::codec::State;
 use redis_ratelimit_core::spec::Spec;
-use redis_ratelimit_core::Request;
+use redis_ratelimit_core::{Nanos, Request};
 
 /// A request waiting for its verdict, named by the simulator.
 pub type CallerId = u64;
@@ -77,7 +76,7 @@ pub trait ClientModel {
     /// A request for one unit of `key` arrives.
     fn request(
         &mut self,
-        now: Nanos,
+        now: i64,
         key: usize,
         caller: CallerId,
         calls: &mut dyn FnMut() -> CallId,
@@ -86,18 +85,18 @@ pub trait ClientModel {
     /// The outcome of call `call`.
     fn outcome(
         &mut self,
-        now: Nanos,
+        now: i64,
         call: CallId,
         outcome: Outcome,
         calls: &mut dyn FnMut() -> CallId,
         out: &mut Vec<Effect>,
     );
     /// Time passes (lease expiry, background claims, returns of idle units).
-    fn tick(&mut self, now: Nanos, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>);
+    fn tick(&mut self, now: i64, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>);
     /// When `tick` next has something to do.
-    fn next_tick(&self) -> Option<Nanos>;
+    fn next_tick(&self) -> Option<i64>;
     /// Graceful shutdown: give back what is held.
-    fn shutdown(&mut self, now: Nanos, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>);
+    fn shutdown(&mut self, now: i64, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>);
     fn counters(&self) -> ModelCounters;
 }
 
@@ -112,8 +111,8 @@ impl LocalLimiter {
         LocalLimiter { spec, states: Default::default() }
     }
 
-    pub fn admit(&mut self, key: usize, now: Nanos) -> bool {
-        let Ok((d, update)) = self.spec.check(self.states.get(&key), now, Request::new(1)) else {
+    pub fn admit(&mut self, key: usize, now: i64) -> bool {
+        let Ok((d, update)) = self.spec.check(self.states.get(&key), Nanos::new(now), Request::new(1)) else {
             return false;
         };
         if let Some(u) = update {
@@ -146,7 +145,7 @@ impl PerRequest {
 impl ClientModel for PerRequest {
     fn request(
         &mut self,
-        _now: Nanos,
+        _now: i64,
         key: usize,
         caller: CallerId,
         calls: &mut dyn FnMut() -> CallId,
@@ -159,7 +158,7 @@ impl ClientModel for PerRequest {
 
     fn outcome(
         &mut self,
-        now: Nanos,
+        now: i64,
         call: CallId,
         outcome: Outcome,
         _calls: &mut dyn FnMut() -> CallId,
@@ -188,13 +187,13 @@ impl ClientModel for PerRequest {
         out.push(Effect::Verdict { caller, verdict });
     }
 
-    fn tick(&mut self, _now: Nanos, _calls: &mut dyn FnMut() -> CallId, _out: &mut Vec<Effect>) {}
+    fn tick(&mut self, _now: i64, _calls: &mut dyn FnMut() -> CallId, _out: &mut Vec<Effect>) {}
 
-    fn next_tick(&self) -> Option<Nanos> {
+    fn next_tick(&self) -> Option<i64> {
         None
     }
 
-    fn shutdown(&mut self, _now: Nanos, _calls: &mut dyn FnMut() -> CallId, _out: &mut Vec<Effect>) {}
+    fn shutdown(&mut self, _now: i64, _calls: &mut dyn FnMut() -> CallId, _out: &mut Vec<Effect>) {}
 
     fn counters(&self) -> ModelCounters {
         self.counters

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use redis_ratelimit_client::{Limit, Limiter, LimiterConfig, Source};
 use redis_ratelimit_core::spec::Spec;
-use redis_ratelimit_core::{Rate, NANOS_PER_SEC};
+use redis_ratelimit_core::{Nanos, Rate, NANOS_PER_SEC};
 use redis_ratelimit_sim::metrics::{bound, Lag};
 
 const INSTANCES: usize = 8;
@@ -94,7 +94,7 @@ async fn instances_sharing_a_key_stay_within_the_bound() {
         calls += m.redis_calls;
     }
     spans.sort_unstable();
-    let spec = Spec::Gcra(Rate::new(LIMIT, NANOS_PER_SEC, BURST).unwrap());
+    let spec = Spec::Gcra(Rate::new(LIMIT, Nanos::from_secs(1), BURST).unwrap());
     let lease = LEASE.as_nanos() as i64;
     let mut report = Vec::new();
     for w in [NANOS_PER_SEC, NANOS_PER_SEC / 10] {
