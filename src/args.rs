@@ -2,8 +2,8 @@
 //! 1 MB, not UTF-8); every error is an `ERR …` message naming the argument, and nothing is
 //! parsed leniently (no signs, no spaces, no floats, no overflow).
 
-use redis_ratelimit_core::codec::Algorithm;
 use redis_ratelimit_core::spec::Spec;
+use redis_ratelimit_core::Algorithm;
 use redis_ratelimit_core::{
     Nanos, Rate, Request, Window, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
 };
@@ -153,23 +153,18 @@ pub fn check(algo: Algorithm, args: &[&[u8]], command: &str) -> ArgResult<Check>
 
 fn spec_and_options(algo: Algorithm, args: &[&[u8]], command: &str) -> ArgResult<(Spec, Options)> {
     let limit = positive(args[0], "limit")?;
-    let rate_based = matches!(algo, Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::Leaky);
-    let period = period(args[1], if rate_based { "period" } else { "window" })?;
-    let o = options(&args[2..], rate_based, command)?;
-    let spec = if rate_based {
-        let rate = Rate::new(limit, period, o.burst.unwrap_or(limit)).map_err(|e| format!("ERR {e}"))?;
-        match algo {
-            Algorithm::Gcra => Spec::Gcra(rate),
-            Algorithm::TokenBucket => Spec::TokenBucket(rate),
-            _ => Spec::Leaky(rate),
-        }
-    } else {
-        let win = Window::new(limit, period).map_err(|e| format!("ERR {e}"))?;
-        match algo {
-            Algorithm::Sliding => Spec::Sliding(win),
-            Algorithm::Fixed => Spec::Fixed(win),
-            _ => Spec::SlidingLog(win),
-        }
+    let bucket = algo.is_bucket();
+    let period = period(args[1], if bucket { "period" } else { "window" })?;
+    let o = options(&args[2..], bucket, command)?;
+    let rate = || Rate::new(limit, period, o.burst.unwrap_or(limit)).map_err(|e| format!("ERR {e}"));
+    let win = || Window::new(limit, period).map_err(|e| format!("ERR {e}"));
+    let spec = match algo {
+        Algorithm::Gcra => Spec::Gcra(rate()?),
+        Algorithm::TokenBucket => Spec::TokenBucket(rate()?),
+        Algorithm::Leaky => Spec::Leaky(rate()?),
+        Algorithm::Sliding => Spec::Sliding(win()?),
+        Algorithm::Fixed => Spec::Fixed(win()?),
+        Algorithm::SlidingLog => Spec::SlidingLog(win()?),
     };
     Ok((spec, o))
 }
@@ -242,9 +237,9 @@ pub fn multi(args: &[&[u8]], numkeys: usize) -> ArgResult<Multi> {
             }
             let part = &args[start..end];
             if part.len() < 2 {
-                return Err(format!("ERR {} needs a limit and a period", algo.name().to_ascii_uppercase()));
+                return Err(format!("ERR {} needs a limit and a period", algo.multi_name()));
             }
-            let context = format!("{} in RL.MULTI", algo.name().to_ascii_uppercase());
+            let context = format!("{} in RL.MULTI", algo.multi_name());
             let (spec, o) = spec_and_options(algo, part, &context)?;
             debug_assert!(o.cost.is_none() && !o.dryrun && !o.partial);
             specs.push(spec);
@@ -260,10 +255,8 @@ pub fn multi(args: &[&[u8]], numkeys: usize) -> ArgResult<Multi> {
                     i += 1;
                 }
                 _ if specs.is_empty() => {
-                    return Err(format!(
-                        "ERR expected an algorithm (GCRA, TOKENBUCKET, SLIDING, SLIDINGLOG, FIXED, LEAKY), got '{}'",
-                        shown(args[i])
-                    ))
+                    let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.multi_name()).collect();
+                    return Err(format!("ERR expected an algorithm ({}), got '{}'", names.join(", "), shown(args[i])));
                 }
                 _ => return Err(format!("ERR unknown option '{}'", shown(args[i]))),
             }

@@ -11,9 +11,10 @@
 
 use proptest::prelude::*;
 
-use redis_ratelimit_core::codec::{Algorithm, State};
+use redis_ratelimit_core::codec::State;
 use redis_ratelimit_core::give_back::{self, Credit, Refusal};
 use redis_ratelimit_core::spec::{AlgorithmMismatch, Spec, Update};
+use redis_ratelimit_core::Algorithm;
 use redis_ratelimit_core::{
     fixed, gcra, leaky, sliding, sliding_log, token_bucket, Rate, Request, Window, MAX_COUNT, NANOS_PER_MICRO,
     NANOS_PER_MILLI, NANOS_PER_SEC,

@@ -7,7 +7,8 @@ use redis_ratelimit_core::{
     NANOS_PER_SEC,
 };
 
-use codec::{Algorithm, State};
+use codec::State;
+use redis_ratelimit_core::Algorithm;
 
 #[path = "common/core_dispatch.rs"]
 mod core_dispatch;

@@ -4,9 +4,10 @@
 //! the least any limit has, and conversions to new parameters are kept as single calls keep
 //! them. The same behaviour through redis-server: tests/multi.rs.
 
-use redis_ratelimit_core::codec::{Algorithm, State};
+use redis_ratelimit_core::codec::State;
 use redis_ratelimit_core::multi::{check, Outcome};
 use redis_ratelimit_core::spec::{AlgorithmMismatch, Spec, Update};
+use redis_ratelimit_core::Algorithm;
 use redis_ratelimit_core::{Decision, Nanos, Rate, Request, Window, NANOS_PER_SEC};
 
 /// 2023-11-14T22:13:20Z.

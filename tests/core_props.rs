@@ -9,7 +9,8 @@ use redis_ratelimit_core::{
     codec, leaky, sliding_log, Rate, Request, Window, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
 };
 
-use codec::{Algorithm, State};
+use codec::State;
+use redis_ratelimit_core::Algorithm;
 
 #[path = "common/core_dispatch.rs"]
 mod core_dispatch;
@@ -22,10 +23,6 @@ const SEC: i64 = NANOS_PER_SEC;
 
 // ---------------------------------------------------------------------------------------------
 // A uniform driver over all six algorithms: `check` and `Params` in common/core_dispatch.rs.
-
-fn is_bucket(a: Algorithm) -> bool {
-    matches!(a, Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::Leaky)
-}
 
 /// The parameters a stored state was written with.
 fn params_of(s: &State) -> Params {
@@ -141,7 +138,7 @@ fn us_window_params() -> impl Strategy<Value = Params> {
 }
 
 fn params_for(a: Algorithm) -> BoxedStrategy<Params> {
-    if is_bucket(a) {
+    if a.is_bucket() {
         rate_params().boxed()
     } else {
         window_params().boxed()

@@ -87,8 +87,8 @@ fn valid_encoding() -> impl Strategy<Value = Vec<u8>> {
         any::<bool>(),
     )
         .prop_map(|(seed, a, limit, period, n, commit)| {
-            use redis_ratelimit_core::codec::Algorithm;
             use redis_ratelimit_core::spec::{Spec, Update};
+            use redis_ratelimit_core::Algorithm;
             use redis_ratelimit_core::{Nanos, Rate, Request, Window};
             let algo = Algorithm::ALL[a];
             let limit = if seed % 7 == 0 { redis_ratelimit_core::MAX_COUNT } else { limit };

@@ -7,8 +7,9 @@
 
 use proptest::prelude::*;
 
-use redis_ratelimit_core::codec::{Algorithm, State};
+use redis_ratelimit_core::codec::State;
 use redis_ratelimit_core::give_back::{self, Refusal};
+use redis_ratelimit_core::Algorithm;
 use redis_ratelimit_core::{fixed, gcra, sliding, token_bucket, Rate, Request, Window, NANOS_PER_SEC};
 
 #[path = "common/core_dispatch.rs"]

@@ -17,8 +17,9 @@ use std::time::Instant;
 use common::resp::{Reply, Resp};
 use common::{hex, now_ms, Opts, Rng, Server};
 use redis_ratelimit::args;
-use redis_ratelimit_core::codec::{Algorithm, State};
+use redis_ratelimit_core::codec::State;
 use redis_ratelimit_core::spec::{Spec, Update};
+use redis_ratelimit_core::Algorithm;
 use redis_ratelimit_core::{Nanos, Request, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
 use robust::*;
 

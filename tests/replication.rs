@@ -38,7 +38,7 @@ fn admitted(args: &[String], v: &Value) -> bool {
 // ---------------------------------------------------------------------------------------------
 
 fn is_bucket(algo: &str) -> bool {
-    matches!(algo, "GCRA" | "TOKENBUCKET" | "LEAKY")
+    redis_ratelimit_core::Algorithm::ALL.iter().any(|a| a.is_bucket() && a.multi_name() == algo)
 }
 
 /// `limit period [BURST n]` for a bucket, `limit window` for a window algorithm. Mostly long

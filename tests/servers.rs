@@ -14,7 +14,8 @@ mod traffic;
 use common::{clock_set, ints, rl_info_int, Opts, Rng, Server};
 use redis::{Connection, Value};
 use redis_ratelimit::args;
-use redis_ratelimit_core::codec::{Algorithm, State};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::Algorithm;
 use redis_ratelimit_core::{Nanos, NANOS_PER_MICRO};
 
 const START_US: i64 = 1_700_000_000_000_000;
@@ -67,7 +68,7 @@ fn pinned_clock_decisions_equal_the_core_on_this_server() {
                 _ => rng.range(0, 2_000_000),
             };
             let mut words = vec!["10".to_string(), "1s".to_string()];
-            if matches!(algo, Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::Leaky) {
+            if algo.is_bucket() {
                 words.extend(["BURST".to_string(), "15".to_string()]);
             }
             words.extend(["COST".to_string(), rng.below(5).to_string()]);

@@ -32,8 +32,9 @@
 use crate::batch::{claim_size, BatchInput, ClaimSize, Demand, ToF64};
 use crate::decision::Decision;
 use crate::metrics::{add, sub, Metrics};
-use crate::spec::{Algorithm, Limit};
+use crate::spec::Limit;
 use redis_ratelimit_core::Nanos;
+use redis_ratelimit_core::Refill;
 use thin_vec::ThinVec;
 
 /// `span` scaled by a factor in [1/2, 3/2) drawn from `seed` (splitmix64).
@@ -91,13 +92,13 @@ impl LeaseConfig {
             demand_tau: Nanos::from_secs(1),
             idle_return: lease / 2,
             stale_claim: Nanos::from_secs(10),
-            batching: !matches!(limit.algorithm, Algorithm::Leaky | Algorithm::SlidingLog),
+            batching: limit.algorithm.leasable(),
             return_margin: Nanos::from_millis(100),
         }
     }
 
     pub(crate) fn batching(&self) -> bool {
-        self.batching && !matches!(self.limit.algorithm, Algorithm::Leaky | Algorithm::SlidingLog)
+        self.batching && self.limit.algorithm.leasable()
     }
 
     fn period(&self) -> Nanos {
@@ -115,7 +116,7 @@ impl LeaseConfig {
     /// units its demand can use within a lease, between 1 and 3), never more than the period. The
     /// fixed window does not pace: the server names the window's end.
     pub fn dry_hold(&self, lease_demand: f64) -> Nanos {
-        if self.limit.algorithm == Algorithm::Fixed {
+        if self.limit.algorithm.refill() == Refill::AtWindowEnd {
             return Nanos::ZERO;
         }
         let k = if lease_demand.is_finite() { lease_demand.clamp(1.0, 3.0) } else { 1.0 };
@@ -132,11 +133,11 @@ impl LeaseConfig {
     pub fn lease_span(&self, d: &Decision) -> Nanos {
         let reset = Nanos::from(d.reset_after);
         let window = self.period();
-        let window_end = match self.limit.algorithm {
-            Algorithm::Fixed => Some(reset),
-            Algorithm::Sliding if reset > window => Some(reset - window),
-            Algorithm::Sliding => Some(reset),
-            _ => None,
+        let window_end = match self.limit.algorithm.refill() {
+            Refill::AtWindowEnd => Some(reset),
+            Refill::WindowWeight if reset > window => Some(reset - window),
+            Refill::WindowWeight => Some(reset),
+            Refill::Continuous | Refill::PerUnit => None,
         };
         match window_end {
             Some(end) => (end - Nanos::from_millis(1)).min(self.lease),
@@ -429,7 +430,7 @@ impl KeyState {
         if let Some(first) = self.leases.first() {
             at = at.min(first.expires_at);
             let idle_at = self.last_request + cfg.idle_return;
-            if cfg.limit.algorithm.supports_return() && idle_at > now {
+            if cfg.limit.algorithm.returnable() && idle_at > now {
                 at = at.min(idle_at);
             }
         } else if self.in_flight.is_none() {
@@ -588,7 +589,8 @@ impl KeyState {
         let span = self.span(cfg);
         // What the server can grant over the span: its last remaining plus its refill (the
         // fixed window refills only at its end).
-        let refill = if cfg.limit.algorithm == Algorithm::Fixed { 0 } else { span.div_span(cfg.interval()) };
+        let refill =
+            if cfg.limit.algorithm.refill() == Refill::AtWindowEnd { 0 } else { span.div_span(cfg.interval()) };
         // Never more than the demand can use before the lease expires.
         let usable = self.demand.expected(now, cfg.demand_tau, cfg.lease).max(1);
         claim_size(BatchInput {
@@ -862,7 +864,7 @@ impl KeyState {
         }
         self.expire(now, m);
         let idle = now - self.last_request >= cfg.idle_return;
-        if !idle || !may_call || !cfg.limit.algorithm.supports_return() || self.leases.is_empty() {
+        if !idle || !may_call || !cfg.limit.algorithm.returnable() || self.leases.is_empty() {
             return;
         }
         while self.call_credit > 0 && !self.leases.is_empty() {
@@ -906,7 +908,7 @@ impl KeyState {
     pub(crate) fn drain(&mut self, now: Nanos, cfg: &LeaseConfig, m: &Metrics, out: &mut Vec<ReturnSpec>) {
         self.expire(now, m);
         let leases = std::mem::take(&mut self.leases);
-        if !cfg.limit.algorithm.supports_return() {
+        if !cfg.limit.algorithm.returnable() {
             let n: u64 = leases.iter().map(|l| l.units).sum();
             self.tally(|t| t.expired += n);
             add(&m.units_expired, n);

@@ -3,51 +3,8 @@
 
 use std::time::Duration;
 
-/// The module's limiter algorithms (one `RL.*` command each).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Algorithm {
-    /// `RL.GCRA`: sustained rate with bursts.
-    Gcra,
-    /// `RL.TOKENBUCKET`: same answers as GCRA.
-    TokenBucket,
-    /// `RL.LEAKY`: leaky bucket as a queue (replies carry `delay`).
-    Leaky,
-    /// `RL.SLIDING`: sliding window counter.
-    Sliding,
-    /// `RL.FIXED`: fixed (calendar) window.
-    Fixed,
-    /// `RL.SLIDINGLOG`: exact sliding log.
-    SlidingLog,
-}
-
-impl Algorithm {
-    /// The command name (`RL.GCRA`, …).
-    pub fn command(self) -> &'static str {
-        match self {
-            Algorithm::Gcra => "RL.GCRA",
-            Algorithm::TokenBucket => "RL.TOKENBUCKET",
-            Algorithm::Leaky => "RL.LEAKY",
-            Algorithm::Sliding => "RL.SLIDING",
-            Algorithm::Fixed => "RL.FIXED",
-            Algorithm::SlidingLog => "RL.SLIDINGLOG",
-        }
-    }
-
-    /// The algorithm name inside `RL.MULTI` (`GCRA`, `TOKENBUCKET`, …).
-    pub fn multi_name(self) -> &'static str {
-        &self.command()[3..]
-    }
-
-    /// GCRA, token bucket and leaky bucket take `BURST`; the windows do not.
-    pub fn is_bucket(self) -> bool {
-        matches!(self, Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::Leaky)
-    }
-
-    /// Whether `RL.RETURN` can give units back (the sliding log and the leaky bucket refuse it).
-    pub fn supports_return(self) -> bool {
-        !matches!(self, Algorithm::SlidingLog | Algorithm::Leaky)
-    }
-}
+/// The module's limiter algorithms and their facts (the core's one table).
+pub use redis_ratelimit_core::Algorithm;
 
 /// One limit: `limit` units per `period` (the window for window algorithms), with an optional
 /// `BURST` for the buckets.

@@ -12,51 +12,11 @@
 //! identity, so its encoding is unchanged byte for byte.
 
 use super::spec::Update;
-use super::{fixed, gcra, leaky, sliding, sliding_log, token_bucket, Nanos, Rate, Window};
+use super::{fixed, gcra, leaky, sliding, sliding_log, token_bucket, Algorithm, Nanos, Rate, Window};
 
 /// Version of the encoding, stored in every payload (and given to Redis as the type's
 /// encoding version).
 pub const ENCODING_VERSION: u8 = 1;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Algorithm {
-    Gcra,
-    TokenBucket,
-    Sliding,
-    Fixed,
-    SlidingLog,
-    Leaky,
-}
-
-impl Algorithm {
-    pub const ALL: [Algorithm; 6] = [
-        Algorithm::Gcra,
-        Algorithm::TokenBucket,
-        Algorithm::Sliding,
-        Algorithm::Fixed,
-        Algorithm::SlidingLog,
-        Algorithm::Leaky,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::Gcra => "gcra",
-            Algorithm::TokenBucket => "tokenbucket",
-            Algorithm::Sliding => "sliding",
-            Algorithm::Fixed => "fixed",
-            Algorithm::SlidingLog => "slidinglog",
-            Algorithm::Leaky => "leaky",
-        }
-    }
-
-    fn tag(self) -> u8 {
-        self as u8 + 1
-    }
-
-    fn from_tag(t: u8) -> Option<Algorithm> {
-        Algorithm::ALL.get((t as usize).checked_sub(1)?).copied()
-    }
-}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum State {

@@ -6,6 +6,7 @@
 //! Used by every crate of the workspace (the module, the client, the service, the simulator),
 //! so that each fact they share is written once here.
 
+pub mod algorithm;
 pub mod codec;
 pub mod fixed;
 pub mod gcra;
@@ -19,6 +20,7 @@ pub mod spec;
 pub mod time;
 pub mod token_bucket;
 
+pub use algorithm::{Algorithm, PolicyWindow, Refill};
 pub use time::{AtomicNanos, Nanos, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
 
 /// Largest limit, burst or cost accepted: large enough for any real quota, small enough that

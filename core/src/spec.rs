@@ -1,8 +1,10 @@
 //! One limit as the caller states it (algorithm and parameters), and the dispatch of a check
 //! to the algorithm's core against whatever a key holds.
 
-use super::codec::{Algorithm, State};
-use super::{fixed, gcra, leaky, sliding, sliding_log, token_bucket, Decision, Nanos, Rate, Request, Window};
+use super::codec::State;
+use super::{
+    fixed, gcra, leaky, sliding, sliding_log, token_bucket, Algorithm, Decision, Nanos, Rate, Request, Window,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Spec {

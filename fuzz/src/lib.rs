@@ -8,9 +8,10 @@
 #![allow(clippy::manual_range_contains)]
 
 use redis_ratelimit::args;
-use redis_ratelimit_core::codec::{Algorithm, State};
+use redis_ratelimit_core::codec::State;
 use redis_ratelimit_core::give_back::{give_back, Refusal};
 use redis_ratelimit_core::spec::{Spec, Update};
+use redis_ratelimit_core::Algorithm;
 use redis_ratelimit_core::{
     sliding_log, Decision, Nanos, Rate, Request, Window, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI,
     NANOS_PER_SEC,
@@ -121,7 +122,7 @@ pub fn args_target(data: &[u8]) {
     let Some((&sel, rest)) = data.split_first() else { return };
     let argv: Vec<&[u8]> = rest.split(|&b| b == 0).collect();
     let algo = Algorithm::ALL[(sel % 6) as usize];
-    let bucket = matches!(algo, Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::Leaky);
+    let bucket = algo.is_bucket();
     match args::check(algo, &argv, "RL.X") {
         Ok(c) => {
             let cap = capacity(&c.spec);
@@ -512,7 +513,7 @@ pub fn algorithms_target(data: &[u8]) {
                     _ => Some(b.below(1 << 50) as i64),
                 };
                 if let Some(s) = &state {
-                    let windowed = matches!(algo, Algorithm::Fixed | Algorithm::Sliding);
+                    let windowed = algo.returnable() && !algo.is_bucket();
                     match give_back(s, n, age.map(Nanos::new), Nanos::new(now)) {
                         Ok(c) => {
                             assert!(c.credited <= n && (c.credited > 0) == c.state.is_some(), "{c:?} for {n}");

@@ -31,7 +31,7 @@ use redis::cluster_routing::{get_slot, Route, RoutingInfo, SingleNodeRoutingInfo
 use redis::{Cmd, FromRedisValue, Value};
 use redis_ratelimit_client::breaker::{Breaker, BreakerConfig, Permit};
 use redis_ratelimit_client::commands::{limit_cmd, Options};
-use redis_ratelimit_client::spec::{Algorithm, Limit};
+use redis_ratelimit_client::spec::Limit;
 use redis_ratelimit_client::{Decision, MultiDecision, Nanos};
 use tokio::sync::Mutex;
 
@@ -449,7 +449,7 @@ impl Backend {
             });
         }
         // Phase 2: commit, returnable groups first.
-        let returnable = |idx: &Vec<usize>| idx.iter().all(|i| checks[*i].limit.algorithm.supports_return());
+        let returnable = |idx: &Vec<usize>| idx.iter().all(|i| checks[*i].limit.algorithm.returnable());
         let mut committed: Vec<(Instant, &Vec<usize>)> = Vec::new();
         let mut refused = false;
         let mut failure: Option<BackendError> = None;
@@ -508,7 +508,7 @@ impl Backend {
         for (sent, idx) in committed {
             for i in idx.iter() {
                 let v = verdicts[*i].as_mut().expect("filled");
-                if !v.consumed || !checks[*i].limit.algorithm.supports_return() {
+                if !v.consumed || !checks[*i].limit.algorithm.returnable() {
                     continue;
                 }
                 v.consumed = false;
@@ -645,9 +645,4 @@ fn parse_script_reply(v: &Value, group: &[&Check]) -> Result<(bool, Vec<Verdict>
         }
     }
     Ok((ok, vs))
-}
-
-/// Algorithms whose units can be given back (all but the sliding log).
-pub fn returnable(a: Algorithm) -> bool {
-    a.supports_return()
 }

@@ -51,27 +51,21 @@ impl FailureMode {
     }
 }
 
-/// The algorithm names of the `algorithm` extension.
+/// The algorithm names of the `algorithm` extension (the core's configuration names), in any
+/// case.
 pub fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "fixed" => Ok(Algorithm::Fixed),
-        "sliding" => Ok(Algorithm::Sliding),
-        "sliding_log" => Ok(Algorithm::SlidingLog),
-        "gcra" => Ok(Algorithm::Gcra),
-        "token_bucket" => Ok(Algorithm::TokenBucket),
-        "leaky" => Ok(Algorithm::Leaky),
-        _ => Err(format!("invalid algorithm '{s}': expected fixed, sliding, sliding_log, gcra, token_bucket or leaky")),
-    }
+    Algorithm::from_config_name(&s.to_ascii_lowercase()).ok_or_else(|| {
+        let names = config_names(Algorithm::ALL.iter().copied(), "or");
+        format!("invalid algorithm '{s}': expected {names}")
+    })
 }
 
-pub fn algorithm_name(a: Algorithm) -> &'static str {
-    match a {
-        Algorithm::Fixed => "fixed",
-        Algorithm::Sliding => "sliding",
-        Algorithm::SlidingLog => "sliding_log",
-        Algorithm::Gcra => "gcra",
-        Algorithm::TokenBucket => "token_bucket",
-        Algorithm::Leaky => "leaky",
+/// The configuration names of `algorithms`: `a, b and c` (`or` for a choice).
+fn config_names(algorithms: impl Iterator<Item = Algorithm>, and: &str) -> String {
+    let names: Vec<&str> = algorithms.map(Algorithm::config_name).collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} {and} {last}", rest.join(", ")),
+        _ => names.join(""),
     }
 }
 
@@ -541,9 +535,11 @@ fn load_rate_limit(
         }
     };
     if burst.is_some() && !algorithm.is_bucket() {
-        return Err(
-            ctx.err(dp, format!("burst applies to gcra, token_bucket and leaky, not to {}", algorithm_name(algorithm)))
-        );
+        let buckets = Algorithm::ALL.into_iter().filter(|a| a.is_bucket());
+        return Err(ctx.err(
+            dp,
+            format!("burst applies to {}, not to {}", config_names(buckets, "and"), algorithm.config_name()),
+        ));
     }
     if let (Some(b), true) = (burst, requests_per_unit > 0) {
         // The module refuses a BURST whose refill (burst × period / limit) exceeds 200 years.
@@ -704,7 +700,7 @@ impl Config {
                     l.unit.as_str_name(),
                     l.requests_per_unit,
                     l.period,
-                    algorithm_name(l.algorithm),
+                    l.algorithm.config_name(),
                     l.burst,
                     l.unlimited,
                     l.shadow_mode

@@ -18,8 +18,9 @@
 //! One [`Limiter`] per rule (its limit, shadow mode and failure policy), made on first use and
 //! kept across reloads while the rule is unchanged; keys are the same Redis keys as per-request
 //! checks use, so switching a rule between leases and per-request checking keeps its state.
-//! Leasable: fixed, sliding, gcra, token_bucket (the sliding log and the leaky bucket are
-//! checked per request: exact by design, and every admitted leaky request needs its own delay).
+//! Leasable: what the algorithm's facts say (`Algorithm::leasable`; the sliding log and the
+//! leaky bucket are checked per request: exact by design, and every admitted leaky request
+//! needs its own delay).
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -31,7 +32,7 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
-use redis_ratelimit_client::spec::{Algorithm, Limit};
+use redis_ratelimit_client::spec::Limit;
 use redis_ratelimit_client::{FailurePolicy, Limiter, LimiterConfig, Nanos, Reconnecting};
 
 use crate::config::FailureMode;
@@ -83,10 +84,6 @@ pub struct LeaseSettings {
     /// A value leases once seen this many times within `hot_window` (1: from its first request).
     pub hot_requests: u32,
     pub hot_window: Duration,
-}
-
-pub fn leasable(a: Algorithm) -> bool {
-    matches!(a, Algorithm::Fixed | Algorithm::Sliding | Algorithm::Gcra | Algorithm::TokenBucket)
 }
 
 pub type RuleLimiter = Arc<Limiter<LeaseConn>>;

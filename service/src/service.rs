@@ -14,9 +14,9 @@ use redis_ratelimit_client::spec::{Algorithm, Limit};
 use redis_ratelimit_client::Nanos;
 
 use crate::backend::{Backend, BackendError, Check, Outcome, Verdict};
-use crate::config::{algorithm_name, unit_period, Config, FailureMode, Matched, Rule};
+use crate::config::{unit_period, Config, FailureMode, Matched, Rule};
 use crate::headers::{self, HeaderMode, LimitStatus};
-use crate::leases::{leasable, LeaseConn, Leases};
+use crate::leases::{LeaseConn, Leases};
 use crate::metrics::{Metrics, RuleStats, StatKey};
 use crate::pb::{self, Code, DescriptorStatus, RateLimitRequest, RateLimitResponse, Unit};
 use redis_ratelimit_client::{check_all, Limiter};
@@ -147,9 +147,9 @@ pub fn redis_key(
         k.push('{');
         escape(&mut k, domain);
         k.push('}');
-        k.push_str(algorithm_name(algorithm));
+        k.push_str(algorithm.config_name());
     } else {
-        k.push_str(algorithm_name(algorithm));
+        k.push_str(algorithm.config_name());
         k.push(':');
         escape(&mut k, domain);
     }
@@ -409,7 +409,7 @@ impl Service {
                 // A leased rule's value leases only once hot (crate::leases::Heat); until then
                 // it is decided per request with the request's other per-request checks.
                 let lease = self.leases.as_ref().is_some_and(|l| {
-                    leasable(m.rule.algorithm)
+                    m.rule.algorithm.leasable()
                         && m.rule.lease.unwrap_or(l.settings.default_on)
                         && cost > 0
                         && l.heat.observe(&checks[checks.len() - 1].key)

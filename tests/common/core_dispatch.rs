@@ -8,7 +8,8 @@
 //! their times raw ([`Decision`]; [`raw`] runs each algorithm's own `check` at a raw instant).
 #![allow(dead_code)]
 
-use redis_ratelimit_core::codec::{Algorithm, State};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::Algorithm;
 use redis_ratelimit_core::{fixed, gcra, leaky, sliding, sliding_log, token_bucket, Nanos, Rate, Request, Window};
 
 /// A raw instant or span, as the core takes it.

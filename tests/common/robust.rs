@@ -24,8 +24,10 @@ pub fn long() -> bool {
 /// The six limiter commands (CL.THROTTLE is separate: other arguments and reply).
 pub const LIMITERS: [&str; 6] = ["RL.GCRA", "RL.TOKENBUCKET", "RL.LEAKY", "RL.SLIDING", "RL.FIXED", "RL.SLIDINGLOG"];
 
+/// A command of a bucket algorithm (the core's facts; CL.THROTTLE is GCRA).
 pub fn is_bucket(cmd: &str) -> bool {
-    matches!(cmd.to_ascii_uppercase().as_str(), "RL.GCRA" | "RL.TOKENBUCKET" | "RL.LEAKY" | "CL.THROTTLE")
+    cmd.eq_ignore_ascii_case("CL.THROTTLE")
+        || redis_ratelimit_core::Algorithm::ALL.iter().any(|a| a.is_bucket() && a.command().eq_ignore_ascii_case(cmd))
 }
 
 /// A limiter reply (RESP2 array or RESP3 map, see `LimiterReply::from_value`), after checking
