@@ -302,7 +302,7 @@ impl<K> Return<K> {
 impl<K: AsRef<str>> Return<K> {
     /// `RL.RETURN key units AGE ms` (AGE rounded up to the ms).
     pub fn command(&self) -> redis::Cmd {
-        commands::give_back_cmd(self.key.as_ref(), self.spec.units, Some(self.spec.age.into()))
+        commands::give_back_cmd(self.key.as_ref(), self.spec.units, Some(self.spec.age))
     }
 }
 

@@ -82,7 +82,7 @@ impl LeaseConfig {
     /// L/2), batches of at most 1000, one instance, τ = 1 s, idle return after L/2, claims lost
     /// after 10 s.
     pub fn new(limit: Limit) -> LeaseConfig {
-        let lease = Nanos::from_secs(1).min(Nanos::from(limit.period).max(Nanos::new(1)));
+        let lease = Nanos::from_secs(1).min(limit.period_nanos());
         LeaseConfig {
             limit,
             lease,
@@ -92,22 +92,22 @@ impl LeaseConfig {
             demand_tau: Nanos::from_secs(1),
             idle_return: lease / 2,
             stale_claim: Nanos::from_secs(10),
-            batching: limit.algorithm.leasable(),
+            batching: limit.algorithm().leasable(),
             return_margin: Nanos::from_millis(100),
         }
     }
 
     pub(crate) fn batching(&self) -> bool {
-        self.batching && self.limit.algorithm.leasable()
+        self.batching && self.limit.algorithm().leasable()
     }
 
     fn period(&self) -> Nanos {
-        self.limit.period.into()
+        self.limit.period_nanos()
     }
 
     /// The limit's mean spacing of units, `period ÷ limit` (at least 1 ns).
     pub fn interval(&self) -> Nanos {
-        (self.period() / self.limit.limit.max(1)).max(Nanos::new(1))
+        (self.period() / self.limit.limit()).max(Nanos::new(1))
     }
 
     /// How long a key that ran dry (a claim granted less than it asked) waits, on average,
@@ -116,7 +116,7 @@ impl LeaseConfig {
     /// units its demand can use within a lease, between 1 and 3), never more than the period. The
     /// fixed window does not pace: the server names the window's end.
     pub fn dry_hold(&self, lease_demand: f64) -> Nanos {
-        if self.limit.algorithm.refill() == Refill::AtWindowEnd {
+        if self.limit.algorithm().refill() == Refill::AtWindowEnd {
             return Nanos::ZERO;
         }
         let k = if lease_demand.is_finite() { lease_demand.clamp(1.0, 3.0) } else { 1.0 };
@@ -133,7 +133,7 @@ impl LeaseConfig {
     pub fn lease_span(&self, d: &Decision) -> Nanos {
         let reset = Nanos::from(d.reset_after);
         let window = self.period();
-        let window_end = match self.limit.algorithm.refill() {
+        let window_end = match self.limit.algorithm().refill() {
             Refill::AtWindowEnd => Some(reset),
             Refill::WindowWeight if reset > window => Some(reset - window),
             Refill::WindowWeight => Some(reset),
@@ -430,7 +430,7 @@ impl KeyState {
         if let Some(first) = self.leases.first() {
             at = at.min(first.expires_at);
             let idle_at = self.last_request + cfg.idle_return;
-            if cfg.limit.algorithm.returnable() && idle_at > now {
+            if cfg.limit.algorithm().returnable() && idle_at > now {
                 at = at.min(idle_at);
             }
         } else if self.in_flight.is_none() {
@@ -590,7 +590,7 @@ impl KeyState {
         // What the server can grant over the span: its last remaining plus its refill (the
         // fixed window refills only at its end).
         let refill =
-            if cfg.limit.algorithm.refill() == Refill::AtWindowEnd { 0 } else { span.div_span(cfg.interval()) };
+            if cfg.limit.algorithm().refill() == Refill::AtWindowEnd { 0 } else { span.div_span(cfg.interval()) };
         // Never more than the demand can use before the lease expires.
         let usable = self.demand.expected(now, cfg.demand_tau, cfg.lease).max(1);
         claim_size(BatchInput {
@@ -864,7 +864,7 @@ impl KeyState {
         }
         self.expire(now, m);
         let idle = now - self.last_request >= cfg.idle_return;
-        if !idle || !may_call || !cfg.limit.algorithm.returnable() || self.leases.is_empty() {
+        if !idle || !may_call || !cfg.limit.algorithm().returnable() || self.leases.is_empty() {
             return;
         }
         while self.call_credit > 0 && !self.leases.is_empty() {
@@ -885,10 +885,10 @@ impl KeyState {
     /// keeps the bound, docs/local-reservations.md rule 4); when that leaves nothing, no call is
     /// made and the units are dropped (counted as expired). `None` then.
     fn give_back(&mut self, now: Nanos, l: Lease, cfg: &LeaseConfig, m: &Metrics) -> Option<ReturnSpec> {
-        let age = (now - l.claim_sent_at) + cfg.return_margin;
-        if cfg.limit.algorithm.is_bucket() {
+        let age = crate::commands::return_age(l.claim_sent_at, now, cfg.return_margin);
+        if cfg.limit.algorithm().is_bucket() {
             let refilled =
-                (age.as_u64() as u128 * cfg.limit.limit as u128).div_ceil(cfg.limit.period.as_nanos().max(1));
+                (age.as_u64() as u128 * cfg.limit.limit() as u128).div_ceil(cfg.limit.period_nanos().as_u64() as u128);
             if refilled >= l.units as u128 {
                 self.tally(|t| t.expired += l.units);
                 add(&m.units_expired, l.units);
@@ -908,7 +908,7 @@ impl KeyState {
     pub(crate) fn drain(&mut self, now: Nanos, cfg: &LeaseConfig, m: &Metrics, out: &mut Vec<ReturnSpec>) {
         self.expire(now, m);
         let leases = std::mem::take(&mut self.leases);
-        if !cfg.limit.algorithm.returnable() {
+        if !cfg.limit.algorithm().returnable() {
             let n: u64 = leases.iter().map(|l| l.units).sum();
             self.tally(|t| t.expired += n);
             add(&m.units_expired, n);
@@ -933,7 +933,7 @@ mod tests {
     }
 
     fn cfg() -> LeaseConfig {
-        LeaseConfig::new(Limit::token_bucket(10_000, Duration::from_secs(1)))
+        LeaseConfig::new(Limit::token_bucket(10_000, Duration::from_secs(1)).unwrap())
     }
 
     #[test]
@@ -1023,10 +1023,10 @@ mod tests {
 
     #[test]
     fn window_leases_end_before_the_window() {
-        let c = LeaseConfig::new(Limit::fixed(100, Duration::from_secs(60)));
+        let c = LeaseConfig::new(Limit::fixed(100, Duration::from_secs(60)).unwrap());
         assert_eq!(c.lease_span(&reply(5, 100, 95, -1, 300)), Nanos::from_millis(299));
         assert_eq!(c.lease_span(&reply(5, 100, 95, -1, 30_000)), S);
-        let s = LeaseConfig::new(Limit::sliding(100, Duration::from_secs(60)));
+        let s = LeaseConfig::new(Limit::sliding(100, Duration::from_secs(60)).unwrap());
         assert_eq!(s.lease_span(&reply(5, 100, 95, -1, 60_400)), Nanos::from_millis(399));
     }
 
@@ -1054,7 +1054,7 @@ mod tests {
         let slow = LeaseConfig {
             return_margin: Nanos::ZERO,
             lease: S * 10,
-            ..LeaseConfig::new(Limit::token_bucket(1, Duration::from_secs(1)).with_burst(100))
+            ..LeaseConfig::new(Limit::token_bucket(1, Duration::from_secs(1)).unwrap().with_burst(100).unwrap())
         };
         let mut k = KeyState::with_totals();
         let Verdict::Claim(cl) = k.on_request(n(0), 1, &slow, &m) else { panic!() };

@@ -55,13 +55,29 @@ use crate::metrics::MetricsSnapshot;
 use crate::policy::FailurePolicy;
 use crate::spec::Limit;
 use crate::timeouts::{Ticket, Timeouts};
-use redis_ratelimit_core::AtomicNanos;
-use redis_ratelimit_core::Nanos;
+use redis_ratelimit_core::{AtomicNanos, Nanos};
+
+/// A [`LimiterConfig`] setting out of its range: which setting and what it must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimiterConfigError {
+    /// The builder method that set it (`max_batch`, `instances`, …).
+    pub setting: &'static str,
+    pub rule: &'static str,
+}
+
+impl std::fmt::Display for LimiterConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LimiterConfig::{}: {}", self.setting, self.rule)
+    }
+}
+
+impl std::error::Error for LimiterConfigError {}
 
 /// A limiter's configuration: one [`Limit`] applied to any number of keys, with its
 /// reservations, timeout, breaker and failure policy. A builder: every setting has a default
 /// and the order of the calls never matters (derived settings are resolved at the end, by
-/// [`LimiterConfig::engine_config`]).
+/// [`LimiterConfig::engine_config`], which, as [`Limiter::new`], refuses a setting out of its
+/// range with a [`LimiterConfigError`] naming it).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LimiterConfig {
     limit: Limit,
@@ -100,8 +116,8 @@ impl LimiterConfig {
         }
     }
 
-    /// `L`: the longest a lease lives (from its claim's send time). Default 1 s, at most the
-    /// period. The overshoot bound grows with it (docs/local-reservations.md).
+    /// `L`: the longest a lease lives (from its claim's send time), above zero. Default 1 s, at
+    /// most the period. The overshoot bound grows with it (docs/local-reservations.md).
     pub fn lease(mut self, l: Duration) -> Self {
         self.lease = Some(l);
         self
@@ -116,15 +132,15 @@ impl LimiterConfig {
         self.idle_return = Some(d);
         self
     }
-    /// Largest claim. Default 1000.
+    /// Largest claim, at least 1. Default 1000.
     pub fn max_batch(mut self, n: u64) -> Self {
-        self.max_batch = n.max(1);
+        self.max_batch = n;
         self
     }
-    /// Instances sharing the limit: sets the pacing of exhausted keys and the share of
-    /// [`FailurePolicy::LocalShare`]. Default 1; set it to your fleet size.
+    /// Instances sharing the limit, at least 1: sets the pacing of exhausted keys and the share
+    /// of [`FailurePolicy::LocalShare`]. Default 1; set it to your fleet size.
     pub fn instances(mut self, n: u64) -> Self {
-        self.instances = n.max(1);
+        self.instances = n;
         self
     }
     /// Serve from local batches (default true, except RL.LEAKY and RL.SLIDINGLOG). False: a
@@ -133,12 +149,13 @@ impl LimiterConfig {
         self.batching = Some(on);
         self
     }
-    /// Per-call timeout. Default 100 ms.
+    /// Per-call timeout, above zero. Default 100 ms.
     pub fn timeout(mut self, t: Duration) -> Self {
         self.timeout = t;
         self
     }
-    /// Consecutive failures that open the breaker, and how long it stays open. Default 5, 1 s.
+    /// Consecutive failures that open the breaker (at least 1), and how long it stays open.
+    /// Default 5, 1 s.
     pub fn breaker(mut self, failures: u32, cool_down: Duration) -> Self {
         self.breaker = BreakerConfig { failures, cool_down: cool_down.into() };
         self
@@ -153,9 +170,9 @@ impl LimiterConfig {
         self.shadow = on;
         self
     }
-    /// Key shards (mutexes). Default 64.
+    /// Key shards (mutexes), at least 1. Default 64.
     pub fn shards(mut self, n: usize) -> Self {
-        self.shards = n.max(1);
+        self.shards = n;
         self
     }
     /// At most about this many keys remembered (0, the default: no cap). Beyond it a new key
@@ -183,7 +200,7 @@ impl LimiterConfig {
     }
     /// `L` as the engine uses it.
     pub fn lease_length(&self) -> Duration {
-        self.engine_config().lease.lease.into()
+        self.resolved().lease.lease.into()
     }
     pub fn timeout_length(&self) -> Duration {
         self.timeout
@@ -202,24 +219,55 @@ impl LimiterConfig {
         self.shards
     }
 
-    /// The pure engine's configuration, every derived setting resolved.
-    pub fn engine_config(&self) -> EngineConfig {
+    /// The settings out of their range, the first found.
+    fn check(&self) -> Result<(), LimiterConfigError> {
+        let err = |setting, rule| Err(LimiterConfigError { setting, rule });
+        if self.lease.is_some_and(|l| l.is_zero()) {
+            return err("lease", "must be above zero");
+        }
+        if self.max_batch == 0 {
+            return err("max_batch", "must be at least 1");
+        }
+        if self.instances == 0 {
+            return err("instances", "must be at least 1");
+        }
+        if self.timeout.is_zero() {
+            return err("timeout", "must be above zero");
+        }
+        if self.breaker.failures == 0 {
+            return err("breaker", "failures must be at least 1");
+        }
+        if self.shards == 0 {
+            return err("shards", "must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The pure engine's configuration, every derived setting resolved; an error names a
+    /// setting out of its range.
+    pub fn engine_config(&self) -> Result<EngineConfig, LimiterConfigError> {
+        self.check()?;
+        Ok(self.resolved())
+    }
+
+    /// [`LimiterConfig::engine_config`] of settings in range.
+    fn resolved(&self) -> EngineConfig {
         let mut lease = LeaseConfig::new(self.limit);
         if let Some(l) = self.lease {
-            lease.lease = Nanos::from(l).max(Nanos::new(1));
+            lease.lease = Nanos::from(l);
         }
         let half = lease.lease / 2;
         lease.horizon = self.horizon.map_or(Nanos::from_millis(100), Nanos::from).min(half);
         lease.idle_return = self.idle_return.map_or(half, Nanos::from);
-        lease.max_batch = self.max_batch.max(1);
-        lease.instances = self.instances.max(1);
+        lease.max_batch = self.max_batch;
+        lease.instances = self.instances;
         if let Some(b) = self.batching {
             lease.batching = b;
         }
         let timeout = Nanos::from(self.timeout);
         lease.stale_claim = (timeout * 4).max(Nanos::from_secs(1));
         lease.return_margin = timeout;
-        let shards = self.shards.max(1);
+        let shards = self.shards;
         EngineConfig {
             breaker: self.breaker,
             policy: self.failure_policy(),
@@ -389,10 +437,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Handoff<C> {
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
-    /// A limiter over `conn`. Starts its housekeeping task on the current tokio runtime.
-    pub fn new(conn: C, config: LimiterConfig) -> Limiter<C> {
-        let shared = Shared::new(config.engine_config());
-        let shards = (0..config.shards.max(1))
+    /// A limiter over `conn`. Starts its housekeeping task on the current tokio runtime. An
+    /// error names a setting of `config` out of its range (the limit itself was validated when
+    /// it was made).
+    pub fn new(conn: C, config: LimiterConfig) -> Result<Limiter<C>, LimiterConfigError> {
+        let shared = Shared::new(config.engine_config()?);
+        let shards = (0..config.shards)
             .map(|_| Shard {
                 engine: Mutex::new(Engine::with_shared(shared.clone())),
                 notify: Notify::new(),
@@ -411,7 +461,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
             timeouts: Timeouts::default(),
         });
         tokio::spawn(housekeeping(Arc::downgrade(&inner), housekeeper));
-        Limiter { inner }
+        Ok(Limiter { inner })
     }
 
     pub fn config(&self) -> &LimiterConfig {
@@ -933,5 +983,33 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Inner<C> {
                 let _ = tokio::time::timeout_at(deadline, r.command().query_async::<i64>(&mut conn)).await;
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_setting_out_of_range_is_an_error_naming_it() {
+        let limit = Limit::gcra(10, Duration::from_secs(1)).unwrap();
+        let ok = LimiterConfig::new(limit);
+        assert!(ok.engine_config().is_ok());
+        let cases: [(LimiterConfig, &str); 6] = [
+            (ok.lease(Duration::ZERO), "lease"),
+            (ok.max_batch(0), "max_batch"),
+            (ok.instances(0), "instances"),
+            (ok.timeout(Duration::ZERO), "timeout"),
+            (ok.breaker(0, Duration::from_secs(1)), "breaker"),
+            (ok.shards(0), "shards"),
+        ];
+        for (config, setting) in cases {
+            let e = config.engine_config().unwrap_err();
+            assert_eq!(e.setting, setting);
+            assert!(e.to_string().starts_with(&format!("LimiterConfig::{setting}: ")), "{e}");
+        }
+        // The documented clamp stays one: the horizon is at most L/2 whatever is set.
+        let e = ok.lease(Duration::from_millis(100)).horizon(Duration::from_secs(5)).engine_config().unwrap();
+        assert_eq!(e.lease.horizon, Nanos::from_millis(50));
     }
 }

@@ -12,7 +12,7 @@
 //! identity, so its encoding is unchanged byte for byte.
 
 use super::spec::Update;
-use super::{fixed, gcra, leaky, sliding, sliding_log, token_bucket, Algorithm, Nanos, Rate, Window};
+use super::{fixed, gcra, leaky, sliding, sliding_log, token_bucket, Algorithm, LimitError, Nanos, Rate, Window};
 
 /// Version of the encoding, stored in every payload (and given to Redis as the type's
 /// encoding version).
@@ -220,6 +220,16 @@ fn put_window(out: &mut Vec<u8>, w: &Window) {
     put_u64(out, w.window.as_i64() as u64);
 }
 
+/// A payload's parameters the module would refuse, as the decoder reports them.
+fn decode_error(e: LimitError) -> &'static str {
+    match e {
+        LimitError::Limit(_) | LimitError::Burst(_) => "count out of range",
+        LimitError::Period(_) => "period out of range",
+        LimitError::Refill => super::limit::REFILL_MESSAGE,
+        LimitError::BurstNotAllowed(_) => "BURST on a window",
+    }
+}
+
 struct Reader<'a>(&'a [u8]);
 
 impl Reader<'_> {
@@ -265,17 +275,17 @@ impl Reader<'_> {
     }
     fn period(&mut self) -> Result<Nanos, &'static str> {
         let p = Nanos::new(self.i64()?);
-        super::check_period(p)?;
+        super::check_period(p).map_err(decode_error)?;
         Ok(p)
     }
     fn rate(&mut self) -> Result<Rate, &'static str> {
         let limit = self.u64()?;
         let period = self.period()?;
-        Rate::new(limit, period, self.u64()?)
+        Rate::new(limit, period, self.u64()?).map_err(decode_error)
     }
     fn window(&mut self) -> Result<Window, &'static str> {
         let limit = self.u64()?;
-        Window::new(limit, self.period()?)
+        Window::new(limit, self.period()?).map_err(decode_error)
     }
 }
 

@@ -13,6 +13,7 @@ pub mod gcra;
 pub mod give_back;
 pub mod info;
 pub mod leaky;
+pub mod limit;
 pub mod multi;
 pub mod sliding;
 pub mod sliding_log;
@@ -21,6 +22,7 @@ pub mod time;
 pub mod token_bucket;
 
 pub use algorithm::{Algorithm, PolicyWindow, Refill};
+pub use limit::{Limit, LimitError};
 pub use time::{AtomicNanos, Nanos, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
 
 /// Largest limit, burst or cost accepted: large enough for any real quota, small enough that
@@ -130,14 +132,14 @@ pub struct Rate {
 }
 
 impl Rate {
-    /// Validates a rate; the message names the offending argument.
-    pub fn new(limit: u64, period: Nanos, burst: u64) -> Result<Rate, &'static str> {
-        check_count(limit, "limit")?;
-        check_count(burst, "BURST")?;
+    /// Validates a rate; the error names the setting at fault.
+    pub fn new(limit: u64, period: Nanos, burst: u64) -> Result<Rate, LimitError> {
+        check_count(limit).map_err(LimitError::Limit)?;
+        check_count(burst).map_err(LimitError::Burst)?;
         check_period(period)?;
         let r = Rate { limit, period, burst };
         if div_trunc_i128(r.capacity_scaled(), limit as i128) > MAX_HORIZON.as_i128() {
-            return Err("BURST too large for this rate: refilling it would take more than 200 years");
+            return Err(LimitError::Refill);
         }
         Ok(r)
     }
@@ -156,24 +158,26 @@ pub struct Window {
 }
 
 impl Window {
-    pub fn new(limit: u64, window: Nanos) -> Result<Window, &'static str> {
-        check_count(limit, "limit")?;
+    /// Validates a window; the error names the setting at fault.
+    pub fn new(limit: u64, window: Nanos) -> Result<Window, LimitError> {
+        check_count(limit).map_err(LimitError::Limit)?;
         check_period(window)?;
         Ok(Window { limit, window })
     }
 }
 
-pub(crate) fn check_count(n: u64, _name: &str) -> Result<(), &'static str> {
+/// A limit or BURST from 1 to MAX_COUNT (the value back as the error).
+fn check_count(n: u64) -> Result<(), u64> {
     if n == 0 || n > MAX_COUNT {
-        // The caller's parser names the argument; this is the core's own guard.
-        return Err("count out of range");
+        return Err(n);
     }
     Ok(())
 }
 
-pub(crate) fn check_period(p: Nanos) -> Result<(), &'static str> {
+/// A period or window from 1 ns to MAX_PERIOD (a `Limit` also asks for whole microseconds).
+pub(crate) fn check_period(p: Nanos) -> Result<(), LimitError> {
     if p <= Nanos::ZERO || p > MAX_PERIOD {
-        return Err("period out of range");
+        return Err(LimitError::Period(p));
     }
     Ok(())
 }

@@ -16,9 +16,11 @@
 //!   accept `RL.RETURN` (all but the sliding log and the leaky bucket), in parallel, then the groups
 //!   holding one of those. A group can still refuse in phase 2 when another request took the
 //!   last units between the phases; the groups already committed are then given back with
-//!   `RL.RETURN key cost AGE ms` (AGE: the time since their commit was sent, so a bucket credits
-//!   `cost − rate × AGE`: it never ends above the state where the units were never taken) and
-//!   the request is refused. docs/service.md ("Redis Cluster") states what holds.
+//!   `RL.RETURN key cost AGE ms` (AGE: the time since their commit was sent plus the return's
+//!   own transit, at most the call timeout, by the client's one rule, `commands::return_age`; so
+//!   a bucket credits `cost − rate × AGE`: it never ends above the state where the units were
+//!   never taken, whatever the transit) and the request is refused. docs/service.md ("Redis
+//!   Cluster") states what holds.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,7 +32,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{get_slot, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, FromRedisValue, Value};
 use redis_ratelimit_client::breaker::{Breaker, BreakerConfig, Permit};
-use redis_ratelimit_client::commands::{limit_cmd, Options};
+use redis_ratelimit_client::commands::{each_limit_arg, give_back_cmd, limit_cmd, multi_cmd, return_age, Options};
 use redis_ratelimit_client::spec::Limit;
 use redis_ratelimit_client::{Decision, MultiDecision, Nanos};
 use tokio::sync::Mutex;
@@ -242,11 +244,6 @@ pub struct Backend {
     baseline: bool,
 }
 
-/// The limiter command's arguments after the key (`limit period [BURST b]`).
-fn limit_args(l: &Limit) -> Vec<String> {
-    l.args()
-}
-
 impl Backend {
     pub fn new(cfg: &BackendConfig, metrics: Arc<Metrics>) -> Result<Backend, String> {
         let conns = match &cfg.target {
@@ -386,7 +383,7 @@ impl Backend {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let mut pipe = redis::pipe();
         for c in checks {
-            let div = c.limit.period.as_secs().max(1);
+            let div = c.limit.period().as_secs().max(1);
             let key = format!("{}_{}", c.key, (now_s / div) * div);
             pipe.cmd("INCRBY").arg(&key).arg(c.cost).cmd("EXPIRE").arg(&key).arg(div).ignore();
         }
@@ -405,14 +402,14 @@ impl Backend {
             .iter()
             .zip(counts)
             .map(|(c, n)| {
-                let ok = n <= c.limit.limit;
+                let ok = n <= c.limit.limit();
                 admitted &= ok;
-                let div = c.limit.period.as_secs().max(1);
+                let div = c.limit.period().as_secs().max(1);
                 Verdict {
                     decision: Decision {
                         allowed: if ok { c.cost } else { 0 },
-                        limit: c.limit.limit,
-                        remaining: c.limit.limit.saturating_sub(n),
+                        limit: c.limit.limit(),
+                        remaining: c.limit.limit().saturating_sub(n),
                         retry_after: (!ok).then(|| Duration::from_secs(div - now_s % div)),
                         reset_after: Duration::from_secs(div - now_s % div),
                         delay: None,
@@ -449,8 +446,8 @@ impl Backend {
             });
         }
         // Phase 2: commit, returnable groups first.
-        let returnable = |idx: &Vec<usize>| idx.iter().all(|i| checks[*i].limit.algorithm.returnable());
-        let mut committed: Vec<(Instant, &Vec<usize>)> = Vec::new();
+        let returnable = |idx: &Vec<usize>| idx.iter().all(|i| checks[*i].limit.algorithm().returnable());
+        let mut committed: Vec<(Nanos, &Vec<usize>)> = Vec::new();
         let mut refused = false;
         let mut failure: Option<BackendError> = None;
         for pass in [true, false] {
@@ -459,7 +456,7 @@ impl Backend {
             if batch.is_empty() {
                 continue;
             }
-            let sent = Instant::now();
+            let sent = self.now_ns();
             let results = join_all(batch.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, false))).await;
             for ((_, idx), r) in batch.iter().zip(results) {
                 match r {
@@ -494,12 +491,7 @@ impl Backend {
     }
 
     /// Gives back what the committed groups of a refused request took (`RL.RETURN … AGE`).
-    async fn compensate(
-        &self,
-        checks: &[Check],
-        committed: &[(Instant, &Vec<usize>)],
-        verdicts: &mut [Option<Verdict>],
-    ) {
+    async fn compensate(&self, checks: &[Check], committed: &[(Nanos, &Vec<usize>)], verdicts: &mut [Option<Verdict>]) {
         if committed.is_empty() {
             return;
         }
@@ -508,14 +500,13 @@ impl Backend {
         for (sent, idx) in committed {
             for i in idx.iter() {
                 let v = verdicts[*i].as_mut().expect("filled");
-                if !v.consumed || !checks[*i].limit.algorithm.returnable() {
+                if !v.consumed || !checks[*i].limit.algorithm().returnable() {
                     continue;
                 }
                 v.consumed = false;
                 v.decision.remaining = (v.decision.remaining + checks[*i].cost).min(v.decision.limit);
-                let age_ms = (sent.elapsed().as_nanos().div_ceil(1_000_000) as u64).max(1);
-                let mut cmd = redis::cmd("RL.RETURN");
-                cmd.arg(&checks[*i].key).arg(checks[*i].cost).arg("AGE").arg(age_ms);
+                let age = return_age(*sent, self.now_ns(), self.timeout.into());
+                let cmd = give_back_cmd(&checks[*i].key, checks[*i].cost, Some(age));
                 calls.push((cmd, self.slot_of(&checks[*i].key)));
             }
         }
@@ -549,18 +540,8 @@ impl Backend {
             return Ok((admitted, vec![verdict(d, c.cost, admitted, admitted && !dry)]));
         }
         if simple {
-            let mut cmd = redis::cmd("RL.MULTI");
-            cmd.arg(group.len());
-            for c in &group {
-                cmd.arg(&c.key);
-            }
-            for c in &group {
-                cmd.arg(c.limit.algorithm.multi_name()).arg(limit_args(&c.limit));
-            }
-            cmd.arg("COST").arg(cost);
-            if dry {
-                cmd.arg("DRYRUN");
-            }
+            let opts = Options { cost: Some(cost), dry_run: dry, partial: false };
+            let cmd = multi_cmd(group.iter().map(|c| (c.key.as_str(), &c.limit)), opts);
             let v = self.call(RedisOp::Multi, &cmd, slot).await?;
             let m = MultiDecision::from_redis_value(&v).map_err(|e| BackendError::Reply(e.to_string()))?;
             if m.limits.len() != group.len() {
@@ -587,16 +568,18 @@ impl Backend {
                 .collect();
             return Ok((ok, vs));
         }
-        // numkeys, keys, then the script's ARGV.
-        let mut args: Vec<String> = vec![group.len().to_string()];
-        args.extend(group.iter().map(|c| c.key.clone()));
-        args.push(if dry { "1" } else { "0" }.to_string());
+        // numkeys, keys, then the script's ARGV (each limit's arguments by the client's one
+        // encoding).
+        let mut args: Vec<Vec<u8>> = vec![group.len().to_string().into_bytes()];
+        args.extend(group.iter().map(|c| c.key.clone().into_bytes()));
+        args.push(if dry { b"1" } else { b"0" }.to_vec());
         for c in &group {
-            let la = limit_args(&c.limit);
-            args.push(c.limit.algorithm.command().to_string());
-            args.push(if c.soft { "1" } else { "0" }.to_string());
-            args.push(c.cost.to_string());
-            args.push(la.len().to_string());
+            let mut la = Vec::new();
+            each_limit_arg(&c.limit, |a| la.push(a.to_vec()));
+            args.push(c.limit.algorithm().command().as_bytes().to_vec());
+            args.push(if c.soft { b"1" } else { b"0" }.to_vec());
+            args.push(c.cost.to_string().into_bytes());
+            args.push(la.len().to_string().into_bytes());
             args.extend(la);
         }
         let mut cmd = redis::cmd("EVALSHA");

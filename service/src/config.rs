@@ -12,18 +12,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_ratelimit_client::spec::{parse_duration, Algorithm};
+use redis_ratelimit_client::spec::{parse_duration, Algorithm, Limit};
 use yaml_rust2::{Yaml, YamlLoader};
 
 use crate::metrics::{Metrics, RuleStats, StatKey};
 use crate::pb::Unit;
-
-/// The module's largest `limit` and `BURST` (10^15).
-pub const MAX_UNITS: u64 = 1_000_000_000_000_000;
-/// The module's longest period (100 years).
-const MAX_PERIOD: Duration = Duration::from_secs(36_525 * 86_400);
-/// The module refuses a BURST whose refill takes longer than this (200 years).
-const MAX_REFILL: Duration = Duration::from_secs(2 * 36_525 * 86_400);
 
 /// What the service does for a domain when Redis cannot answer (breaker open, timeout, error).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,18 +48,9 @@ impl FailureMode {
 /// case.
 pub fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
     Algorithm::from_config_name(&s.to_ascii_lowercase()).ok_or_else(|| {
-        let names = config_names(Algorithm::ALL.iter().copied(), "or");
-        format!("invalid algorithm '{s}': expected {names}")
+        let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.config_name()).collect();
+        format!("invalid algorithm '{s}': expected one of {}", names.join(", "))
     })
-}
-
-/// The configuration names of `algorithms`: `a, b and c` (`or` for a choice).
-fn config_names(algorithms: impl Iterator<Item = Algorithm>, and: &str) -> String {
-    let names: Vec<&str> = algorithms.map(Algorithm::config_name).collect();
-    match names.split_last() {
-        Some((last, rest)) if !rest.is_empty() => format!("{} {and} {last}", rest.join(", ")),
-        _ => names.join(""),
-    }
 }
 
 /// The length of a unit, as envoyproxy/ratelimit's `UnitToDivider` (a month is 30 days, a
@@ -108,7 +92,10 @@ pub struct Rule {
     pub unit: Unit,
     pub period: Duration,
     pub algorithm: Algorithm,
-    pub burst: Option<u64>,
+    /// What the rule enforces, validated by the module's rules; `None` when it is `unlimited`
+    /// or its `requests_per_unit` is 0 (a blocklist entry: every request refused without
+    /// asking Redis).
+    pub limit: Option<Limit>,
     /// `lease` extension: `Some(true)` serve from local reservations, `Some(false)` never,
     /// `None` the service's default.
     pub lease: Option<bool>,
@@ -116,13 +103,15 @@ pub struct Rule {
 }
 
 impl Rule {
-    /// The capacity the module reports (BURST for the buckets, the limit for the windows).
+    /// The capacity the module reports ([`Limit::capacity`]); 0 for a rule that admits nothing.
     pub fn capacity(&self) -> u64 {
-        if self.algorithm.is_bucket() {
-            self.burst.unwrap_or(self.requests_per_unit as u64)
-        } else {
-            self.requests_per_unit as u64
-        }
+        self.limit.map_or(0, |l| l.capacity())
+    }
+
+    /// The window of the policy in the rate-limit headers ([`Limit::policy_window`]); the
+    /// period for a rule that admits nothing.
+    pub fn policy_window(&self) -> Duration {
+        self.limit.map_or(self.period, |l| l.policy_window())
     }
 }
 
@@ -468,11 +457,7 @@ fn load_rate_limit(
         None => None,
         Some(v) => {
             let s = scalar_string(v).unwrap_or_default();
-            let p = parse_duration(&s).map_err(|e| ctx.err(dp, format!("invalid period: {e}")))?;
-            if p > MAX_PERIOD {
-                return Err(ctx.err(dp, format!("invalid period '{s}': at most 100 years (36525d)")));
-            }
-            Some(p)
+            Some(parse_duration(&s).map_err(|e| ctx.err(dp, format!("invalid period: {e}")))?)
         }
     };
     let requests_per_unit = match get(rl, "requests_per_unit") {
@@ -494,8 +479,8 @@ fn load_rate_limit(
     };
     let burst = match get(rl, "burst") {
         None => None,
-        Some(Yaml::Integer(i)) if *i >= 1 && (*i as u64) <= MAX_UNITS => Some(*i as u64),
-        Some(_) => return Err(ctx.err(dp, "invalid burst: expected an integer from 1 to 10^15")),
+        Some(Yaml::Integer(i)) if *i >= 0 => Some(*i as u64),
+        Some(_) => return Err(ctx.err(dp, "invalid burst: expected an integer")),
     };
     let lease = match get(rl, "lease") {
         None => None,
@@ -534,20 +519,16 @@ fn load_rate_limit(
             (None, None) => return Err(ctx.err(dp, "invalid rate limit unit '': give unit or period")),
         }
     };
-    if burst.is_some() && !algorithm.is_bucket() {
-        let buckets = Algorithm::ALL.into_iter().filter(|a| a.is_bucket());
-        return Err(ctx.err(
-            dp,
-            format!("burst applies to {}, not to {}", config_names(buckets, "and"), algorithm.config_name()),
-        ));
-    }
-    if let (Some(b), true) = (burst, requests_per_unit > 0) {
-        // The module refuses a BURST whose refill (burst × period / limit) exceeds 200 years.
-        let refill = period.as_nanos().saturating_mul(b as u128) / requests_per_unit as u128;
-        if refill > MAX_REFILL.as_nanos() {
-            return Err(ctx.err(dp, "burst too large for this rate: refilling it would take more than 200 years"));
-        }
-    }
+    // The module's rules, the core's one statement of them (a rule of 0 requests per unit
+    // builds none but is checked as a limit of 1).
+    let limit = if unlimited {
+        None
+    } else {
+        let checked = Limit::new(algorithm, u64::from(requests_per_unit.max(1)), period)
+            .and_then(|l| burst.map_or(Ok(l), |b| l.with_burst(b)))
+            .map_err(|e| ctx.err(dp, format!("invalid rate_limit: {e}")))?;
+        (requests_per_unit > 0).then_some(checked)
+    };
     let stat_key = StatKey::new(path[0].clone(), path[1..].to_vec());
     let stats = metrics.rule_stats(&stat_key);
     Ok(Rule {
@@ -561,7 +542,7 @@ fn load_rate_limit(
         unit,
         period,
         algorithm,
-        burst,
+        limit,
         lease,
         stats,
     })
@@ -701,7 +682,7 @@ impl Config {
                     l.requests_per_unit,
                     l.period,
                     l.algorithm.config_name(),
-                    l.burst,
+                    l.limit.and_then(|l| l.burst()),
                     l.unlimited,
                     l.shadow_mode
                 ));
@@ -753,7 +734,7 @@ mod tests {
         assert_eq!(e.to_string(), "f.yaml: domain 'd': descriptor 'k': invalid rate limit unit 'days'");
         let e = load(&[("g.yaml", "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        value: c\n        rate_limit: {unit: second, requests_per_unit: 1, algorithm: sliding, burst: 3}\n")]).unwrap_err();
         assert_eq!(e.descriptor.as_deref(), Some("a.b_c"));
-        assert!(e.message.contains("burst applies to"), "{e}");
+        assert_eq!(e.message, "invalid rate_limit: BURST is not an option of RL.SLIDING", "{e}");
         let e = load(&[("h.yaml", "domain: d\nfoo: 1\n")]).unwrap_err();
         assert_eq!(e.to_string(), "h.yaml: config error, unknown key 'foo'");
         let e = load(&[("a.yaml", "domain: d\n"), ("b.yaml", "domain: d\n")]).unwrap_err();
@@ -779,7 +760,7 @@ mod tests {
         assert_eq!(x.rule.period, Duration::from_secs(30));
         assert_eq!(x.rule.unit, Unit::Unknown);
         assert_eq!(x.rule.algorithm, Algorithm::Gcra);
-        assert_eq!(x.rule.burst, Some(60));
+        assert_eq!(x.rule.limit.and_then(|l| l.burst()), Some(60));
         assert_eq!(x.rule.capacity(), 60);
         assert_eq!(c.domains["d"].failure_mode, Some(FailureMode::Local));
         // Any length; a period that is one unit reports that unit.

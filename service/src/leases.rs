@@ -86,6 +86,19 @@ pub struct LeaseSettings {
     pub hot_window: Duration,
 }
 
+impl LeaseSettings {
+    /// A rule's limiter configuration.
+    fn limiter_config(&self, limit: Limit, shadow: bool, policy: FailurePolicy) -> LimiterConfig {
+        LimiterConfig::new(limit)
+            .lease(self.lease)
+            .instances(self.instances)
+            .timeout(self.timeout)
+            .breaker(self.breaker_failures, self.breaker_cool_down)
+            .policy(policy)
+            .shadow(shadow)
+    }
+}
+
 pub type RuleLimiter = Arc<Limiter<LeaseConn>>;
 
 /// One value's requests in its current window.
@@ -198,9 +211,13 @@ pub struct Leases {
 }
 
 impl Leases {
-    pub fn new(settings: LeaseSettings, conn: LeaseConn) -> Leases {
+    /// The leases of a service; an error names a lease setting the client's limiter refuses.
+    pub fn new(settings: LeaseSettings, conn: LeaseConn) -> Result<Leases, String> {
+        // The settings every rule's limiter takes, checked once here (any limit will do).
+        let any = Limit::fixed(1, Duration::from_secs(1)).map_err(|e| e.to_string())?;
+        settings.limiter_config(any, false, FailurePolicy::FailClosed).engine_config().map_err(|e| e.to_string())?;
         let heat = Heat::new(settings.hot_requests, settings.hot_window);
-        Leases { settings, conn, limiters: Mutex::new(HashMap::new()), heat }
+        Ok(Leases { settings, conn, limiters: Mutex::new(HashMap::new()), heat })
     }
 
     /// The limiter of a rule (made on first use; needs a tokio runtime).
@@ -216,15 +233,8 @@ impl Leases {
             FailureMode::Open => FailurePolicy::FailOpen,
             FailureMode::Local => FailurePolicy::LocalShare,
         };
-        let s = &self.settings;
-        let cfg = LimiterConfig::new(limit)
-            .lease(s.lease)
-            .instances(s.instances)
-            .timeout(s.timeout)
-            .breaker(s.breaker_failures, s.breaker_cool_down)
-            .policy(policy)
-            .shadow(shadow);
-        let l = Arc::new(Limiter::new(self.conn.clone(), cfg));
+        let cfg = self.settings.limiter_config(limit, shadow, policy);
+        let l = Arc::new(Limiter::new(self.conn.clone(), cfg).expect("lease settings checked by Leases::new"));
         map.insert(id, l.clone());
         l
     }

@@ -22,7 +22,7 @@ use crate::pb::{self, Code, DescriptorStatus, RateLimitRequest, RateLimitRespons
 use redis_ratelimit_client::{check_all, Limiter};
 
 /// The largest hits a descriptor may add: the module's largest COST (10^15).
-pub const MAX_HITS_ADDEND: u64 = crate::config::MAX_UNITS;
+pub const MAX_HITS_ADDEND: u64 = redis_ratelimit_core::MAX_COUNT;
 /// At most this many descriptors per request, entries per descriptor, bytes per key or value.
 pub const MAX_DESCRIPTORS: usize = 64;
 pub const MAX_ENTRIES: usize = 32;
@@ -230,21 +230,6 @@ fn duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
 }
 
-/// The bucket window of the draft headers: the window, or the time to refill a bucket.
-fn policy_window(l: &Limit) -> Duration {
-    if !l.algorithm.is_bucket() || l.limit == 0 {
-        return l.period;
-    }
-    let cap = l.burst.unwrap_or(l.limit);
-    Duration::from_nanos(
-        (l.period.as_nanos().saturating_mul(cap as u128) / l.limit as u128).min(u64::MAX as u128) as u64
-    )
-}
-
-fn client_limit(r: &Rule) -> Limit {
-    Limit { algorithm: r.algorithm, limit: r.requests_per_unit as u64, period: r.period, burst: r.burst }
-}
-
 impl Service {
     pub fn new(backend: Arc<Backend>, metrics: Arc<Metrics>, settings: ServiceSettings) -> Service {
         Service {
@@ -310,7 +295,8 @@ impl Service {
             unit,
             period,
             algorithm: Algorithm::Fixed,
-            burst: None,
+            // (A unit's period, and a u32 count: a valid limit unless 0.)
+            limit: Limit::fixed(u64::from(l.requests_per_unit), period).ok(),
             lease: None,
             stats: stats.clone(),
         });
@@ -387,12 +373,11 @@ impl Service {
                 items.push(Item::Unlimited);
                 continue;
             }
-            // Never admissible: a limit of 0 (a blocklist entry) or more hits than the capacity.
-            let local_refusal = m.rule.requests_per_unit == 0 || cost > m.rule.capacity();
-            let check = if local_refusal {
-                refused_locally |= !m.rule.shadow_mode;
-                None
-            } else {
+            // Never admissible: a limit of 0 (a blocklist entry: no limit) or more hits than the
+            // capacity.
+            let limit = m.rule.limit.filter(|l| cost <= l.capacity());
+            let local_refusal = limit.is_none();
+            let check = if let Some(limit) = limit {
                 checks.push(Check {
                     key: redis_key(
                         &self.settings.key_prefix,
@@ -402,7 +387,7 @@ impl Service {
                         &entries[i],
                         &m.share_patterns,
                     ),
-                    limit: client_limit(&m.rule),
+                    limit,
                     cost,
                     soft: m.rule.shadow_mode,
                 });
@@ -416,6 +401,9 @@ impl Service {
                 });
                 leased.push(lease.then(|| m.rule.stat_key.full()));
                 Some(checks.len() - 1)
+            } else {
+                refused_locally |= !m.rule.shadow_mode;
+                None
             };
             items.push(Item::Limited { m, cost, check, local_refusal });
         }
@@ -558,7 +546,7 @@ impl Service {
                         limit: rule.capacity(),
                         remaining,
                         reset,
-                        window: policy_window(&client_limit(rule)),
+                        window: rule.policy_window(),
                         refused,
                         retry_after: if refused { retry } else { None },
                     });
@@ -629,9 +617,9 @@ impl Service {
         let now = Nanos::from(self.epoch.elapsed());
         let n = self.settings.instances.max(1);
         let params = |c: &Check| {
-            let limit = (c.limit.limit / n).max(1);
-            let burst = (c.limit.burst.unwrap_or(c.limit.limit) / n).max(1);
-            (limit, Nanos::from(c.limit.period), burst)
+            let limit = (c.limit.limit() / n).max(1);
+            let burst = (c.limit.capacity() / n).max(1);
+            (limit, c.limit.period_nanos(), burst)
         };
         // Try every check on a copy; commit the enforced ones only if all admit.
         let mut results = Vec::with_capacity(checks.len());

@@ -22,19 +22,6 @@ pub fn factory() -> Option<Box<LeaseFactory>> {
     }))
 }
 
-/// The client's limit for a core spec.
-pub fn limit_of(spec: &Spec) -> Limit {
-    let ns = Duration::from;
-    match *spec {
-        Spec::Gcra(r) => Limit { burst: Some(r.burst), ..Limit::gcra(r.limit, ns(r.period)) },
-        Spec::TokenBucket(r) => Limit { burst: Some(r.burst), ..Limit::token_bucket(r.limit, ns(r.period)) },
-        Spec::Leaky(r) => Limit { burst: Some(r.burst), ..Limit::leaky(r.limit, ns(r.period)) },
-        Spec::Fixed(w) => Limit::fixed(w.limit, ns(w.window)),
-        Spec::Sliding(w) => Limit::sliding(w.limit, ns(w.window)),
-        Spec::SlidingLog(w) => Limit::new(redis_ratelimit_client::Algorithm::SlidingLog, w.limit, ns(w.window)),
-    }
-}
-
 /// The configuration of a scenario, built as a service would build it for the tokio driver
 /// (`LimiterConfig`: the client's defaults, with the scenario's lease length, instance count,
 /// call timeout and policy), and the engine configuration the driver derives from it.
@@ -47,7 +34,7 @@ pub fn config(sc: &Scenario, policy: FailurePolicy) -> LimiterConfig {
         }
         FailurePolicy::Fallback(other) => panic!("the client's local fallback is a bucket, not {other:?}"),
     };
-    LimiterConfig::new(limit_of(&sc.setup.specs[0]))
+    LimiterConfig::new(Limit::from_spec(&sc.setup.specs[0]).expect("a scenario's spec is a valid limit"))
         .lease(Duration::from_nanos(sc.lease as u64))
         .instances(sc.setup.instances.len() as u64)
         .timeout(Duration::from_nanos(sc.setup.timeout as u64))
@@ -73,7 +60,11 @@ pub struct LeaseModel {
 
 impl LeaseModel {
     pub fn new(config: LimiterConfig) -> LeaseModel {
-        LeaseModel { engine: Engine::new(config.engine_config()), flights: HashMap::new(), waiting: HashMap::new() }
+        LeaseModel {
+            engine: Engine::new(config.engine_config().expect("a scenario's settings are in range")),
+            flights: HashMap::new(),
+            waiting: HashMap::new(),
+        }
     }
 
     fn step(

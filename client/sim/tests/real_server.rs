@@ -49,9 +49,9 @@ async fn instance(
     run: Duration,
 ) -> (Vec<(u64, u64)>, redis_ratelimit_client::MetricsSnapshot) {
     let conn = ConnectionManager::new(redis::Client::open(url).unwrap()).await.unwrap();
-    let limit = Limit { burst: Some(BURST), ..Limit::gcra(LIMIT, Duration::from_secs(1)) };
+    let limit = Limit::gcra(LIMIT, Duration::from_secs(1)).unwrap().with_burst(BURST).unwrap();
     let config = LimiterConfig::new(limit).lease(LEASE).instances(INSTANCES as u64).timeout(Duration::from_secs(2));
-    let limiter = Limiter::new(conn, config);
+    let limiter = Limiter::new(conn, config).unwrap();
     // About twice the limit in total: one request every 2 ms per instance, catching up after
     // any stall so the demand stays.
     let per_tick = (2 * LIMIT as usize * 2 / 1000).div_ceil(INSTANCES).max(1);
