@@ -12,7 +12,7 @@ pub type ArgResult<T> = Result<T, String>;
 
 /// A parsed limiter command: the limit, the request and whether to change nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Check {
+pub struct CheckArgs {
     pub spec: Spec,
     pub req: Request,
     pub dryrun: bool,
@@ -142,13 +142,13 @@ pub fn wrong_arity(command: &str) -> String {
 
 /// `limit period|window [BURST n] [COST n] [DRYRUN] [PARTIAL]`, the arguments after the key of
 /// every limiter command (and of each limit in RL.MULTI).
-pub fn check(algo: Algorithm, args: &[&[u8]], command: &str) -> ArgResult<Check> {
+pub fn check(algo: Algorithm, args: &[&[u8]], command: &str) -> ArgResult<CheckArgs> {
     if args.len() < 2 {
         return Err(wrong_arity(command));
     }
     let (spec, o) = spec_and_options(algo, args, command)?;
     let cost = o.cost.unwrap_or(1);
-    Ok(Check { spec, req: Request { cost, partial: o.partial }, dryrun: o.dryrun })
+    Ok(CheckArgs { spec, req: Request { cost, partial: o.partial }, dryrun: o.dryrun })
 }
 
 fn spec_and_options(algo: Algorithm, args: &[&[u8]], command: &str) -> ArgResult<(Spec, Options)> {

@@ -30,19 +30,19 @@ pub fn debug_enabled() -> bool {
 
 /// Where the wall clock comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub enum ClockSource {
     /// `RedisModule_CachedMicroseconds` (Redis 7.2+, Valkey).
     ServerCached,
     /// clock_gettime(CLOCK_REALTIME) at each call (Redis 7.0).
     Realtime,
 }
 
-pub fn source() -> Source {
+pub fn source() -> ClockSource {
     // SAFETY: reading the API table filled in at load (None without the function, or outside
     // Redis).
     match unsafe { redis_module::raw::RedisModule_CachedMicroseconds } {
-        Some(_) => Source::ServerCached,
-        None => Source::Realtime,
+        Some(_) => ClockSource::ServerCached,
+        None => ClockSource::Realtime,
     }
 }
 

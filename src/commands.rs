@@ -13,7 +13,7 @@ use crate::acl::Acl;
 use crate::args::{self, wrong_arity};
 use crate::command_info::{arg, flag, ArgDoc, Doc, Keys, Kind, RO_ACCESS, RW_DELETE, RW_UPDATE, RW_UPDATE_NO_ACCESS};
 use crate::reply;
-use crate::state::{server_ms, CellReader, Entry, Held, Key, Stored, SETSTATE, WRONGTYPE};
+use crate::state::{server_ms, CellReader, Entry, Held, OpenKey, Stored, SETSTATE, WRONGTYPE};
 use crate::{clock, metrics, propagation};
 use redis_ratelimit_core::codec::State;
 use redis_ratelimit_core::give_back::{self, Refusal};
@@ -243,7 +243,7 @@ pub fn limiter(ctx: *mut RedisModuleCtx, argv: Args, algo: Algorithm) -> Command
     let check = with_arg_bytes(&argv[2..], |a| args::check(algo, a, algo.command()))?;
     let now = clock::now();
     // SAFETY: the command's context and key argument; the only key it opens.
-    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
+    let mut key = unsafe { OpenKey::open(ctx, argv[1].as_ptr(), true) };
     let mut entry = key.entry();
     let (decision, update) =
         check.spec.check(entry.state_for(&check.spec, CellReader::Native)?, now, check.req).map_err(mismatch_error)?;
@@ -386,7 +386,7 @@ pub fn cl_throttle(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let (rate, quantity) = with_arg_bytes(&argv[2..], args::cl_throttle)?;
     let now = clock::now();
     // SAFETY: the command's context and key argument; the only key it opens.
-    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
+    let mut key = unsafe { OpenKey::open(ctx, argv[1].as_ptr(), true) };
     let mut entry = key.entry();
     let spec = Spec::Gcra(rate);
     let req = Request::new(quantity);
@@ -436,7 +436,7 @@ pub const CL_THROTTLE: Command = Command {
 /// RL.INFO key: algorithm, parameters, state and TTL (core::info); nil for a missing key.
 pub fn info(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     // SAFETY: the command's context and key argument; the only key it opens.
-    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), false) };
+    let mut key = unsafe { OpenKey::open(ctx, argv[1].as_ptr(), false) };
     let entry = key.entry();
     let mut fields = match entry.stored(CellReader::Native)? {
         Stored::Missing => {
@@ -469,7 +469,7 @@ pub const INFO: Command = Command {
 /// RL.RESET key: deletes a ratelimit key (or a key redis-cell left).
 pub fn reset(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     // SAFETY: the command's context and key argument; the only key it opens.
-    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
+    let mut key = unsafe { OpenKey::open(ctx, argv[1].as_ptr(), true) };
     let entry = key.entry();
     let deleted = !matches!(entry.stored(CellReader::Native)?, Stored::Missing);
     if deleted {
@@ -514,7 +514,7 @@ pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         }
     }
     // SAFETY: the command's context and key argument; the only key it opens.
-    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
+    let mut key = unsafe { OpenKey::open(ctx, argv[1].as_ptr(), true) };
     // Replacing another type's value drops its TTL in Redis: without PXAT it is kept.
     let kept_expiry = if expire_at.is_none() { key.expires_at() } else { None };
     let entry = key.entry();
@@ -647,8 +647,8 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     }
     let now = clock::now();
     // SAFETY: the command's context and key arguments, distinct (checked above).
-    let mut opened: Vec<Key> = keys.iter().map(|k| unsafe { Key::open(ctx, k.as_ptr(), true) }).collect();
-    let mut entries: Vec<Entry> = opened.iter_mut().map(Key::entry).collect();
+    let mut opened: Vec<OpenKey> = keys.iter().map(|k| unsafe { OpenKey::open(ctx, k.as_ptr(), true) }).collect();
+    let mut entries: Vec<Entry> = opened.iter_mut().map(OpenKey::entry).collect();
     for (entry, spec) in entries.iter_mut().zip(&m.specs) {
         entry.state_for(spec, CellReader::Native)?;
     }
@@ -742,7 +742,7 @@ pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let req = with_arg_bytes(&argv[2..], args::give_back)?;
     let now = clock::now();
     // SAFETY: the command's context and key argument; the only key it opens.
-    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
+    let mut key = unsafe { OpenKey::open(ctx, argv[1].as_ptr(), true) };
     let entry = key.entry();
     let stored = match entry.stored(CellReader::Native)? {
         Stored::Ours(s) => s,

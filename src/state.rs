@@ -56,7 +56,7 @@ pub const SETSTATE: &std::ffi::CStr = c"RL.SETSTATE";
 ///   value, instead of Redis aborting the whole server on a short read inside the module.
 /// * `NO_IMPLICIT_SIGNAL_MODIFIED`: closing a key opened for writing is not by itself a
 ///   modification (that would abort other clients' WATCH and send CLIENT TRACKING
-///   invalidations for calls that write nothing); `Key` signals only real writes.
+///   invalidations for calls that write nothing); `OpenKey` signals only real writes.
 pub fn set_module_options(ctx: *mut RedisModuleCtx) {
     let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
     // SAFETY: called from OnLoad with its context, after RedisModule_Init filled the API table.
@@ -345,25 +345,25 @@ pub fn cell_state(tat_ns: i64, spec: &Spec) -> State {
 /// but with `NO_IMPLICIT_SIGNAL_MODIFIED` closing one is not a modification: only writes,
 /// `delete` and `expire_at` mark the key, and a marked key is signalled (WATCH, CLIENT
 /// TRACKING) once when it is closed. Its value is reached through `entry`.
-pub struct Key {
+pub struct OpenKey {
     ctx: *mut RedisModuleCtx,
     key: *mut RedisModuleKey,
     pub name: *mut RedisModuleString,
     modified: bool,
 }
 
-impl Key {
+impl OpenKey {
     /// Opens `name` for reading (and writing with `write`).
     ///
     /// # Safety
     /// `ctx` is the running command's context and `name` a string alive while the key is
-    /// (one of the command's arguments), and no other `Key` on the same name is open while
+    /// (one of the command's arguments), and no other `OpenKey` on the same name is open while
     /// this one is: two would lend out the same value twice (`entry`).
-    pub unsafe fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, write: bool) -> Key {
+    pub unsafe fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, write: bool) -> OpenKey {
         let mode = if write { raw::REDISMODULE_READ | raw::REDISMODULE_WRITE } else { raw::REDISMODULE_READ };
         // SAFETY: ctx and name are the command's (the caller's contract).
         let key = unsafe { raw::RedisModule_OpenKey.unwrap()(ctx, name, mode as c_int) };
-        Key { ctx, key, name, modified: false }
+        OpenKey { ctx, key, name, modified: false }
     }
 
     /// The key's value, lent until the entry is written or dropped (the key is borrowed
@@ -372,7 +372,7 @@ impl Key {
     pub fn entry(&mut self) -> Entry<'_> {
         // SAFETY: self.key is open (until drop); the type is compared with ours before the
         // value is read as ours. from_word's contract: the value is the key's live value, and
-        // for the entry's lifetime this key is borrowed by it alone, no other Key on the name
+        // for the entry's lifetime this key is borrowed by it alone, no other OpenKey on the name
         // is open (`open`'s contract), and Redis runs nothing else on its main thread during a
         // command (the lazy-free thread only frees values already out of the keyspace).
         let held = unsafe {
@@ -489,7 +489,7 @@ impl Key {
     }
 }
 
-impl Drop for Key {
+impl Drop for OpenKey {
     fn drop(&mut self) {
         // SAFETY: ctx and name are the command's (`open`); the key is open and closed once.
         unsafe {
@@ -501,11 +501,11 @@ impl Drop for Key {
     }
 }
 
-/// An open key's value, lent by `Key::entry`: read it with `held`, `stored` or `state_for`,
+/// An open key's value, lent by `OpenKey::entry`: read it with `held`, `stored` or `state_for`,
 /// write it with `apply` or `delete`, which consume the entry (so nothing reads a value
 /// after it was replaced or freed) and hand the key back for its TTL.
 pub struct Entry<'k> {
-    key: &'k mut Key,
+    key: &'k mut OpenKey,
     held: Held<'k>,
 }
 
@@ -520,7 +520,7 @@ impl<'k> Entry<'k> {
     }
 
     /// The key, for what is not its value (its TTL, its name).
-    pub fn key(&self) -> &Key {
+    pub fn key(&self) -> &OpenKey {
         self.key
     }
 
@@ -576,7 +576,7 @@ impl<'k> Entry<'k> {
     /// outer error: the value could not be stored; the inner one: the update does not apply
     /// to what the key holds.
     #[inline]
-    pub fn apply(self, update: Update) -> Result<Result<&'k mut Key, &'static str>, String> {
+    pub fn apply(self, update: Update) -> Result<Result<&'k mut OpenKey, &'static str>, String> {
         let Entry { key, held } = self;
         let prior = match held {
             Held::Ours(v) => Some(v),
@@ -619,7 +619,7 @@ impl<'k> Entry<'k> {
     }
 
     /// Deletes the key.
-    pub fn delete(self) -> &'k mut Key {
+    pub fn delete(self) -> &'k mut OpenKey {
         // SAFETY: an open key; the entry, the value's only borrow, is consumed.
         unsafe { raw::RedisModule_DeleteKey.unwrap()(self.key.key) };
         self.key.modified = true;

@@ -23,7 +23,7 @@ use redis_ratelimit_core::{
 #[path = "common/core_dispatch.rs"]
 mod core_dispatch;
 
-use core_dispatch::{config, ns, Decision};
+use core_dispatch::{config, ns, RawDecision};
 
 const MAX_PERIOD: i64 = redis_ratelimit_core::MAX_PERIOD.as_i64();
 
@@ -33,7 +33,7 @@ fn check_spec(
     st: Option<&State>,
     now: i64,
     req: Request,
-) -> Result<(Decision, Option<Update>), AlgorithmMismatch> {
+) -> Result<(RawDecision, Option<Update>), AlgorithmMismatch> {
     spec.check(st, ns(now), req).map(|(d, u)| (d.into(), u))
 }
 

@@ -13,7 +13,7 @@ use redis_ratelimit_core::Algorithm;
 #[path = "common/core_dispatch.rs"]
 mod core_dispatch;
 
-use core_dispatch::{check, ns, raw, Decision, Params};
+use core_dispatch::{check, ns, raw, Params, RawDecision};
 
 /// A realistic "now": 2023-11-14T22:13:20Z.
 const T0: i64 = 1_700_000_000 * NANOS_PER_SEC;
@@ -34,7 +34,7 @@ fn partial(cost: u64) -> Request {
 // A uniform driver over all six algorithms: `check` and `Params` in common/core_dispatch.rs.
 
 /// Runs one call and stores the new state (a limited call leaves the state as it was).
-fn step(algo: Algorithm, st: &mut Option<State>, p: &Params, now: i64, r: Request) -> Decision {
+fn step(algo: Algorithm, st: &mut Option<State>, p: &Params, now: i64, r: Request) -> RawDecision {
     let (d, n) = check(algo, st.as_ref(), p, now, r);
     if let Some(n) = n {
         *st = Some(n);
@@ -61,7 +61,7 @@ const WINDOWS: [Algorithm; 3] = [Algorithm::Sliding, Algorithm::Fixed, Algorithm
 /// (allowed, limit, remaining, retry_after ms, reset_after ms), as the module replies.
 type Reply = (u64, u64, u64, Option<i64>, i64);
 
-fn reply(d: &Decision) -> Reply {
+fn reply(d: &RawDecision) -> Reply {
     (d.allowed, d.limit, d.remaining, d.retry_after.map(ceil_ms), ceil_ms(d.reset_after))
 }
 

@@ -5,7 +5,7 @@
 //! them. The same behaviour through redis-server: tests/multi.rs.
 
 use redis_ratelimit_core::codec::State;
-use redis_ratelimit_core::multi::{check, Outcome};
+use redis_ratelimit_core::multi::{check, MultiDecision};
 use redis_ratelimit_core::spec::{AlgorithmMismatch, Spec, Update};
 use redis_ratelimit_core::Algorithm;
 use redis_ratelimit_core::{Decision, Nanos, Rate, Request, Window, NANOS_PER_SEC};
@@ -58,7 +58,7 @@ fn single(spec: &Spec, st: Option<&State>, now: Nanos, req: Request) -> (Decisio
     spec.check(st, now, req).unwrap()
 }
 
-fn multi(specs: &[Spec], states: &[Option<State>], now: Nanos, req: Request) -> Outcome {
+fn multi(specs: &[Spec], states: &[Option<State>], now: Nanos, req: Request) -> MultiDecision {
     check(specs, states.iter().map(Option::as_ref), now, req).unwrap()
 }
 

@@ -15,7 +15,7 @@ use redis_ratelimit_core::Algorithm;
 #[path = "common/core_dispatch.rs"]
 mod core_dispatch;
 
-use core_dispatch::{check, config, ns, raw, Decision, Params};
+use core_dispatch::{check, config, ns, raw, Params, RawDecision};
 
 const T0: i64 = 1_700_000_000 * NANOS_PER_SEC;
 const US: i64 = NANOS_PER_MICRO;
@@ -168,7 +168,7 @@ struct Event {
     p: Params,
     req: Request,
     before: Option<State>,
-    d: Decision,
+    d: RawDecision,
     after: Option<State>,
 }
 
@@ -214,7 +214,7 @@ impl NaiveLog {
         self.log.iter().filter(|e| e.0 > cutoff).map(|e| e.1).sum()
     }
 
-    fn check(&mut self, w: &Window, now: i64, r: Request) -> Decision {
+    fn check(&mut self, w: &Window, now: i64, r: Request) -> RawDecision {
         let w_us = (w.window.as_i64() / US).max(1);
         let now_us = micros(now);
         let cutoff = now_us - w_us;
@@ -256,7 +256,7 @@ impl NaiveLog {
                 _ => self.log.push((ts, granted)),
             }
         }
-        Decision {
+        RawDecision {
             allowed: granted,
             limit: w.limit,
             remaining: w.limit - (counted + granted).min(w.limit),
@@ -412,7 +412,7 @@ proptest! {
         let g = run(Algorithm::Gcra, &params[..1], &ops, t0, back);
         let l = run(Algorithm::Leaky, &params[..1], &ops, t0, back);
         for (g, l) in g.iter().zip(&l) {
-            prop_assert_eq!(g.d, Decision { delay: None, ..l.d }, "at {} {:?} {:?}", g.now, g.req, g.p);
+            prop_assert_eq!(g.d, RawDecision { delay: None, ..l.d }, "at {} {:?} {:?}", g.now, g.req, g.p);
             prop_assert_eq!(l.d.delay.is_some(), l.d.allowed > 0);
             let leaky_as_gcra = l.after.as_ref().map(|s| match s {
                 State::Leaky(leaky::State(s)) => State::Gcra(*s),

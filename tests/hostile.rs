@@ -488,7 +488,7 @@ type MultiExpect = (usize, Vec<(bool, u64)>, Request, bool);
 enum Expect {
     Limiter {
         leaky: bool,
-        parsed: Result<args::Check, String>,
+        parsed: Result<args::CheckArgs, String>,
     },
     Throttle(Result<(u64 /*burst*/, u64 /*quantity*/), String>),
     Multi(Result<MultiExpect, String>),

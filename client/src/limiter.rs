@@ -329,12 +329,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Future for Rest<'_, C> {
 
 /// The driver's keys: inline up to 24 bytes (no allocation for the usual API key, IP or user
 /// id), hashed as the `str` they hold.
-type Key = compact_str::CompactString;
+type StoredKey = compact_str::CompactString;
 
 /// Aligned so that neighbouring shards' locks never share a cache line.
 #[repr(align(128))]
 struct Shard {
-    engine: Mutex<Engine<Key>>,
+    engine: Mutex<Engine<StoredKey>>,
     /// Woken after every claim of this shard completes.
     notify: Notify,
     /// The engine's next deadline (`Nanos::MAX`: none), for the housekeeping task.
@@ -392,7 +392,7 @@ fn call_error(e: &RedisError) -> CallError {
 }
 
 /// A claim being sent ([`Inner::claim`]): boxed, so that it can move to a task of its own.
-type ClaimCall<C> = Pin<Box<dyn Future<Output = (Arc<Inner<C>>, Option<Step<Key>>)> + Send + 'static>>;
+type ClaimCall<C> = Pin<Box<dyn Future<Output = (Arc<Inner<C>>, Option<Step<StoredKey>>)> + Send + 'static>>;
 
 /// A request's own claim, polled by the caller's task; if the caller drops it unfinished, the
 /// rest runs in a task of its own: the claim's units still land, its waiters are woken, and
@@ -402,13 +402,13 @@ struct Handoff<C: ConnectionLike + Clone + Send + Sync + 'static> {
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Handoff<C> {
-    fn new(f: impl Future<Output = (Arc<Inner<C>>, Option<Step<Key>>)> + Send + 'static) -> Handoff<C> {
+    fn new(f: impl Future<Output = (Arc<Inner<C>>, Option<Step<StoredKey>>)> + Send + 'static) -> Handoff<C> {
         Handoff { fut: Some(Box::pin(f)) }
     }
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Future for Handoff<C> {
-    type Output = Option<Step<Key>>;
+    type Output = Option<Step<StoredKey>>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // Pin<Box<F>> is Unpin, and so is Self.
         let this = &mut *self;
@@ -619,14 +619,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         &self.shards[(((hash >> 32) as u128 * self.shards.len() as u128) >> 32) as usize]
     }
 
-    fn lock(shard: &Shard) -> MutexGuard<'_, Engine<Key>> {
+    fn lock(shard: &Shard) -> MutexGuard<'_, Engine<StoredKey>> {
         shard.engine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs `f` on the shard of `hash`, then publishes the shard's next deadline (waking the
     /// housekeeping task if it is earlier than its sleep) and sends what the engine queued (the
     /// returns of a key evicted by the `max_keys` cap).
-    fn with_engine<T>(self: &Arc<Self>, hash: u64, f: impl FnOnce(&mut Engine<Key>, Nanos) -> T) -> T {
+    fn with_engine<T>(self: &Arc<Self>, hash: u64, f: impl FnOnce(&mut Engine<StoredKey>, Nanos) -> T) -> T {
         let shard = self.shard(hash);
         let mut e = Inner::<C>::lock(shard);
         let out = f(&mut e, self.now());
@@ -637,7 +637,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// Unlocks a shard after a call: publishes its next deadline (waking the housekeeping task
     /// if it is earlier than its sleep) and sends what the engine queued.
     #[inline]
-    fn release(self: &Arc<Self>, shard: &Shard, mut e: MutexGuard<'_, Engine<Key>>) {
+    fn release(self: &Arc<Self>, shard: &Shard, mut e: MutexGuard<'_, Engine<StoredKey>>) {
         let next = e.poll_timeout().unwrap_or(Nanos::MAX);
         let transmit = e.poll_transmit();
         if transmit.is_none() {
@@ -645,7 +645,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
             self.publish(shard, next);
             return;
         }
-        let mut returns: Vec<Return<Key>> = transmit.into_iter().collect();
+        let mut returns: Vec<Return<StoredKey>> = transmit.into_iter().collect();
         while let Some(r) = e.poll_transmit() {
             returns.push(r);
         }
@@ -679,7 +679,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         hash: u64,
         key: &'a str,
         counted: bool,
-        f: impl FnOnce(&mut Engine<Key>, Nanos) -> Result<Step<Key>, OneOff>,
+        f: impl FnOnce(&mut Engine<StoredKey>, Nanos) -> Result<Step<StoredKey>, OneOff>,
     ) -> Result<Outcome, Later<'a, C>> {
         let shard = self.shard(hash);
         let mut e = Inner::<C>::lock(shard);
@@ -737,7 +737,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// A failed one-off claim's request, by the engine (the failure policy, the breaker):
     /// boxed, a rare path that the request's future does not carry.
     fn one_off_failed<'a>(self: &'a Arc<Self>, hash: u64, key: &'a str, o: OneOff, error: CallError) -> Slow<'a> {
-        let c = self.shared.one_off_claim(o, Key::from(key));
+        let c = self.shared.one_off_claim(o, StoredKey::from(key));
         let step = match self.with_engine(hash, |e, now| e.on_error(now, &c, error)) {
             Some(step) => step,
             // The engine answers a failed one-off claim's request; should it not, the request
@@ -748,7 +748,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     }
 
     /// Sends a background claim from a task of its own: nobody waits for it.
-    fn refill(self: &Arc<Self>, c: Claim<Key>) {
+    fn refill(self: &Arc<Self>, c: Claim<StoredKey>) {
         let inner = self.clone();
         tokio::spawn(async move {
             let _ = inner.claim(c).await;
@@ -760,7 +760,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// cancelled, never sent, so that the key's other requests do not wait for it (a claim
     /// the engine thinks in flight would hold them until it is stale, then fail them); the
     /// rest goes with the request.
-    fn orphaned(self: &Arc<Self>, step: Option<Step<Key>>) {
+    fn orphaned(self: &Arc<Self>, step: Option<Step<StoredKey>>) {
         match step {
             Some(Step::Done { refill: Some(c), .. }) => self.refill(c),
             Some(Step::Send(c)) => {
@@ -776,7 +776,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     ///
     /// `counted`: a request (a check), counted in `requests` and so, if its caller goes away
     /// undecided, in `requests_abandoned`; a peek is neither.
-    async fn run(self: &Arc<Self>, key: &str, mut step: Step<Key>, counted: bool) -> Outcome {
+    async fn run(self: &Arc<Self>, key: &str, mut step: Step<StoredKey>, counted: bool) -> Outcome {
         loop {
             step = match step {
                 Step::Done { outcome, refill } => {
@@ -803,7 +803,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
 
     /// Sends a claim and reports it; answers the next step of the request that sent it (and
     /// the limiter, for a task that finishes an orphaned request).
-    async fn claim(self: Arc<Self>, c: Claim<Key>) -> (Arc<Self>, Option<Step<Key>>) {
+    async fn claim(self: Arc<Self>, c: Claim<StoredKey>) -> (Arc<Self>, Option<Step<StoredKey>>) {
         let deadline = self.shared.deadline(&c);
         let mut conn = self.conn.clone();
         let cmd = c.command();
@@ -821,7 +821,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
 
     /// Waits for the claim `w` waits on (woken by its completion, or at `w.until()`), then
     /// lets the engine decide.
-    async fn wait(self: &Arc<Self>, key: &str, mut w: Waiter, counted: bool) -> Step<Key> {
+    async fn wait(self: &Arc<Self>, key: &str, mut w: Waiter, counted: bool) -> Step<StoredKey> {
         let hash = self.shared.hash(key);
         let shard = self.shard(hash);
         // Dropped while waiting, the request is never decided: counted as abandoned.
@@ -844,7 +844,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
 
     /// `RL.RETURN key units AGE ms`, sent so as to arrive by the return's deadline (its AGE
     /// counts the margin up to there) or not at all.
-    async fn give_back(self: Arc<Self>, r: Return<Key>) {
+    async fn give_back(self: Arc<Self>, r: Return<StoredKey>) {
         let mut conn = self.conn.clone();
         let res = tokio::time::timeout_at(self.instant(r.deadline()), r.command().query_async::<i64>(&mut conn)).await;
         let result = match res {

@@ -98,7 +98,7 @@ fn capacity(spec: &Spec) -> u64 {
 }
 
 /// Renders a parsed check as canonical arguments (which must parse back to the same check).
-fn render(c: &args::Check) -> Vec<Vec<u8>> {
+fn render(c: &args::CheckArgs) -> Vec<Vec<u8>> {
     let (limit, period, burst) = match c.spec {
         Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => (r.limit, r.period, Some(r.burst)),
         Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => (w.limit, w.window, None),

@@ -86,7 +86,7 @@ return reply
 
 /// One descriptor's check.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Check {
+pub struct DescriptorCheck {
     pub key: String,
     pub limit: Limit,
     /// Units (hits_addend; 0 peeks). Never above the limit's capacity (decided locally).
@@ -97,7 +97,7 @@ pub struct Check {
 
 /// A check's result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Verdict {
+pub struct CheckResult {
     /// The limiter's reply; `remaining` is what is left after this request's outcome (unchanged
     /// when nothing was consumed).
     pub decision: Decision,
@@ -109,10 +109,10 @@ pub struct Verdict {
 
 /// A request's result.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Outcome {
+pub struct RequestResult {
     /// Every enforced check admitted (and, unless a dry run, consumed).
     pub admitted: bool,
-    pub verdicts: Vec<Verdict>,
+    pub verdicts: Vec<CheckResult>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -351,9 +351,9 @@ impl Backend {
     }
 
     /// Decides `checks` (see the module docs): one command when they share a slot.
-    pub async fn decide(&self, checks: &[Check], dry_run: bool) -> Result<Outcome, BackendError> {
+    pub async fn decide(&self, checks: &[DescriptorCheck], dry_run: bool) -> Result<RequestResult, BackendError> {
         if checks.is_empty() {
-            return Ok(Outcome { admitted: true, verdicts: Vec::new() });
+            return Ok(RequestResult { admitted: true, verdicts: Vec::new() });
         }
         if self.baseline {
             return self.decide_baseline(checks).await;
@@ -370,7 +370,7 @@ impl Backend {
         if groups.len() == 1 {
             let (slot, idx) = &groups[0];
             let (ok, verdicts) = self.exec_group(checks, idx, *slot, dry_run).await?;
-            return Ok(Outcome { admitted: ok, verdicts });
+            return Ok(RequestResult { admitted: ok, verdicts });
         }
         self.decide_across_slots(checks, &groups, dry_run).await
     }
@@ -378,7 +378,7 @@ impl Backend {
     /// The benchmark baseline: envoyproxy/ratelimit's Redis traffic, a pipeline of `INCRBY key
     /// hits` + `EXPIRE key unit` per descriptor on a key carrying the window's start (its
     /// clock: this process's), every descriptor counted even when refused.
-    async fn decide_baseline(&self, checks: &[Check]) -> Result<Outcome, BackendError> {
+    async fn decide_baseline(&self, checks: &[DescriptorCheck]) -> Result<RequestResult, BackendError> {
         let now_s =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let mut pipe = redis::pipe();
@@ -405,7 +405,7 @@ impl Backend {
                 let ok = n <= c.limit.limit();
                 admitted &= ok;
                 let div = c.limit.period().as_secs().max(1);
-                Verdict {
+                CheckResult {
                     decision: Decision {
                         allowed: if ok { c.cost } else { 0 },
                         limit: c.limit.limit(),
@@ -419,16 +419,16 @@ impl Backend {
                 }
             })
             .collect();
-        Ok(Outcome { admitted, verdicts })
+        Ok(RequestResult { admitted, verdicts })
     }
 
     async fn decide_across_slots(
         &self,
-        checks: &[Check],
+        checks: &[DescriptorCheck],
         groups: &[(Option<u16>, Vec<usize>)],
         dry_run: bool,
-    ) -> Result<Outcome, BackendError> {
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; checks.len()];
+    ) -> Result<RequestResult, BackendError> {
+        let mut verdicts: Vec<Option<CheckResult>> = vec![None; checks.len()];
         // Phase 1: dry-run every group.
         let phase1 = join_all(groups.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, true))).await;
         let mut all_ok = true;
@@ -440,7 +440,7 @@ impl Backend {
             }
         }
         if !all_ok || dry_run {
-            return Ok(Outcome {
+            return Ok(RequestResult {
                 admitted: all_ok,
                 verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect(),
             });
@@ -482,16 +482,21 @@ impl Backend {
             if let Some(e) = failure {
                 return Err(e);
             }
-            return Ok(Outcome {
+            return Ok(RequestResult {
                 admitted: false,
                 verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect(),
             });
         }
-        Ok(Outcome { admitted: true, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() })
+        Ok(RequestResult { admitted: true, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() })
     }
 
     /// Gives back what the committed groups of a refused request took (`RL.RETURN … AGE`).
-    async fn compensate(&self, checks: &[Check], committed: &[(Nanos, &Vec<usize>)], verdicts: &mut [Option<Verdict>]) {
+    async fn compensate(
+        &self,
+        checks: &[DescriptorCheck],
+        committed: &[(Nanos, &Vec<usize>)],
+        verdicts: &mut [Option<CheckResult>],
+    ) {
         if committed.is_empty() {
             return;
         }
@@ -523,12 +528,12 @@ impl Backend {
     /// One group (one slot) in one command.
     async fn exec_group(
         &self,
-        checks: &[Check],
+        checks: &[DescriptorCheck],
         idx: &[usize],
         slot: Option<u16>,
         dry: bool,
-    ) -> Result<(bool, Vec<Verdict>), BackendError> {
-        let group: Vec<&Check> = idx.iter().map(|i| &checks[*i]).collect();
+    ) -> Result<(bool, Vec<CheckResult>), BackendError> {
+        let group: Vec<&DescriptorCheck> = idx.iter().map(|i| &checks[*i]).collect();
         let cost = group[0].cost;
         let simple = group.iter().all(|c| !c.soft && c.cost == cost);
         if simple && group.len() == 1 {
@@ -562,7 +567,7 @@ impl Backend {
                     if ok {
                         verdict(*d, cost, true, !dry)
                     } else {
-                        Verdict { decision: *d, admitted, consumed: false }
+                        CheckResult { decision: *d, admitted, consumed: false }
                     }
                 })
                 .collect();
@@ -596,15 +601,15 @@ impl Backend {
     }
 }
 
-fn verdict(mut d: Decision, cost: u64, admitted: bool, consumed: bool) -> Verdict {
+fn verdict(mut d: Decision, cost: u64, admitted: bool, consumed: bool) -> CheckResult {
     if admitted && !consumed {
         // A dry run reports what would remain after taking `cost`; nothing was taken.
         d.remaining = d.remaining.saturating_add(cost).min(d.limit);
     }
-    Verdict { decision: d, admitted, consumed }
+    CheckResult { decision: d, admitted, consumed }
 }
 
-fn parse_script_reply(v: &Value, group: &[&Check]) -> Result<(bool, Vec<Verdict>), BackendError> {
+fn parse_script_reply(v: &Value, group: &[&DescriptorCheck]) -> Result<(bool, Vec<CheckResult>), BackendError> {
     let bad = || BackendError::Reply(format!("unexpected script reply {v:?}"));
     let items = match v {
         Value::Array(a) if a.len() == 2 + 2 * group.len() => a,
@@ -624,7 +629,7 @@ fn parse_script_reply(v: &Value, group: &[&Check]) -> Result<(bool, Vec<Verdict>
         if admitted && !consumed {
             vs.push(verdict(d, c.cost, true, false));
         } else {
-            vs.push(Verdict { decision: d, admitted, consumed });
+            vs.push(CheckResult { decision: d, admitted, consumed });
         }
     }
     Ok((ok, vs))

@@ -749,6 +749,37 @@ mod tests {
     }
 
     #[test]
+    fn limits_the_module_would_refuse_are_refused_with_their_path() {
+        let rule = |rl: &str| {
+            format!(
+                "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {{{rl}}}\n"
+            )
+        };
+        for (rl, why) in [
+            ("requests_per_unit: 5, unit: second, algorithm: gcra, burst: 0", "BURST 0: must be from 1 to"),
+            (
+                "requests_per_unit: 1, period: 36525d, algorithm: gcra, burst: 3",
+                "refilling it would take more than 200 years",
+            ),
+            ("requests_per_unit: 5, period: 36526d", "period"),
+            ("requests_per_unit: 0, unit: second, algorithm: fixed, burst: 2", "BURST is not an option of RL.FIXED"),
+        ] {
+            let e = load(&[("r.yaml", rule(rl).as_str())]).unwrap_err();
+            assert_eq!(
+                (e.file.as_str(), e.domain.as_deref(), e.descriptor.as_deref()),
+                ("r.yaml", Some("d"), Some("a.b")),
+                "{e}"
+            );
+            assert!(e.message.starts_with("invalid rate_limit: ") && e.message.contains(why), "{rl}: {e}");
+        }
+        // A blocklist entry (0 per unit) builds no limit: every request is refused locally.
+        let c = load(&[("z.yaml", rule("requests_per_unit: 0, unit: second").as_str())]).unwrap();
+        let m = Metrics::new(10);
+        let x = c.get_limit("d", &[("a", ""), ("b", "")], &m).unwrap();
+        assert_eq!((x.rule.limit, x.rule.capacity(), x.rule.policy_window()), (None, 0, Duration::from_secs(1)));
+    }
+
+    #[test]
     fn extensions_parse() {
         let c = load(&[(
             "e.yaml",

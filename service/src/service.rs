@@ -13,7 +13,7 @@ use redis_ratelimit_client::policy::LocalBucket;
 use redis_ratelimit_client::spec::{Algorithm, Limit};
 use redis_ratelimit_client::Nanos;
 
-use crate::backend::{Backend, BackendError, Check, Outcome, Verdict};
+use crate::backend::{Backend, BackendError, CheckResult, DescriptorCheck, RequestResult};
 use crate::config::{unit_period, Config, FailureMode, Matched, Rule};
 use crate::headers::{self, HeaderMode, LimitStatus};
 use crate::leases::{LeaseConn, Leases};
@@ -378,7 +378,7 @@ impl Service {
             let limit = m.rule.limit.filter(|l| cost <= l.capacity());
             let local_refusal = limit.is_none();
             let check = if let Some(limit) = limit {
-                checks.push(Check {
+                checks.push(DescriptorCheck {
                     key: redis_key(
                         &self.settings.key_prefix,
                         self.settings.hash_tag_domain && self.backend.cluster,
@@ -417,7 +417,7 @@ impl Service {
                 .await;
         }
         let outcome = match self.backend.decide(&checks, refused_locally).await {
-            Ok(o) => Outcome { admitted: o.admitted && !refused_locally, verdicts: o.verdicts },
+            Ok(o) => RequestResult { admitted: o.admitted && !refused_locally, verdicts: o.verdicts },
             Err(e) => return self.on_failure(&config, domain, &items, &checks, e),
         };
         Ok(self.respond(&items, &outcome))
@@ -436,7 +436,7 @@ impl Service {
         domain: &str,
         mode: FailureMode,
         items: &[Item],
-        checks: &[Check],
+        checks: &[DescriptorCheck],
         leased: &[Option<String>],
         lease_idx: &[usize],
         refused_locally: bool,
@@ -463,7 +463,7 @@ impl Service {
         }
         let leased_ok = all.allowed && !refused_locally;
         let rest_idx: Vec<usize> = (0..checks.len()).filter(|i| leased[*i].is_none()).collect();
-        let rest: Vec<Check> = rest_idx.iter().map(|&i| checks[i].clone()).collect();
+        let rest: Vec<DescriptorCheck> = rest_idx.iter().map(|&i| checks[i].clone()).collect();
         let rest_outcome = match self.backend.decide(&rest, !leased_ok).await {
             Ok(o) => o,
             Err(e) => {
@@ -475,14 +475,14 @@ impl Service {
         if leased_ok && !admitted {
             refund(&all);
         }
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; checks.len()];
+        let mut verdicts: Vec<Option<CheckResult>> = vec![None; checks.len()];
         for (&i, v) in rest_idx.iter().zip(rest_outcome.verdicts) {
             verdicts[i] = Some(v);
         }
         for (&i, o) in lease_idx.iter().zip(&all.outcomes) {
             let c = &checks[i];
             verdicts[i] = Some(match o {
-                Some(o) => Verdict {
+                Some(o) => CheckResult {
                     decision: redis_ratelimit_client::Decision {
                         allowed: if o.allowed { c.cost } else { 0 },
                         limit: o.limit.unwrap_or(c.limit.capacity()),
@@ -499,11 +499,11 @@ impl Service {
                 None => fallback_verdict(c, true, Nanos::ZERO),
             });
         }
-        let outcome = Outcome { admitted, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() };
+        let outcome = RequestResult { admitted, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() };
         Ok(self.respond(items, &outcome))
     }
 
-    fn respond(&self, items: &[Item], outcome: &Outcome) -> RateLimitResponse {
+    fn respond(&self, items: &[Item], outcome: &RequestResult) -> RateLimitResponse {
         let mut statuses = Vec::with_capacity(items.len());
         let mut header_limits = Vec::new();
         for item in items {
@@ -518,7 +518,7 @@ impl Service {
                     let rule = &m.rule;
                     let (admitted, remaining, reset, retry) = match (check, local_refusal) {
                         (Some(c), _) => {
-                            let v: &Verdict = &outcome.verdicts[*c];
+                            let v: &CheckResult = &outcome.verdicts[*c];
                             (v.admitted, v.decision.remaining, v.decision.reset_after, v.decision.retry_after)
                         }
                         // Refused without asking Redis: nothing remains for this request.
@@ -588,12 +588,12 @@ impl Service {
         config: &Config,
         domain: &str,
         items: &[Item],
-        checks: &[Check],
+        checks: &[DescriptorCheck],
         e: BackendError,
     ) -> Result<RateLimitResponse, RequestError> {
         let mode = config.domains.get(domain).and_then(|d| d.failure_mode).unwrap_or(self.settings.failure_mode);
         tracing::debug!("redis failed ({e}); domain '{domain}' fails {mode:?}");
-        let decided: Vec<Verdict> = match mode {
+        let decided: Vec<CheckResult> = match mode {
             FailureMode::Error => {
                 self.metrics.failure_error.fetch_add(1, Relaxed);
                 return Err(RequestError::Unavailable(e.to_string()));
@@ -608,15 +608,15 @@ impl Service {
         };
         let admitted = decided.iter().zip(checks).all(|(v, c)| v.admitted || c.soft)
             && !items.iter().any(|i| matches!(i, Item::Limited { local_refusal: true, m, .. } if !m.rule.shadow_mode));
-        Ok(self.respond(items, &Outcome { admitted, verdicts: decided }))
+        Ok(self.respond(items, &RequestResult { admitted, verdicts: decided }))
     }
 
     /// The local fallback: a token bucket per key at the limit ÷ instances, all or nothing
     /// over the enforced checks.
-    fn local_decide(&self, checks: &[Check]) -> Vec<Verdict> {
+    fn local_decide(&self, checks: &[DescriptorCheck]) -> Vec<CheckResult> {
         let now = Nanos::from(self.epoch.elapsed());
         let n = self.settings.instances.max(1);
-        let params = |c: &Check| {
+        let params = |c: &DescriptorCheck| {
             let limit = (c.limit.limit() / n).max(1);
             let burst = (c.limit.capacity() / n).max(1);
             (limit, c.limit.period_nanos(), burst)
@@ -661,8 +661,8 @@ impl Service {
 }
 
 /// A verdict made without Redis (nothing known of the shared state).
-fn fallback_verdict(c: &Check, admitted: bool, retry: Nanos) -> Verdict {
-    Verdict {
+fn fallback_verdict(c: &DescriptorCheck, admitted: bool, retry: Nanos) -> CheckResult {
+    CheckResult {
         decision: redis_ratelimit_client::Decision {
             allowed: if admitted { c.cost } else { 0 },
             limit: c.limit.capacity(),

@@ -5,7 +5,7 @@
 //!
 //! The core tests count time in raw i64 nanoseconds (their arithmetic, literals and model
 //! clocks): [`ns`] makes one the core's `Nanos`, and the decisions they read are the core's with
-//! their times raw ([`Decision`]; [`raw`] runs each algorithm's own `check` at a raw instant).
+//! their times raw ([`RawDecision`]; [`raw`] runs each algorithm's own `check` at a raw instant).
 #![allow(dead_code)]
 
 use redis_ratelimit_core::codec::State;
@@ -19,7 +19,7 @@ pub fn ns(raw: i64) -> Nanos {
 
 /// The core's decision with its times as raw i64 nanoseconds (every field as the core's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Decision {
+pub struct RawDecision {
     pub allowed: u64,
     pub limit: u64,
     pub remaining: u64,
@@ -28,9 +28,9 @@ pub struct Decision {
     pub delay: Option<i64>,
 }
 
-impl From<redis_ratelimit_core::Decision> for Decision {
-    fn from(d: redis_ratelimit_core::Decision) -> Decision {
-        Decision {
+impl From<redis_ratelimit_core::Decision> for RawDecision {
+    fn from(d: redis_ratelimit_core::Decision) -> RawDecision {
+        RawDecision {
             allowed: d.allowed,
             limit: d.limit,
             remaining: d.remaining,
@@ -41,7 +41,7 @@ impl From<redis_ratelimit_core::Decision> for Decision {
     }
 }
 
-impl Decision {
+impl RawDecision {
     /// True when the request asked for units and got none (the core's rule).
     pub fn limited(&self, req: &Request) -> bool {
         req.cost > 0 && self.allowed == 0
@@ -50,12 +50,12 @@ impl Decision {
 
 /// Each algorithm's own `check` at a raw instant, its decision raw.
 pub mod raw {
-    use super::{ns, Decision};
+    use super::{ns, RawDecision};
     use redis_ratelimit_core::{fixed, gcra, leaky, sliding, sliding_log, token_bucket, Rate, Request, Window};
 
     macro_rules! raw_check {
         ($($name:ident: $module:ident, $params:ty, $out:ty;)*) => {$(
-            pub fn $name(state: Option<&$module::State>, p: &$params, now: i64, r: Request) -> (Decision, Option<$out>) {
+            pub fn $name(state: Option<&$module::State>, p: &$params, now: i64, r: Request) -> (RawDecision, Option<$out>) {
                 let (d, n) = $module::check(state, p, ns(now), r);
                 (d.into(), n)
             }
@@ -101,7 +101,7 @@ impl Params {
 }
 
 /// One call of `algo` at the raw instant `now`.
-pub fn check(algo: Algorithm, st: Option<&State>, p: &Params, now: i64, r: Request) -> (Decision, Option<State>) {
+pub fn check(algo: Algorithm, st: Option<&State>, p: &Params, now: i64, r: Request) -> (RawDecision, Option<State>) {
     let (d, n) = check_at(algo, st, p, ns(now), r);
     (d.into(), n)
 }

@@ -5,7 +5,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use crate::model::{CallId, CallerId, ClientModel, Effect, Outcome, Verdict};
+use crate::model::{Admission, CallId, CallResult, CallerId, ClientModel, Effect};
 use crate::net::{sample_rtt, Availability, Outages};
 use crate::rng::Rng;
 use crate::server::{Answer, Command, Server};
@@ -16,13 +16,13 @@ pub const SERVER_EPOCH: i64 = 1_764_000_123_456_789_000;
 
 /// Demand for one key: a Poisson process whose rate (per second) changes at given instants.
 #[derive(Clone, Debug)]
-pub struct Source {
+pub struct Traffic {
     pub key: usize,
     /// (from, rate per second), sorted by time; rate 0 before the first entry.
     pub rate: Vec<(i64, f64)>,
 }
 
-impl Source {
+impl Traffic {
     fn rate_at(&self, t: i64) -> (f64, Option<i64>) {
         let i = self.rate.iter().rposition(|(from, _)| *from <= t);
         let rate = i.map_or(0.0, |i| self.rate[i].1);
@@ -64,7 +64,7 @@ pub struct InstancePlan {
 #[derive(Clone, Debug)]
 pub struct Setup {
     pub specs: Vec<Spec>,
-    pub sources: Vec<Source>,
+    pub sources: Vec<Traffic>,
     pub instances: Vec<InstancePlan>,
     pub duration: i64,
     pub outages: Outages,
@@ -164,7 +164,7 @@ struct Call {
     generation: u64,
     command: Command,
     sent: i64,
-    outcome: Option<Outcome>,
+    outcome: Option<CallResult>,
 }
 
 struct Instance {
@@ -331,7 +331,7 @@ impl<'a> Engine<'a> {
                     return; // lost with the connection: the caller times out
                 }
                 let answer = self.server.execute(command, self.now + SERVER_EPOCH);
-                self.calls.get_mut(&id).unwrap().outcome = Some(Outcome::Answer(answer));
+                self.calls.get_mut(&id).unwrap().outcome = Some(CallResult::Answer(answer));
             }
             Event::Deliver(id) => {
                 let Some(call) = self.calls.remove(&id) else { return };
@@ -341,19 +341,19 @@ impl<'a> Engine<'a> {
                 }
                 let outcome = match call.outcome {
                     Some(o) if self.now - call.sent <= self.setup.timeout => o,
-                    Some(Outcome::Refused) => Outcome::Refused,
-                    _ => Outcome::Timeout,
+                    Some(CallResult::Refused) => CallResult::Refused,
+                    _ => CallResult::Timeout,
                 };
                 match outcome {
-                    Outcome::Refused => self.record.refused += 1,
-                    Outcome::Timeout => self.record.timeouts += 1,
-                    Outcome::Answer(Answer::Decision(d)) => {
+                    CallResult::Refused => self.record.refused += 1,
+                    CallResult::Timeout => self.record.timeouts += 1,
+                    CallResult::Answer(Answer::Decision(d)) => {
                         self.record.instances[i].units_received += d.allowed;
                         if let Command::Check { key, .. } = call.command {
                             self.ledgers.entry((i, key)).or_default().receive(call.sent + self.usable_for, d.allowed);
                         }
                     }
-                    Outcome::Answer(_) => {}
+                    CallResult::Answer(_) => {}
                 }
                 self.drive(i, |m, now, ids, out| m.outcome(now, id, outcome, ids, out));
             }
@@ -414,7 +414,7 @@ impl<'a> Engine<'a> {
         for effect in out {
             match effect {
                 Effect::Send { call, command } => self.send(i, call, command),
-                Effect::Verdict { caller, verdict } => self.verdict(i, caller, verdict),
+                Effect::Admission { caller, verdict } => self.verdict(i, caller, verdict),
             }
         }
         self.after_model(i);
@@ -453,7 +453,7 @@ impl<'a> Engine<'a> {
                 self.schedule(self.now + rtt.min(self.setup.timeout), Event::Deliver(id));
             }
             Availability::Refusing => {
-                call.outcome = Some(Outcome::Refused);
+                call.outcome = Some(CallResult::Refused);
                 self.schedule(self.now + (rtt / 2).min(self.setup.timeout), Event::Deliver(id));
             }
             Availability::Hanging => self.schedule(self.now + self.setup.timeout, Event::Deliver(id)),
@@ -461,17 +461,17 @@ impl<'a> Engine<'a> {
         self.calls.insert(id, call);
     }
 
-    fn verdict(&mut self, i: usize, caller: CallerId, verdict: Verdict) {
+    fn verdict(&mut self, i: usize, caller: CallerId, verdict: Admission) {
         let Some(p) = self.pending.remove(&caller) else { return };
         debug_assert_eq!(p.instance, i);
         let waited = (self.now - p.arrival).clamp(0, u32::MAX as i64) as u32;
         self.record.latency.push(waited);
         let rec = &mut self.record.instances[i];
-        if verdict != Verdict::Limited {
+        if verdict != Admission::Limited {
             rec.admitted += 1;
         }
         match verdict {
-            Verdict::Enforced => {
+            Admission::Enforced => {
                 rec.enforced += 1;
                 self.record.enforced_at[p.key].push(self.now);
                 if !self.ledgers.entry((i, p.key)).or_default().take(self.now) {
@@ -479,12 +479,12 @@ impl<'a> Engine<'a> {
                 }
                 self.phase_at(p.arrival).enforced += 1;
             }
-            Verdict::Open => self.phase_at(p.arrival).open += 1,
-            Verdict::Fallback => {
+            Admission::Open => self.phase_at(p.arrival).open += 1,
+            Admission::Fallback => {
                 self.record.fallback_at.push((i, p.key, self.now));
                 self.phase_at(p.arrival).fallback += 1;
             }
-            Verdict::Limited => self.phase_at(p.arrival).limited += 1,
+            Admission::Limited => self.phase_at(p.arrival).limited += 1,
         }
     }
 }

@@ -11,7 +11,7 @@ use redis_ratelimit_client::engine::{CallError, Claim, Return, Source, Step, Wai
 use redis_ratelimit_client::{Decision, Engine, FailurePolicy as ClientPolicy, Limit, LimiterConfig, Nanos};
 use redis_ratelimit_core::spec::Spec;
 
-use crate::model::{CallId, CallerId, ClientModel, Effect, FailurePolicy, ModelCounters, Outcome, Verdict};
+use crate::model::{Admission, CallId, CallResult, CallerId, ClientModel, Effect, FailurePolicy, ModelCounters};
 use crate::scenarios::{LeaseFactory, Scenario};
 use crate::server::{Answer, Command};
 
@@ -78,13 +78,13 @@ impl LeaseModel {
         match step {
             Step::Done { outcome, refill } => {
                 let verdict = match (outcome.allowed, outcome.source) {
-                    (false, _) => Verdict::Limited,
-                    (true, Source::Local | Source::Redis) => Verdict::Enforced,
-                    (true, Source::FailOpen) => Verdict::Open,
-                    (true, Source::Fallback) => Verdict::Fallback,
+                    (false, _) => Admission::Limited,
+                    (true, Source::Local | Source::Redis) => Admission::Enforced,
+                    (true, Source::FailOpen) => Admission::Open,
+                    (true, Source::Fallback) => Admission::Fallback,
                     (true, other) => panic!("admitted by {other:?}"),
                 };
-                out.push(Effect::Verdict { caller, verdict });
+                out.push(Effect::Admission { caller, verdict });
                 if let Some(c) = refill {
                     self.claim(c, None, calls, out);
                 }
@@ -147,7 +147,7 @@ impl ClientModel for LeaseModel {
         &mut self,
         now: i64,
         call: CallId,
-        outcome: Outcome,
+        outcome: CallResult,
         calls: &mut dyn FnMut() -> CallId,
         out: &mut Vec<Effect>,
     ) {
@@ -155,12 +155,12 @@ impl ClientModel for LeaseModel {
         match self.flights.remove(&call) {
             None => {}
             Some(Flight::Return) => match outcome {
-                Outcome::Answer(Answer::Credited(n)) => self.engine.on_return(t, Ok(n)),
+                CallResult::Answer(Answer::Credited(n)) => self.engine.on_return(t, Ok(n)),
                 _ => self.engine.on_return(t, Err(CallError::Unavailable)),
             },
             Some(Flight::Claim { claim, caller }) => {
                 let step = match outcome {
-                    Outcome::Answer(Answer::Decision(d)) => self.engine.on_reply(t, &claim, &as_reply(&d)),
+                    CallResult::Answer(Answer::Decision(d)) => self.engine.on_reply(t, &claim, &as_reply(&d)),
                     _ => self.engine.on_error(t, &claim, CallError::Unavailable),
                 };
                 let key = *claim.key();

@@ -15,7 +15,7 @@ pub type CallId = u64;
 
 /// How a request was let through, or not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Admission {
     /// Admitted against units the server granted (a lease, or a per-request check).
     Enforced,
     /// Admitted because Redis is unavailable and the policy is fail open.
@@ -28,7 +28,7 @@ pub enum Verdict {
 
 /// What a call came back with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum CallResult {
     Answer(Answer),
     /// The connection was refused (or reset).
     Refused,
@@ -39,7 +39,7 @@ pub enum Outcome {
 /// Effects a model asks its driver for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Effect {
-    Verdict { caller: CallerId, verdict: Verdict },
+    Admission { caller: CallerId, verdict: Admission },
     Send { call: CallId, command: Command },
 }
 
@@ -87,7 +87,7 @@ pub trait ClientModel {
         &mut self,
         now: i64,
         call: CallId,
-        outcome: Outcome,
+        outcome: CallResult,
         calls: &mut dyn FnMut() -> CallId,
         out: &mut Vec<Effect>,
     );
@@ -160,31 +160,31 @@ impl ClientModel for PerRequest {
         &mut self,
         now: i64,
         call: CallId,
-        outcome: Outcome,
+        outcome: CallResult,
         _calls: &mut dyn FnMut() -> CallId,
         out: &mut Vec<Effect>,
     ) {
         let Some((caller, key)) = self.pending.remove(&call) else { return };
         let verdict = match outcome {
-            Outcome::Answer(Answer::Decision(d)) if d.allowed > 0 => {
+            CallResult::Answer(Answer::Decision(d)) if d.allowed > 0 => {
                 self.counters.units_claimed += d.allowed;
                 self.counters.units_served += d.allowed;
-                Verdict::Enforced
+                Admission::Enforced
             }
-            Outcome::Answer(_) => Verdict::Limited,
-            Outcome::Refused | Outcome::Timeout => match self.policy {
-                FailurePolicy::Closed => Verdict::Limited,
-                FailurePolicy::Open => Verdict::Open,
+            CallResult::Answer(_) => Admission::Limited,
+            CallResult::Refused | CallResult::Timeout => match self.policy {
+                FailurePolicy::Closed => Admission::Limited,
+                FailurePolicy::Open => Admission::Open,
                 FailurePolicy::Fallback(_) => {
                     if self.fallback.as_mut().is_some_and(|f| f.admit(key, now)) {
-                        Verdict::Fallback
+                        Admission::Fallback
                     } else {
-                        Verdict::Limited
+                        Admission::Limited
                     }
                 }
             },
         };
-        out.push(Effect::Verdict { caller, verdict });
+        out.push(Effect::Admission { caller, verdict });
     }
 
     fn tick(&mut self, _now: i64, _calls: &mut dyn FnMut() -> CallId, _out: &mut Vec<Effect>) {}

@@ -1,6 +1,6 @@
 //! The scenarios (S1–S5), the modes each runs in, and the invariants checked on every run.
 
-use crate::engine::{Engine, Exit, InstancePlan, Record, Setup, Source};
+use crate::engine::{Engine, Exit, InstancePlan, Record, Setup, Traffic};
 use crate::metrics::{bound, max_in_window, summarize, Lag, Summary};
 use crate::model::{ClientModel, FailurePolicy, PerRequest};
 use crate::net::{Availability, Outages};
@@ -63,8 +63,8 @@ fn instances(n: usize, weight: impl Fn(usize) -> f64) -> Vec<InstancePlan> {
     (0..n).map(|i| InstancePlan { start: 0, exit: None, weight: weight(i) }).collect()
 }
 
-fn steady(key: usize, rate: f64) -> Source {
-    Source { key, rate: vec![(0, rate)] }
+fn steady(key: usize, rate: f64) -> Traffic {
+    Traffic { key, rate: vec![(0, rate)] }
 }
 
 fn closed_modes() -> Vec<Mode> {
@@ -118,7 +118,7 @@ pub fn s2_with_lease(scale: Scale, lease: i64) -> Scenario {
         name: format!("S2 hot key L={}ms", lease / MS),
         setup: Setup {
             specs: vec![gcra(10_000, SEC, 1_000)],
-            sources: vec![Source { key: 0, rate: vec![(0, 20_000.0), (step, 5_000.0), (2 * step, 20_000.0)] }],
+            sources: vec![Traffic { key: 0, rate: vec![(0, 20_000.0), (step, 5_000.0), (2 * step, 20_000.0)] }],
             instances: instances(40, |i| (i + 1) as f64),
             duration: 3 * step,
             outages: Outages::default(),
