@@ -5,7 +5,7 @@
 use redis_ratelimit_core::spec::Spec;
 use redis_ratelimit_core::Algorithm;
 use redis_ratelimit_core::{
-    Nanos, Rate, Request, Window, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
+    Nanos, Rate, Request, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
 };
 
 pub type ArgResult<T> = Result<T, String>;
@@ -156,16 +156,7 @@ fn spec_and_options(algo: Algorithm, args: &[&[u8]], command: &str) -> ArgResult
     let bucket = algo.is_bucket();
     let period = period(args[1], if bucket { "period" } else { "window" })?;
     let o = options(&args[2..], bucket, command)?;
-    let rate = || Rate::new(limit, period, o.burst.unwrap_or(limit)).map_err(|e| format!("ERR {e}"));
-    let win = || Window::new(limit, period).map_err(|e| format!("ERR {e}"));
-    let spec = match algo {
-        Algorithm::Gcra => Spec::Gcra(rate()?),
-        Algorithm::TokenBucket => Spec::TokenBucket(rate()?),
-        Algorithm::Leaky => Spec::Leaky(rate()?),
-        Algorithm::Sliding => Spec::Sliding(win()?),
-        Algorithm::Fixed => Spec::Fixed(win()?),
-        Algorithm::SlidingLog => Spec::SlidingLog(win()?),
-    };
+    let spec = Spec::new(algo, limit, period, o.burst.unwrap_or(limit)).map_err(|e| format!("ERR {e}"))?;
     Ok((spec, o))
 }
 

@@ -6,7 +6,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::spec::Spec;
-use crate::{Algorithm, Nanos, PolicyWindow, Rate, Window, MAX_COUNT, NANOS_PER_MICRO};
+use crate::{Algorithm, Nanos, PolicyWindow, MAX_COUNT, NANOS_PER_MICRO};
 
 /// Why a limit cannot be built: the setting at fault and the rule it breaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,23 +107,14 @@ impl Limit {
         }
     }
 
-    /// `self` if the module takes it: the core's rules for a rate or a window ([`Rate::new`],
-    /// [`Window::new`]), whose errors name the setting at fault.
+    /// `self` if the module takes it: the core's rules for a rate or a window ([`Spec::new`]),
+    /// whose errors name the setting at fault.
     fn validated(self) -> Result<Limit, LimitError> {
         self.checked_spec().map(|_| self)
     }
 
     fn checked_spec(&self) -> Result<Spec, LimitError> {
-        let rate = || Rate::new(self.limit, self.period, self.burst.unwrap_or(self.limit));
-        let window = || Window::new(self.limit, self.period);
-        Ok(match self.algorithm {
-            Algorithm::Gcra => Spec::Gcra(rate()?),
-            Algorithm::TokenBucket => Spec::TokenBucket(rate()?),
-            Algorithm::Leaky => Spec::Leaky(rate()?),
-            Algorithm::Sliding => Spec::Sliding(window()?),
-            Algorithm::Fixed => Spec::Fixed(window()?),
-            Algorithm::SlidingLog => Spec::SlidingLog(window()?),
-        })
+        Spec::new(self.algorithm, self.limit, self.period, self.burst.unwrap_or(self.limit))
     }
 
     #[inline]
@@ -182,7 +173,7 @@ impl Limit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{MAX_HORIZON, MAX_PERIOD};
+    use crate::{Rate, Window, MAX_HORIZON, MAX_PERIOD};
 
     const SEC: Duration = Duration::from_secs(1);
 
