@@ -87,6 +87,7 @@ pub struct Facts {
 
 impl Algorithm {
     /// Every fact of this algorithm.
+    #[inline]
     pub const fn facts(self) -> Facts {
         match self {
             Algorithm::Gcra => Facts {

@@ -48,6 +48,7 @@ pub struct Request {
 }
 
 impl Request {
+    #[inline]
     pub const fn new(cost: u64) -> Self {
         Request { cost, partial: false }
     }
@@ -93,6 +94,7 @@ pub struct Decision {
 
 impl Decision {
     /// True when the request asked for units and got none.
+    #[inline]
     pub fn limited(&self, req: &Request) -> bool {
         req.cost > 0 && self.allowed == 0
     }
@@ -100,6 +102,7 @@ impl Decision {
     /// The integers of a limiter command's reply, named by [`DECISION_FIELDS`]: the first five,
     /// or all six with `delay_ms` (RL.LEAKY). Durations in milliseconds rounded up (never early),
     /// -1 for none.
+    #[inline]
     pub fn reply_values(&self, with_delay: bool) -> ([i64; 6], usize) {
         let values = [
             self.allowed as i64,
@@ -118,6 +121,7 @@ pub const DECISION_FIELDS: [&str; 6] =
     ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms"];
 
 /// Milliseconds rounded up, or -1 for "none" (a reply's optional durations).
+#[inline]
 pub fn ms_or_minus_one(ns: Option<Nanos>) -> i64 {
     ns.map_or(-1, |ns| ns.as_millis_ceil() as i64)
 }
@@ -133,6 +137,7 @@ pub struct Rate {
 
 impl Rate {
     /// Validates a rate; the error names the setting at fault.
+    #[inline]
     pub fn new(limit: u64, period: Nanos, burst: u64) -> Result<Rate, LimitError> {
         check_count(limit).map_err(LimitError::Limit)?;
         check_count(burst).map_err(LimitError::Burst)?;
@@ -145,6 +150,7 @@ impl Rate {
     }
 
     /// Capacity in scaled time units (ns × limit): burst × period.
+    #[inline]
     pub fn capacity_scaled(&self) -> i128 {
         self.burst as i128 * self.period.as_i128()
     }
@@ -159,6 +165,7 @@ pub struct Window {
 
 impl Window {
     /// Validates a window; the error names the setting at fault.
+    #[inline]
     pub fn new(limit: u64, window: Nanos) -> Result<Window, LimitError> {
         check_count(limit).map_err(LimitError::Limit)?;
         check_period(window)?;
@@ -167,6 +174,7 @@ impl Window {
 }
 
 /// A limit or BURST from 1 to MAX_COUNT (the value back as the error).
+#[inline]
 fn check_count(n: u64) -> Result<(), u64> {
     if n == 0 || n > MAX_COUNT {
         return Err(n);
@@ -175,6 +183,7 @@ fn check_count(n: u64) -> Result<(), u64> {
 }
 
 /// A period or window from 1 ns to MAX_PERIOD (a `Limit` also asks for whole microseconds).
+#[inline]
 pub(crate) fn check_period(p: Nanos) -> Result<(), LimitError> {
     if p <= Nanos::ZERO || p > MAX_PERIOD {
         return Err(LimitError::Period(p));

@@ -76,7 +76,12 @@ impl Nanos {
     /// the headers never understate (a client told to come back is never early).
     #[inline]
     pub const fn as_millis_ceil(self) -> u64 {
-        self.as_u64().div_ceil(NANOS_PER_MILLI as u64)
+        // (Signed, as the replies' integers: one division by a constant, no widening.)
+        if self.0 <= 0 {
+            0
+        } else {
+            ((self.0 - 1) / NANOS_PER_MILLI + 1) as u64
+        }
     }
     #[inline]
     pub const fn is_zero(self) -> bool {
