@@ -30,13 +30,13 @@ use hashbrown::HashTable;
 use crate::breaker::{Breaker, BreakerConfig, Permit};
 use crate::commands::{self, Options};
 use crate::decision::Decision;
-use crate::lease::{ClaimSpec, KeyState, LeaseConfig, LimitedBy, ReturnSpec, Taken, Verdict};
+use crate::lease::{ClaimSpec, KeyState, LeaseConfig, LimitedBy, ReturnSpec, Ruling, Taken};
 use crate::metrics::{add, add_shared, sub, sub_shared, Metrics, MetricsSnapshot};
 use crate::policy::{FailurePolicy, LocalBucket};
 use crate::slab::Slab;
 use crate::spec::Limit;
-use crate::time::Nanos;
 use crate::wheel::Wheel;
+use redis_ratelimit_core::Nanos;
 
 /// The hasher of every shard of a limiter (foldhash, seeded per process): one hash per check
 /// picks the shard and finds the key.
@@ -302,7 +302,7 @@ impl<K> Return<K> {
 impl<K: AsRef<str>> Return<K> {
     /// `RL.RETURN key units AGE ms` (AGE rounded up to the ms).
     pub fn command(&self) -> redis::Cmd {
-        commands::give_back_cmd(self.key.as_ref(), self.spec.units, Some(self.spec.age.into()))
+        commands::give_back_cmd(self.key.as_ref(), self.spec.units, Some(self.spec.age))
     }
 }
 
@@ -839,10 +839,10 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         let i = self.find_or_insert(now, self.hash(key), key);
         let (lease, m) = (&self.shared.config.lease, &self.metrics);
         let step = match self.slots[i].state.peek(now, cost, lease, m) {
-            Some(Verdict::Admit { .. }) => {
+            Some(Ruling::Admit { .. }) => {
                 Step::Done { outcome: self.known(now, i, true, Source::Local, None, None), refill: None }
             }
-            Some(Verdict::Limited { retry_after, by, .. }) => {
+            Some(Ruling::Limited { retry_after, by, .. }) => {
                 let source = if by == LimitedBy::Cache { Source::Cache } else { Source::Local };
                 Step::Done { outcome: self.known(now, i, false, source, retry_after, None), refill: None }
             }
@@ -879,8 +879,8 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         let i = self.find(self.hash(key), key)?;
         let (lease, m) = (&self.shared.config.lease, &self.metrics);
         match self.slots[i].state.peek(now, cost, lease, m)? {
-            Verdict::Admit { .. } => Some(self.known(now, i, true, Source::Local, None, None)),
-            Verdict::Limited { retry_after, by, .. } => {
+            Ruling::Admit { .. } => Some(self.known(now, i, true, Source::Local, None, None)),
+            Ruling::Limited { retry_after, by, .. } => {
                 let source = if by == LimitedBy::Cache { Source::Cache } else { Source::Local };
                 Some(self.shadow_quiet(self.known(now, i, false, source, retry_after, None)))
             }
@@ -933,7 +933,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             return Some(self.step(now, i, claim.spec.cost, v));
         };
         let v = match v {
-            Verdict::Retry => state.resume(now, cost, None, lease, m),
+            Ruling::Retry => state.resume(now, cost, None, lease, m),
             v => v,
         };
         Some(self.step(now, i, cost, v))
@@ -1056,9 +1056,9 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     /// The step of a verdict on key `i`; the key is armed (its next deadline in the wheel)
     /// before the step is built, so that the step is written once, in place.
     #[inline]
-    fn step(&mut self, now: Nanos, i: usize, cost: u64, v: Verdict) -> Step<K> {
+    fn step(&mut self, now: Nanos, i: usize, cost: u64, v: Ruling) -> Step<K> {
         let (outcome, refill) = match v {
-            Verdict::Admit { from_claim, refill, delay, taken, held } => {
+            Ruling::Admit { from_claim, refill, delay, taken, held } => {
                 // The local path: the refill and the arming first, then the step written once
                 // (an admission is never a shadow refusal).
                 let refill = self.refill(now, i, refill);
@@ -1077,7 +1077,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                     refill,
                 };
             }
-            Verdict::Limited { retry_after, by, refill } => {
+            Ruling::Limited { retry_after, by, refill } => {
                 let source = match by {
                     LimitedBy::Cache => Source::Cache,
                     LimitedBy::Never => Source::Local,
@@ -1085,12 +1085,12 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 };
                 (self.known(now, i, false, source, retry_after, None), refill)
             }
-            Verdict::Wait { claim } => {
+            Ruling::Wait { claim } => {
                 let until = now + self.shared.config.call_timeout * 3 / 2;
                 self.arm(now, i);
                 return Step::Wait(Waiter { claim, cost, until });
             }
-            Verdict::Claim(c) => match self.shared.breaker.permit(now) {
+            Ruling::Claim(c) => match self.shared.breaker.permit(now) {
                 Permit::Reject { retry_in } => {
                     self.slots[i].state.cancel_claim(c.id, &self.metrics);
                     (self.fallback(now, i, cost, retry_in, true), None)
@@ -1100,8 +1100,8 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                     return Step::Send(self.claim(i, c));
                 }
             },
-            Verdict::Failed => (self.fallback(now, i, cost, self.shared.config.breaker.cool_down, true), None),
-            Verdict::Retry => {
+            Ruling::Failed => (self.fallback(now, i, cost, self.shared.config.breaker.cool_down, true), None),
+            Ruling::Retry => {
                 // on_reply resolves it; any other path treats it as a new decision.
                 let (lease, m) = (&self.shared.config.lease, &self.metrics);
                 let v = self.slots[i].state.resume(now, cost, None, lease, m);

@@ -65,12 +65,12 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn limit() -> impl Strategy<Value = Limit> {
     prop_oneof![
-        Just(Limit::token_bucket(100, Duration::from_secs(1)).with_burst(50)),
-        Just(Limit::gcra(10, Duration::from_millis(100))),
-        Just(Limit::fixed(100, Duration::from_secs(60))),
-        Just(Limit::sliding(100, Duration::from_secs(1))),
-        Just(Limit::sliding_log(100, Duration::from_secs(1))),
-        Just(Limit::leaky(100, Duration::from_secs(1))),
+        Just(Limit::token_bucket(100, Duration::from_secs(1)).unwrap().with_burst(50).unwrap()),
+        Just(Limit::gcra(10, Duration::from_millis(100)).unwrap()),
+        Just(Limit::fixed(100, Duration::from_secs(60)).unwrap()),
+        Just(Limit::sliding(100, Duration::from_secs(1)).unwrap()),
+        Just(Limit::sliding_log(100, Duration::from_secs(1)).unwrap()),
+        Just(Limit::leaky(100, Duration::from_secs(1)).unwrap()),
     ]
 }
 
@@ -250,7 +250,7 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, sightings: bool, ops
                 assert!(r.engine.on_error(r.now, &p.claim, CallError::Abandoned).is_none());
                 r.wake(p.key, p.claim.id());
             }
-            Op::Advance { ns } => r.now += Nanos::new(ns),
+            Op::Advance { ns } => r.now += Nanos::new(ns as i64),
             Op::Tick => {
                 // A refund follows its check at once in practice, never a forgetting of its
                 // key (the per-key totals would then count it against the key's next life).
@@ -334,7 +334,7 @@ fn cost_of(p: &Pending) -> u64 {
 /// request: the same calls as per-request checking.
 #[test]
 fn cold_key_costs_what_per_request_checking_costs() {
-    let config = EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60)));
+    let config = EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60)).unwrap());
     let mut e: Engine<&str> = Engine::new(config);
     let mut now = Nanos::ZERO;
     for i in 0..100 {
@@ -357,7 +357,7 @@ fn sighting_engine() -> Engine<&'static str> {
     let config = EngineConfig {
         sightings: 1024,
         policy: FailurePolicy::FailOpen,
-        ..EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60)))
+        ..EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60)).unwrap())
     };
     Engine::new(config)
 }
@@ -453,7 +453,8 @@ fn a_failed_one_off_claim_falls_to_the_failure_policy() {
 
 #[test]
 fn a_key_sharing_an_entry_is_remembered_within_the_lease() {
-    let config = EngineConfig { sightings: 1, ..EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60))) };
+    let config =
+        EngineConfig { sightings: 1, ..EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60)).unwrap()) };
     let mut e: Engine<&str> = Engine::new(config);
     let lease = e.config().lease.lease;
     let mut now = Nanos::from_secs(1);
@@ -474,8 +475,10 @@ fn a_key_sharing_an_entry_is_remembered_within_the_lease() {
 
 #[test]
 fn keys_seen_once_are_not_remembered_when_they_share_entries() {
-    let config =
-        EngineConfig { sightings: 1024, ..EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60))) };
+    let config = EngineConfig {
+        sightings: 1024,
+        ..EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60)).unwrap())
+    };
     let mut e: Engine<String> = Engine::new(config);
     let now = Nanos::from_secs(1);
     for i in 0..3000 {
@@ -489,7 +492,8 @@ fn keys_seen_once_are_not_remembered_when_they_share_entries() {
 
 #[test]
 fn a_cancelled_claim_lets_the_key_waiters_claim_again() {
-    let mut e: Engine<&str> = Engine::new(EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60))));
+    let mut e: Engine<&str> =
+        Engine::new(EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60)).unwrap()));
     let now = Nanos::from_secs(1);
     let Step::Send(c) = e.check(now, &"a", 1) else { panic!("a claim") };
     let Step::Wait(w) = e.check(now, &"a", 1) else { panic!("waits for the claim in flight") };
