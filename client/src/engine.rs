@@ -1034,8 +1034,19 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 self.slots[i].state.adopt_one_off(t.units);
                 i
             }
-            (Some(i), None) => i,
-            (None, None) => return false,
+            (Some(i), None) if !outcome.taken.is_some_and(|t| t.one_off) => i,
+            (_, None) => {
+                // Its key forgotten since, or a one-off claim's units past their lease: served
+                // to this request and gone unused, refunded and expired (as `KeyState::refund`
+                // counts units too late to serve again), none of a remembered key's.
+                if let (Source::Local | Source::Redis, Some(t), true) =
+                    (outcome.source, outcome.taken, outcome.enforced)
+                {
+                    add(&self.metrics.units_refunded, t.units);
+                    add(&self.metrics.units_expired, t.units);
+                }
+                return false;
+            }
         };
         let (cfg, m) = (&self.shared.config, &self.metrics);
         let done = match (outcome.source, outcome.taken) {
