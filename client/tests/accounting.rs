@@ -137,3 +137,35 @@ async fn max_keys_bounds_the_keys_and_an_evicted_key_gives_its_units_back() {
     }
     assert_eq!(used, m.units_served + m.units_held + m.units_expired, "Redis's count: {m:?}");
 }
+
+/// `max_keys` under a flood of new keys, each remembered from its first request and sending
+/// its claim at once: the keys remembered stay within the cap (memory bounded under any flood).
+/// Keys with a claim in flight are never evicted; a new key met at the cap with none to evict
+/// is decided by a one-off claim instead of remembered (issue 33: 192 keys under a cap of 8
+/// before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_keys_holds_under_a_flood_of_new_keys() {
+    const CAP: u64 = 8;
+    let server = common::Server::start();
+    let limiter = std::sync::Arc::new(Limiter::new(
+        connect(&server).await,
+        LimiterConfig::new(Limit::fixed(1000, HOUR)).shards(1).max_keys(CAP as usize).sightings(0),
+    ));
+    let tasks: Vec<_> = (0..200)
+        .map(|k| {
+            let l = limiter.clone();
+            tokio::spawn(async move { l.check(&format!("f{k}"), 1).await.allowed })
+        })
+        .collect();
+    let mut most = 0;
+    for t in tasks {
+        assert!(t.await.unwrap());
+        most = most.max(limiter.metrics().keys);
+    }
+    for k in 200..220 {
+        assert!(limiter.check(&format!("f{k}"), 1).await.allowed);
+        most = most.max(limiter.metrics().keys);
+    }
+    assert!(most <= CAP, "{most} keys remembered under a cap of {CAP}: {:?}", limiter.metrics());
+    assert!(limiter.metrics().one_off_claims > 0, "the flood's keys found none to evict: {:?}", limiter.metrics());
+}
