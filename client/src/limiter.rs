@@ -177,7 +177,9 @@ impl LimiterConfig {
     }
     /// At most about this many keys remembered (0, the default: no cap). Beyond it a new key
     /// evicts one of the least recently used (its units are given back); the bound is
-    /// unaffected (docs/local-reservations.md).
+    /// unaffected (docs/local-reservations.md). The cap is per shard (this ÷ the shards,
+    /// rounded up). A key with a claim in flight is never evicted: a new key that finds none
+    /// to evict is decided by a one-off claim, not remembered (`sightings`).
     pub fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = n;
         self
