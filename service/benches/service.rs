@@ -704,7 +704,7 @@ fn edge_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &TempDir, url: &
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "## Envoy in front: no filter, ShouldRateLimit, the quota service\n\n\
+        "### Envoy in front: no filter, ShouldRateLimit, the quota service\n\n\
          HTTP `GET /` through Envoy 1.40 (`--concurrency 1`) to an upstream on loopback, {conns} keep-alive \
          HTTP/1.1 connections each sending its next request when the previous answer is read (hyper; \
          saturation); one service (the module, no leases; the quota service on its gRPC port), rules \
