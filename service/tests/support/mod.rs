@@ -102,7 +102,8 @@ impl ServiceProc {
     }
 
     /// Starts the process (in an environment of exactly `env` when given) without waiting for
-    /// it to listen: for a start that must fail ([`ServiceProc::wait_exit`]).
+    /// it to listen: for a start that must fail ([`ServiceProc::wait_exit`]). An empty `config`
+    /// passes no `--config`: the service reads its default path (`RUNTIME_ROOT`, …).
     pub fn spawn(config: &Path, args: &[&str], env: Option<&[(&str, &str)]>) -> ServiceProc {
         let dir = TempDir::new("svc");
         let log = dir.0.join("service.log");
@@ -110,10 +111,11 @@ impl ServiceProc {
         let err = out.try_clone().unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_redis-ratelimit-service"));
         cmd.args(["--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0"])
-            .args(["--config-poll-interval", "100ms", "--log-level", "debug"])
-            .arg("--config")
-            .arg(config)
-            .args(args)
+            .args(["--config-poll-interval", "100ms", "--log-level", "debug"]);
+        if !config.as_os_str().is_empty() {
+            cmd.arg("--config").arg(config);
+        }
+        cmd.args(args)
             .env_remove("PORT")
             .env_remove("HOST")
             .env_remove("DRAIN_PERIOD")
