@@ -103,7 +103,8 @@ pub struct Settings {
     #[arg(long, env = "SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = duration_or_zero)]
     pub shutdown_timeout: Duration,
 
-    /// `single` (one server) or `cluster`.
+    /// `single` (one server), `cluster`, or `sentinel` (REDIS_URL: `<master name>,<sentinel
+    /// host:port>,...`).
     #[arg(long, env = "REDIS_TYPE", default_value = "single")]
     pub redis_type: String,
     /// `host:port`, a unix socket path, or redis:// / unix:// URLs; for a cluster a comma
@@ -116,6 +117,9 @@ pub struct Settings {
     /// `password` or `username:password`.
     #[arg(long, env = "REDIS_AUTH", default_value = "", hide_env_values = true)]
     pub redis_auth: String,
+    /// The sentinels' own `password` or `user:password` (REDIS_AUTH is the primary's).
+    #[arg(long, env = "REDIS_SENTINEL_AUTH", default_value = "", hide_env_values = true)]
+    pub redis_sentinel_auth: String,
     /// Multiplexed connections to a single server.
     #[arg(long, env = "REDIS_POOL_SIZE", default_value_t = 4)]
     pub redis_pool_size: usize,
@@ -292,8 +296,17 @@ impl Settings {
                 }
                 Target::cluster(&nodes)
             }
-            "sentinel" => return Err("REDIS_TYPE=sentinel is not supported: use single or cluster".into()),
-            other => return Err(format!("invalid REDIS_TYPE '{other}': expected single or cluster")),
+            "sentinel" => {
+                let mut t = Target::from_type_and_url("sentinel", &self.redis_url).map_err(|e| e.to_string())?;
+                if let Some((user, pass)) = auth_pair(&self.redis_auth) {
+                    t = t.auth(user, pass);
+                }
+                if let Some((user, pass)) = auth_pair(&self.redis_sentinel_auth) {
+                    t = t.sentinel_auth(user, pass);
+                }
+                t
+            }
+            other => return Err(format!("invalid REDIS_TYPE '{other}': expected single, cluster or sentinel")),
         };
         let target = match self.tls()? {
             Some(tls) => target.tls(tls),
@@ -429,12 +442,6 @@ pub const UNIMPLEMENTED: &[Unimplemented] = &[
         inert: Inert::OneOf(&["redis"]),
         verdict: Verdict::Refuse,
         why: "limits live in Redis with the module only (memcached is not supported)",
-    },
-    Unimplemented {
-        names: &["REDIS_SENTINEL_AUTH"],
-        inert: Inert::False,
-        verdict: Verdict::Refuse,
-        why: "Redis Sentinel is not implemented yet (REDIS_TYPE=sentinel is refused too)",
     },
     Unimplemented {
         names: &["REDIS_PERSECOND"],
@@ -694,6 +701,15 @@ pub fn unimplemented_settings<K: AsRef<OsStr>, V: AsRef<OsStr>>(
     out
 }
 
+/// `password` or `user:password` (REDIS_AUTH, REDIS_SENTINEL_AUTH); `None` when empty.
+fn auth_pair(auth: &str) -> Option<(Option<&str>, &str)> {
+    match auth.split_once(':') {
+        _ if auth.is_empty() => None,
+        Some((user, pass)) => Some((Some(user), pass)),
+        None => Some((None, auth)),
+    }
+}
+
 /// Percent-encodes a URL userinfo part.
 fn enc(s: &str) -> String {
     let mut o = String::new();
@@ -720,7 +736,12 @@ mod tests {
         let s = Settings::parse_from(["x", "--redis-type", "cluster", "--redis-url", "h1:7001,h2:7002"]);
         let t = s.backend().unwrap().target.to_string();
         assert!(t.starts_with("cluster, seeds redis://h1:7001,redis://h2:7002"), "{t}");
-        assert!(Settings::parse_from(["x", "--redis-type", "sentinel"]).backend().is_err());
+        let s =
+            Settings::parse_from(["x", "--redis-type", "sentinel", "--redis-url", "mymaster, 10.0.0.1:26379,h2:26379"]);
+        let t = s.backend().unwrap().target.to_string();
+        assert!(t.starts_with("sentinel master 'mymaster', sentinels 10.0.0.1:26379,h2:26379"), "{t}");
+        let e = Settings::parse_from(["x", "--redis-type", "sentinel", "--redis-url", "10.0.0.1:26379"]).backend();
+        assert!(e.unwrap_err().contains("<master name>,<host:port>"));
     }
 
     #[test]
@@ -835,7 +856,7 @@ mod tests {
         assert_eq!(env(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).refusals.len(), 1);
         assert_eq!(env(&[("DOG_STATSD_MOGRIFIER_TAGS_PATTERN", "x")]).warnings.len(), 1);
         // Values never appear (passwords).
-        let s = env(&[("REDIS_SENTINEL_AUTH", "s3cret"), ("REDIS_PERSECOND_AUTH", "s3cret")]);
+        let s = env(&[("REDIS_PERSECOND", "s3cret"), ("REDIS_PERSECOND_AUTH", "s3cret")]);
         assert_eq!((s.refusals.len(), s.warnings.len()), (1, 1));
         assert!(!format!("{s:?}").contains("s3cret"));
     }

@@ -120,7 +120,7 @@ async fn requests_are_answered_at_once_while_redis_refuses_connections() {
     assert!(results.iter().all(|r| r.1 == Ok(Code::OverLimit)), "closed refuses: {results:?}");
     let (status, body) = svc.http("GET", "/healthcheck", "");
     assert_eq!(status, 200, "{body}");
-    assert!(body.contains("redis unavailable:") && body.contains("refused"), "{body}");
+    assert!(body.contains("redis unavailable:"), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,9 +45,28 @@ async fn tls_to_redis_with_envoyproxys_settings() {
         svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
         svc
     };
+    // docs/service.md's settings as written, the files and the address replaced by the test's.
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/service.md")).unwrap();
+    let block = doc.split("## TLS to Redis").nth(1).and_then(|s| s.split("```sh\n").nth(1)).unwrap();
+    let documented: Vec<(String, String)> = block
+        .split("```")
+        .next()
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once('=').unwrap();
+            let v = match v.strip_prefix("/etc/redis-tls/") {
+                Some(file) => p(file),
+                None if k == "REDIS_URL" => by_name.clone(),
+                None => v.to_string(),
+            };
+            (k.to_string(), v)
+        })
+        .collect();
+    assert_eq!(documented.len(), 5, "{documented:?}");
     // The private CA, mTLS, the name in the certificate: decided by Redis (3 of 4 left).
-    for (url, skip) in [(&by_name, "false"), (&by_address, "true")] {
-        let svc = start(&env(url, skip));
+    for (url, env) in [(&by_name, documented), (&by_address, env(&by_address, "true"))] {
+        let svc = start(&env);
         let mut c = svc.client().await;
         wait_until(Duration::from_secs(5), "decided by Redis over TLS", || {
             let r = futures_block(c.should_rate_limit(request("p_closed", vec![desc(&[("k", url)])])));

@@ -3,6 +3,9 @@
 //! config file), quick to act (down after 500 ms), and a subscriber that notes when the
 //! sentinels publish `+switch-master`.
 
+// Each test crate uses part of it.
+#![allow(dead_code)]
+
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -57,10 +60,8 @@ impl Sentinels {
         // Each sentinel knows the others and the replicas before a failover is asked of them.
         wait_until(Duration::from_secs(15), "the sentinels know each other", || {
             s.ports.iter().all(|&p| {
-                let v: redis::RedisResult<Vec<redis::Value>> = redis::cmd("SENTINEL")
-                    .arg("sentinels")
-                    .arg(MASTER)
-                    .query(&mut Self::conn(p));
+                let v: redis::RedisResult<Vec<redis::Value>> =
+                    redis::cmd("SENTINEL").arg("sentinels").arg(MASTER).query(&mut Self::conn(p));
                 v.is_ok_and(|v| v.len() + 1 == n)
             })
         });
@@ -86,23 +87,28 @@ impl Sentinels {
         self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()
     }
 
-    /// Starts noting the sentinels' `+switch-master` events (subscribed on the first one).
+    /// Starts noting the sentinels' `+switch-master` events (subscribed on every sentinel: the
+    /// leader of a failover publishes first, the others when they learn of it).
     pub fn watch_switch(&self) -> SwitchWatch {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let port = self.ports[0];
-        let out = seen.clone();
-        std::thread::spawn(move || {
-            let mut c = Self::conn(port);
-            let mut ps = c.as_pubsub();
-            ps.subscribe("+switch-master").unwrap();
-            ready_tx.send(()).unwrap();
-            while let Ok(m) = ps.get_message() {
-                let payload: String = m.get_payload().unwrap_or_default();
-                out.lock().unwrap().push((Instant::now(), payload));
-            }
-        });
-        ready_rx.recv_timeout(Duration::from_secs(5)).expect("subscribed");
+        for &port in &self.ports {
+            let out = seen.clone();
+            let ready = ready_tx.clone();
+            std::thread::spawn(move || {
+                let mut c = Self::conn(port);
+                let mut ps = c.as_pubsub();
+                ps.subscribe("+switch-master").unwrap();
+                ready.send(()).unwrap();
+                while let Ok(m) = ps.get_message() {
+                    let payload: String = m.get_payload().unwrap_or_default();
+                    out.lock().unwrap().push((Instant::now(), payload));
+                }
+            });
+        }
+        for _ in &self.ports {
+            ready_rx.recv_timeout(Duration::from_secs(5)).expect("subscribed");
+        }
         SwitchWatch { seen }
     }
 

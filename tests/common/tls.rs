@@ -4,6 +4,9 @@
 //! [`Certs::server_opts`] gives redis-server's TLS directives for the harness (`Opts::extra`):
 //! a TLS port beside the harness's plain one, which the tests never use for what they assert.
 
+// Each test crate uses part of it.
+#![allow(dead_code)]
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -855,8 +855,16 @@ impl SlotTask {
                 let mut master = node.master.clone();
                 loop {
                     let Some(addr) = master.borrow_and_update().clone() else {
+                        // The sentinels are being asked: calls wait (for a connect timeout, the
+                        // time the sentinels have to answer), then fail at once until a master
+                        // is known.
+                        tokio::select! {
+                            _ = master.changed() => continue,
+                            _ = tokio::time::sleep(self.connect_timeout) => {}
+                            _ = closed.changed() => return,
+                        }
                         let why = node.sentinel.as_ref().and_then(|t| t.note()).unwrap_or_default();
-                        self.fail(Error::new(ErrorKind::Unavailable, format!("no master known yet {why}")));
+                        self.fail(Error::new(ErrorKind::Unavailable, format!("no master known: {why}")));
                         tokio::select! {
                             _ = master.changed() => continue,
                             _ = closed.changed() => return,
