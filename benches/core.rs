@@ -27,28 +27,27 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
-use redis_ratelimit::core::codec::State as Stored;
-use redis_ratelimit::core::spec::Update;
-use redis_ratelimit::core::{
-    fixed, gcra, leaky, sliding, sliding_log, token_bucket, Nanos, Rate, Request, Window, NANOS_PER_MICRO,
-    NANOS_PER_SEC,
+use redis_ratelimit_core::codec::State as Stored;
+use redis_ratelimit_core::spec::Update;
+use redis_ratelimit_core::{
+    fixed, gcra, leaky, sliding, sliding_log, token_bucket, Nanos, Rate, Request, Window, NANOS_PER_SEC,
 };
 
 /// 2023-11-14T22:13:20Z, in ns: a realistic instant.
-const T0: Nanos = 1_700_000_000 * NANOS_PER_SEC;
+const T0: Nanos = Nanos::new(1_700_000_000 * NANOS_PER_SEC);
 /// The clock's step between calls.
-const STEP: Nanos = NANOS_PER_MICRO;
+const STEP: Nanos = Nanos::from_micros(1);
 
 fn rate() -> Rate {
     // 1,000,000 per second = one per µs: with the clock advancing 1 µs per call, every call
     // is admitted and the bucket stays at a steady level.
-    Rate::new(1_000_000, NANOS_PER_SEC, 1_000_000).expect("valid rate")
+    Rate::new(1_000_000, Nanos::from_secs(1), 1_000_000).expect("valid rate")
 }
 
 fn window() -> Window {
     // Twice the call rate: the windows admit every call too (the sliding estimate never
     // reaches the limit), so all five measure the same admitted path.
-    Window::new(2_000_000, NANOS_PER_SEC).expect("valid window")
+    Window::new(2_000_000, Nanos::from_secs(1)).expect("valid window")
 }
 
 fn decisions(c: &mut Criterion) {
@@ -87,7 +86,7 @@ fn decisions(c: &mut Criterion) {
 /// A sliding log filled to `limit` entries, one per µs, window = `limit` µs; returns the log
 /// and the instant of its newest entry.
 fn full_log(limit: u64) -> (sliding_log::State, Window, Nanos) {
-    let win = Window::new(limit, limit as Nanos * NANOS_PER_MICRO).expect("valid window");
+    let win = Window::new(limit, Nanos::from_micros(limit)).expect("valid window");
     let mut state = sliding_log::State::new(win);
     let req = Request::new(1);
     let mut now = T0;

@@ -158,7 +158,8 @@ done
       # runs in, "file:function": match both)
       /=>/ { next }
       /:(RM_Replicate|lookupCommandByCString|moduleCreateArgvFromUserFormat|RM_OpenKey|RM_SetAbsExpire|RM_GetAbsExpire|RM_ReplyWithLongLong|RM_ReplyWithArray|RM_GetContextFlags|RM_CloseKey|RM_Milliseconds|RM_ModuleTypeSetValue)([[:space:]]|$)/ ||
-      /redis_ratelimit::(commands::store|reply::named_integers|core::spec::Spec::check|args::spec_and_options|commands::limiter)([[:space:]]|$)/ {
+      /redis_ratelimit::(commands::store|reply::named_integers|args::spec_and_options|commands::limiter)([[:space:]]|$)/ ||
+      /redis_ratelimit_core::spec::Spec::check([[:space:]]|$)/ {
         ir = $1; gsub(",", "", ir); name = $0; sub(/^[^:]*:/, "", name); sub(/ \[.*/, "", name)
         if (!(name in seen)) { seen[name] = 1; printf "| %s | %d |\n", name, ir / n }
       }'

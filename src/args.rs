@@ -2,17 +2,17 @@
 //! 1 MB, not UTF-8); every error is an `ERR …` message naming the argument, and nothing is
 //! parsed leniently (no signs, no spaces, no floats, no overflow).
 
-use crate::core::codec::Algorithm;
-use crate::core::spec::Spec;
-use crate::core::{
-    Nanos, Rate, Request, Window, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
+use redis_ratelimit_core::spec::Spec;
+use redis_ratelimit_core::Algorithm;
+use redis_ratelimit_core::{
+    Nanos, Rate, Request, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
 };
 
 pub type ArgResult<T> = Result<T, String>;
 
 /// A parsed limiter command: the limit, the request and whether to change nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Check {
+pub struct CheckArgs {
     pub spec: Spec,
     pub req: Request,
     pub dryrun: bool,
@@ -77,7 +77,7 @@ pub fn period(arg: &[u8], name: &str) -> ArgResult<Nanos> {
     let split = arg.iter().position(|b| !b.is_ascii_digit()).unwrap_or(arg.len());
     let (num, unit) = arg.split_at(split);
     let n = digits(num).filter(|&n| n > 0).ok_or_else(bad)?;
-    const UNITS: [(&[u8], Nanos); 7] = [
+    const UNITS: [(&[u8], i64); 7] = [
         (b"", NANOS_PER_SEC),
         (b"s", NANOS_PER_SEC),
         (b"us", NANOS_PER_MICRO),
@@ -88,7 +88,7 @@ pub fn period(arg: &[u8], name: &str) -> ArgResult<Nanos> {
     ];
     let scale = UNITS.iter().find(|(u, _)| unit.eq_ignore_ascii_case(u)).map(|(_, s)| *s).ok_or_else(bad)?;
     match (n as i128) * (scale as i128) {
-        ns if ns <= MAX_PERIOD as i128 => Ok(ns as Nanos),
+        ns if ns <= MAX_PERIOD.as_i128() => Ok(Nanos::new(ns as i64)),
         _ => Err(format!("ERR invalid {name} '{}': at most 100 years (36525d)", shown(arg))),
     }
 }
@@ -142,35 +142,21 @@ pub fn wrong_arity(command: &str) -> String {
 
 /// `limit period|window [BURST n] [COST n] [DRYRUN] [PARTIAL]`, the arguments after the key of
 /// every limiter command (and of each limit in RL.MULTI).
-pub fn check(algo: Algorithm, args: &[&[u8]], command: &str) -> ArgResult<Check> {
+pub fn check(algo: Algorithm, args: &[&[u8]], command: &str) -> ArgResult<CheckArgs> {
     if args.len() < 2 {
         return Err(wrong_arity(command));
     }
     let (spec, o) = spec_and_options(algo, args, command)?;
     let cost = o.cost.unwrap_or(1);
-    Ok(Check { spec, req: Request { cost, partial: o.partial }, dryrun: o.dryrun })
+    Ok(CheckArgs { spec, req: Request { cost, partial: o.partial }, dryrun: o.dryrun })
 }
 
 fn spec_and_options(algo: Algorithm, args: &[&[u8]], command: &str) -> ArgResult<(Spec, Options)> {
     let limit = positive(args[0], "limit")?;
-    let rate_based = matches!(algo, Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::Leaky);
-    let period = period(args[1], if rate_based { "period" } else { "window" })?;
-    let o = options(&args[2..], rate_based, command)?;
-    let spec = if rate_based {
-        let rate = Rate::new(limit, period, o.burst.unwrap_or(limit)).map_err(|e| format!("ERR {e}"))?;
-        match algo {
-            Algorithm::Gcra => Spec::Gcra(rate),
-            Algorithm::TokenBucket => Spec::TokenBucket(rate),
-            _ => Spec::Leaky(rate),
-        }
-    } else {
-        let win = Window::new(limit, period).map_err(|e| format!("ERR {e}"))?;
-        match algo {
-            Algorithm::Sliding => Spec::Sliding(win),
-            Algorithm::Fixed => Spec::Fixed(win),
-            _ => Spec::SlidingLog(win),
-        }
-    };
+    let bucket = algo.is_bucket();
+    let period = period(args[1], if bucket { "period" } else { "window" })?;
+    let o = options(&args[2..], bucket, command)?;
+    let spec = Spec::new(algo, limit, period, o.burst.unwrap_or(limit)).map_err(|e| format!("ERR {e}"))?;
     Ok((spec, o))
 }
 
@@ -186,7 +172,7 @@ pub fn cl_throttle(args: &[&[u8]]) -> ArgResult<(Rate, u64)> {
     }
     let count = positive(args[1], "count_per_period")?;
     let seconds = match digits(args[2]) {
-        Some(s) if s >= 1 && (s as i128) * (NANOS_PER_SEC as i128) <= MAX_PERIOD as i128 => s as Nanos,
+        Some(s) if s >= 1 && (s as i128) * (NANOS_PER_SEC as i128) <= MAX_PERIOD.as_i128() => s,
         Some(s) if s >= 1 => return Err("ERR period must be at most 100 years in seconds".into()),
         _ => return Err("ERR period must be a positive integer (seconds)".into()),
     };
@@ -194,7 +180,7 @@ pub fn cl_throttle(args: &[&[u8]]) -> ArgResult<(Rate, u64)> {
         Some(q) => non_negative(q, "quantity")?,
         None => 1,
     };
-    let rate = Rate::new(count, seconds * NANOS_PER_SEC, max_burst + 1).map_err(|e| format!("ERR {e}"))?;
+    let rate = Rate::new(count, Nanos::from_secs(seconds), max_burst + 1).map_err(|e| format!("ERR {e}"))?;
     Ok((rate, quantity))
 }
 
@@ -242,9 +228,9 @@ pub fn multi(args: &[&[u8]], numkeys: usize) -> ArgResult<Multi> {
             }
             let part = &args[start..end];
             if part.len() < 2 {
-                return Err(format!("ERR {} needs a limit and a period", algo.name().to_ascii_uppercase()));
+                return Err(format!("ERR {} needs a limit and a period", algo.multi_name()));
             }
-            let context = format!("{} in RL.MULTI", algo.name().to_ascii_uppercase());
+            let context = format!("{} in RL.MULTI", algo.multi_name());
             let (spec, o) = spec_and_options(algo, part, &context)?;
             debug_assert!(o.cost.is_none() && !o.dryrun && !o.partial);
             specs.push(spec);
@@ -260,10 +246,8 @@ pub fn multi(args: &[&[u8]], numkeys: usize) -> ArgResult<Multi> {
                     i += 1;
                 }
                 _ if specs.is_empty() => {
-                    return Err(format!(
-                        "ERR expected an algorithm (GCRA, TOKENBUCKET, SLIDING, SLIDINGLOG, FIXED, LEAKY), got '{}'",
-                        shown(args[i])
-                    ))
+                    let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.multi_name()).collect();
+                    return Err(format!("ERR expected an algorithm ({}), got '{}'", names.join(", "), shown(args[i])));
                 }
                 _ => return Err(format!("ERR unknown option '{}'", shown(args[i]))),
             }
@@ -299,7 +283,7 @@ pub fn give_back(args: &[&[u8]]) -> ArgResult<GiveBack> {
             return Err("ERR option AGE given more than once".into());
         }
         let (ms, tail) = tail.split_first().ok_or("ERR AGE needs a value")?;
-        age = Some((non_negative(ms, "AGE")? as Nanos).saturating_mul(NANOS_PER_MILLI));
+        age = Some(Nanos::from_millis(non_negative(ms, "AGE")?));
         rest = tail;
     }
     Ok(GiveBack { n, age })

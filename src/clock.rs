@@ -10,10 +10,10 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-use crate::core::{Nanos, NANOS_PER_MICRO};
+use redis_ratelimit_core::{Nanos, NANOS_PER_MICRO};
 
 /// Latest instant the debug clock accepts (µs): the sliding log's timestamp range.
-pub const MAX_DEBUG_US: i64 = crate::core::sliding_log::MAX_TS;
+pub const MAX_DEBUG_US: i64 = redis_ratelimit_core::sliding_log::MAX_TS;
 
 static DEBUG_ENABLED: AtomicBool = AtomicBool::new(false);
 /// The pinned instant in µs, or REAL when the debug clock follows the host clock.
@@ -30,19 +30,19 @@ pub fn debug_enabled() -> bool {
 
 /// Where the wall clock comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub enum ClockSource {
     /// `RedisModule_CachedMicroseconds` (Redis 7.2+, Valkey).
     ServerCached,
     /// clock_gettime(CLOCK_REALTIME) at each call (Redis 7.0).
     Realtime,
 }
 
-pub fn source() -> Source {
+pub fn source() -> ClockSource {
     // SAFETY: reading the API table filled in at load (None without the function, or outside
     // Redis).
     match unsafe { redis_module::raw::RedisModule_CachedMicroseconds } {
-        Some(_) => Source::ServerCached,
-        None => Source::Realtime,
+        Some(_) => ClockSource::ServerCached,
+        None => ClockSource::Realtime,
     }
 }
 
@@ -74,7 +74,7 @@ pub fn now_us() -> i64 {
 
 /// Now, in ns since the epoch (a whole number of µs).
 pub fn now() -> Nanos {
-    now_us() * NANOS_PER_MICRO
+    Nanos::new(now_us() * NANOS_PER_MICRO)
 }
 
 /// Pins the debug clock at `us`.

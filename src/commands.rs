@@ -12,13 +12,14 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 use crate::acl::Acl;
 use crate::args::{self, wrong_arity};
 use crate::command_info::{arg, flag, ArgDoc, Doc, Keys, Kind, RO_ACCESS, RW_DELETE, RW_UPDATE, RW_UPDATE_NO_ACCESS};
-use crate::core::codec::{Algorithm, State};
-use crate::core::give_back::{self, Refusal};
-use crate::core::spec::{AlgorithmMismatch, Spec, Update};
-use crate::core::{ceil_ms, info as state_info, multi as multi_limits, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
 use crate::reply;
-use crate::state::{server_ms, CellReader, Entry, Held, Key, Stored, SETSTATE, WRONGTYPE};
+use crate::state::{server_ms, CellReader, Entry, Held, OpenKey, Stored, SETSTATE, WRONGTYPE};
 use crate::{clock, metrics, propagation};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::give_back::{self, Refusal};
+use redis_ratelimit_core::spec::{AlgorithmMismatch, Spec, Update};
+use redis_ratelimit_core::Algorithm;
+use redis_ratelimit_core::{info as state_info, multi as multi_limits, Nanos, Request, NANOS_PER_MILLI, NANOS_PER_SEC};
 
 /// One argument of the running command, as Redis passed it. Only `dispatch` makes these (the
 /// field is private and the type neither Clone nor Copy), so an `Arg` is always an element of
@@ -179,7 +180,7 @@ fn store_with(entry: Entry<'_>, update: Update, reset_after: Nanos, exact: bool)
     let payload = encode_for_propagation(entry.ctx(), &update);
     let key = entry.apply(update)?.map_err(|e| format!("ERR {e}"))?;
     let now_ms = server_ms();
-    let reset_ms = ceil_ms(reset_after).max(1);
+    let reset_ms = (reset_after.as_millis_ceil() as i64).max(1);
     let needed = now_ms.saturating_add(reset_ms);
     // (A new key, or one a user made persistent, has no expiry: -1.)
     let expire_at = if exact {
@@ -238,11 +239,11 @@ fn replicate_payload(ctx: *mut RedisModuleCtx, key: *mut RedisModuleString, payl
 }
 
 /// RL.GCRA, RL.TOKENBUCKET, RL.SLIDING, RL.SLIDINGLOG, RL.FIXED, RL.LEAKY.
-pub fn limiter(ctx: *mut RedisModuleCtx, argv: Args, algo: Algorithm, command: &str) -> CommandResult {
-    let check = with_arg_bytes(&argv[2..], |a| args::check(algo, a, command))?;
+pub fn limiter(ctx: *mut RedisModuleCtx, argv: Args, algo: Algorithm) -> CommandResult {
+    let check = with_arg_bytes(&argv[2..], |a| args::check(algo, a, algo.command()))?;
     let now = clock::now();
     // SAFETY: the command's context and key argument; the only key it opens.
-    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
+    let mut key = unsafe { OpenKey::open(ctx, argv[1].as_ptr(), true) };
     let mut entry = key.entry();
     let (decision, update) =
         check.spec.check(entry.state_for(&check.spec, CellReader::Native)?, now, check.req).map_err(mismatch_error)?;
@@ -254,7 +255,7 @@ pub fn limiter(ctx: *mut RedisModuleCtx, argv: Args, algo: Algorithm, command: &
     if limited {
         metrics::notify_limited(ctx, argv[1].as_ptr());
     }
-    reply::decision(ctx, &decision, algo == Algorithm::Leaky);
+    reply::decision(ctx, &decision, algo.delays());
     Ok(())
 }
 
@@ -278,21 +279,48 @@ const WINDOW_ARGS: &[ArgDoc] = &[
     flag("partial", "PARTIAL"),
 ];
 
+/// A command's name as registered: lower case and NUL-terminated, made at compile time from
+/// `$s` (an algorithm's `command`, the one place it is written).
+macro_rules! lower_cstr {
+    ($s:expr) => {{
+        const S: &str = $s;
+        const BYTES: [u8; S.len() + 1] = {
+            let mut b = [0u8; S.len() + 1];
+            let mut i = 0;
+            while i < S.len() {
+                b[i] = S.as_bytes()[i].to_ascii_lowercase();
+                i += 1;
+            }
+            b
+        };
+        match CStr::from_bytes_with_nul(&BYTES) {
+            Ok(c) => c,
+            Err(_) => panic!("a command name holds no NUL"),
+        }
+    }};
+}
+
+/// A limiter command of `$algo`: its name (the algorithm's `command`) and its arguments (a
+/// rate's or a window's, by the algorithm's facts) from the algorithm.
 macro_rules! limiter_command {
-    ($table:ident, $fn_name:ident, $algo:expr, $command:literal, $name:literal, $args:expr, $complexity:literal, $summary:literal) => {
+    ($table:ident, $fn_name:ident, $algo:expr, $complexity:literal, $summary:literal) => {
         pub fn $fn_name(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
-            limiter(ctx, argv, $algo, $command)
+            limiter(ctx, argv, $algo)
         }
 
         pub const $table: Command = Command {
-            name: $name,
+            name: lower_cstr!($algo.command()),
             body: $fn_name,
             run: entry_point!($table),
             flags: c"write deny-oom fast",
             arity: -4,
             keys: Keys::First(RW_UPDATE),
             acl: APP_WRITE,
-            doc: Doc { summary: $summary, complexity: $complexity, args: $args },
+            doc: Doc {
+                summary: $summary,
+                complexity: $complexity,
+                args: if $algo.is_bucket() { RATE_ARGS } else { WINDOW_ARGS },
+            },
         };
     };
 }
@@ -301,9 +329,6 @@ limiter_command!(
     GCRA,
     gcra_command,
     Algorithm::Gcra,
-    "RL.GCRA",
-    c"rl.gcra",
-    RATE_ARGS,
     "O(1)",
     "Rate-limits with GCRA: limit per period sustained, up to BURST at once"
 );
@@ -311,9 +336,6 @@ limiter_command!(
     TOKENBUCKET,
     token_bucket_command,
     Algorithm::TokenBucket,
-    "RL.TOKENBUCKET",
-    c"rl.tokenbucket",
-    RATE_ARGS,
     "O(1)",
     "Rate-limits with a token bucket of BURST tokens refilled at limit per period"
 );
@@ -321,9 +343,6 @@ limiter_command!(
     SLIDING,
     sliding_command,
     Algorithm::Sliding,
-    "RL.SLIDING",
-    c"rl.sliding",
-    WINDOW_ARGS,
     "O(1)",
     "Rate-limits with a sliding window counter (two weighted window counts)"
 );
@@ -331,9 +350,6 @@ limiter_command!(
     SLIDINGLOG,
     sliding_log_command,
     Algorithm::SlidingLog,
-    "RL.SLIDINGLOG",
-    c"rl.slidinglog",
-    WINDOW_ARGS,
     "O(1) amortized for admitted calls",
     "Exact sliding window: admits when the units in the trailing window plus COST fit the limit"
 );
@@ -341,9 +357,6 @@ limiter_command!(
     FIXED,
     fixed_command,
     Algorithm::Fixed,
-    "RL.FIXED",
-    c"rl.fixed",
-    WINDOW_ARGS,
     "O(1)",
     "Rate-limits with an epoch-aligned fixed window counter (quotas, daily caps)"
 );
@@ -351,9 +364,6 @@ limiter_command!(
     LEAKY,
     leaky_command,
     Algorithm::Leaky,
-    "RL.LEAKY",
-    c"rl.leaky",
-    RATE_ARGS,
     "O(1)",
     "Leaky bucket as a queue: admits up to BURST queued requests and replies how long to wait"
 );
@@ -362,7 +372,10 @@ limiter_command!(
 fn cell_seconds(ns: Option<Nanos>) -> i64 {
     match ns {
         None => -1,
-        Some(ns) => ns / NANOS_PER_SEC + ((ns % NANOS_PER_SEC) / NANOS_PER_MILLI >= 1) as i64,
+        Some(ns) => {
+            let ns = ns.as_i64();
+            ns / NANOS_PER_SEC + ((ns % NANOS_PER_SEC) / NANOS_PER_MILLI >= 1) as i64
+        }
     }
 }
 
@@ -373,7 +386,7 @@ pub fn cl_throttle(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let (rate, quantity) = with_arg_bytes(&argv[2..], args::cl_throttle)?;
     let now = clock::now();
     // SAFETY: the command's context and key argument; the only key it opens.
-    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
+    let mut key = unsafe { OpenKey::open(ctx, argv[1].as_ptr(), true) };
     let mut entry = key.entry();
     let spec = Spec::Gcra(rate);
     let req = Request::new(quantity);
@@ -423,7 +436,7 @@ pub const CL_THROTTLE: Command = Command {
 /// RL.INFO key: algorithm, parameters, state and TTL (core::info); nil for a missing key.
 pub fn info(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     // SAFETY: the command's context and key argument; the only key it opens.
-    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), false) };
+    let mut key = unsafe { OpenKey::open(ctx, argv[1].as_ptr(), false) };
     let entry = key.entry();
     let mut fields = match entry.stored(CellReader::Native)? {
         Stored::Missing => {
@@ -456,7 +469,7 @@ pub const INFO: Command = Command {
 /// RL.RESET key: deletes a ratelimit key (or a key redis-cell left).
 pub fn reset(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     // SAFETY: the command's context and key argument; the only key it opens.
-    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
+    let mut key = unsafe { OpenKey::open(ctx, argv[1].as_ptr(), true) };
     let entry = key.entry();
     let deleted = !matches!(entry.stored(CellReader::Native)?, Stored::Missing);
     if deleted {
@@ -501,7 +514,7 @@ pub fn set_state(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         }
     }
     // SAFETY: the command's context and key argument; the only key it opens.
-    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
+    let mut key = unsafe { OpenKey::open(ctx, argv[1].as_ptr(), true) };
     // Replacing another type's value drops its TTL in Redis: without PXAT it is kept.
     let kept_expiry = if expire_at.is_none() { key.expires_at() } else { None };
     let entry = key.entry();
@@ -634,8 +647,8 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     }
     let now = clock::now();
     // SAFETY: the command's context and key arguments, distinct (checked above).
-    let mut opened: Vec<Key> = keys.iter().map(|k| unsafe { Key::open(ctx, k.as_ptr(), true) }).collect();
-    let mut entries: Vec<Entry> = opened.iter_mut().map(Key::entry).collect();
+    let mut opened: Vec<OpenKey> = keys.iter().map(|k| unsafe { OpenKey::open(ctx, k.as_ptr(), true) }).collect();
+    let mut entries: Vec<Entry> = opened.iter_mut().map(OpenKey::entry).collect();
     for (entry, spec) in entries.iter_mut().zip(&m.specs) {
         entry.state_for(spec, CellReader::Native)?;
     }
@@ -653,7 +666,7 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     if o.limited {
         keys.iter().for_each(|k| metrics::notify_limited(ctx, k.as_ptr()));
     }
-    let retry_ms = reply::ms_or_minus_one(o.retry_after);
+    let retry_ms = redis_ratelimit_core::ms_or_minus_one(o.retry_after);
     let allowed = o.allowed as i64;
     if reply::resp3(ctx) {
         reply::map(ctx, 3);
@@ -669,7 +682,7 @@ pub fn multi(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
         reply::integer(ctx, retry_ms);
     }
     for (limit, spec) in o.limits.iter().zip(&m.specs) {
-        reply::decision(ctx, &limit.decision, spec.algorithm() == Algorithm::Leaky);
+        reply::decision(ctx, &limit.decision, spec.algorithm().delays());
     }
     Ok(())
 }
@@ -729,7 +742,7 @@ pub fn give_back(ctx: *mut RedisModuleCtx, argv: Args) -> CommandResult {
     let req = with_arg_bytes(&argv[2..], args::give_back)?;
     let now = clock::now();
     // SAFETY: the command's context and key argument; the only key it opens.
-    let mut key = unsafe { Key::open(ctx, argv[1].as_ptr(), true) };
+    let mut key = unsafe { OpenKey::open(ctx, argv[1].as_ptr(), true) };
     let entry = key.entry();
     let stored = match entry.stored(CellReader::Native)? {
         Stored::Ours(s) => s,

@@ -1,5 +1,6 @@
 //! redis-ratelimit: native rate-limit commands for Redis. Registration only; see `commands`
-//! for the commands (and their table), `core` for the algorithms, `state` for the native type.
+//! for the commands (and their table), the `redis-ratelimit-core` crate (`core/`) for the
+//! algorithms, `state` for the native type.
 
 // The glue's functions take the context pointer Redis hands to a command (or callback), valid
 // for its duration; marking each `unsafe` would only move the same contract around. Everything
@@ -13,7 +14,6 @@ pub mod args;
 pub mod clock;
 pub mod command_info;
 mod commands;
-pub mod core;
 pub mod defrag_guard;
 pub mod eviction;
 pub mod metrics;

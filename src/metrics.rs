@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleInfoCtx, RedisModuleString};
 
-use crate::core::codec::Algorithm;
+use redis_ratelimit_core::Algorithm;
 
 struct Counters {
     checks: AtomicU64,

@@ -5,12 +5,8 @@ use std::os::raw::{c_char, c_long};
 
 use redis_module::raw::{self, RedisModuleCtx};
 
-use crate::core::info::Field;
-use crate::core::{ceil_ms, Decision};
-
-/// Field names of a limiter reply, in order.
-pub const DECISION_FIELDS: [&str; 6] =
-    ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms"];
+use redis_ratelimit_core::info::Field;
+use redis_ratelimit_core::{Decision, DECISION_FIELDS};
 
 pub fn resp3(ctx: *mut RedisModuleCtx) -> bool {
     // SAFETY: the API is loaded once the module is; ctx is the command's context.
@@ -55,28 +51,10 @@ pub fn error(ctx: *mut RedisModuleCtx, msg: &str) {
     unsafe { raw::RedisModule_ReplyWithError.unwrap()(ctx, msg.as_ptr()) };
 }
 
-/// Milliseconds rounded up, or -1 for "none".
-pub fn ms_or_minus_one(ns: Option<i64>) -> i64 {
-    ns.map_or(-1, ceil_ms)
-}
-
-/// The five (six with `delay_ms`) integers of a limiter reply.
-pub fn decision_values(d: &Decision, with_delay: bool) -> ([i64; 6], usize) {
-    let values = [
-        d.allowed as i64,
-        d.limit as i64,
-        d.remaining as i64,
-        ms_or_minus_one(d.retry_after),
-        ceil_ms(d.reset_after),
-        ms_or_minus_one(d.delay),
-    ];
-    (values, if with_delay { 6 } else { 5 })
-}
-
 /// A limiter reply: `[allowed, limit, remaining, retry_after_ms, reset_after_ms(, delay_ms)]`,
 /// or the same as a map under RESP3.
 pub fn decision(ctx: *mut RedisModuleCtx, d: &Decision, with_delay: bool) {
-    let (values, n) = decision_values(d, with_delay);
+    let (values, n) = d.reply_values(with_delay);
     named_integers(ctx, &DECISION_FIELDS[..n], &values[..n]);
 }
 

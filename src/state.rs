@@ -1,6 +1,6 @@
 //! The native data type `ratelimit`, its callbacks, and the key access the commands use.
 //!
-//! A key's value is a `core::codec::State`, boxed or packed into the value word itself (see
+//! A key's value is the core's `codec::State`, boxed or packed into the value word itself (see
 //! `value`: GCRA, leaky, fixed and sliding states usually need no allocation). Every callback
 //! Redis 7.0 may call is implemented (it calls them without checking for null): RDB save/load,
 //! AOF rewrite, free, memory usage, digest and copy; and active defragmentation where the server
@@ -14,11 +14,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 
-use crate::core::codec::{State, ENCODING_VERSION};
-use crate::core::gcra;
-use crate::core::spec::{Spec, Update};
-use crate::core::Rate;
 use crate::value::{self, Loaded, Word};
+use redis_ratelimit_core::codec::{State, ENCODING_VERSION};
+use redis_ratelimit_core::gcra;
+use redis_ratelimit_core::spec::{Spec, Update};
+use redis_ratelimit_core::Rate;
 
 /// The type name identifies the RDB payload for life: never change it.
 pub static RL_TYPE: RedisType = RedisType::new(
@@ -56,7 +56,7 @@ pub const SETSTATE: &std::ffi::CStr = c"RL.SETSTATE";
 ///   value, instead of Redis aborting the whole server on a short read inside the module.
 /// * `NO_IMPLICIT_SIGNAL_MODIFIED`: closing a key opened for writing is not by itself a
 ///   modification (that would abort other clients' WATCH and send CLIENT TRACKING
-///   invalidations for calls that write nothing); `Key` signals only real writes.
+///   invalidations for calls that write nothing); `OpenKey` signals only real writes.
 pub fn set_module_options(ctx: *mut RedisModuleCtx) {
     let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
     // SAFETY: called from OnLoad with its context, after RedisModule_Init filled the API table.
@@ -317,7 +317,7 @@ pub fn cell_arrival(value: &[u8], ttl_ms: i64, now_ns: i64) -> Option<i64> {
     if ttl_ms < 0 {
         return None;
     }
-    let ttl_ns = ttl_ms.checked_mul(crate::core::NANOS_PER_MILLI)?;
+    let ttl_ns = ttl_ms.checked_mul(redis_ratelimit_core::NANOS_PER_MILLI)?;
     let off = (tat_ns as i128 - now_ns as i128 - ttl_ns as i128).abs();
     (off <= CELL_TTL_SLACK as i128).then_some(tat_ns)
 }
@@ -325,7 +325,7 @@ pub fn cell_arrival(value: &[u8], ttl_ms: i64, now_ns: i64) -> Option<i64> {
 /// How far a redis-cell key's TTL may end from its arrival time: 60 s (the gap between the two
 /// clock readings of one write is microseconds, or a script's run time on Redis 7.2+, where a
 /// script's commands share its start time).
-pub const CELL_TTL_SLACK: i64 = 60 * crate::core::NANOS_PER_SEC;
+pub const CELL_TTL_SLACK: i64 = 60 * redis_ratelimit_core::NANOS_PER_SEC;
 
 /// A redis-cell key as the GCRA state it is under `spec`'s rate. redis-cell stores only the
 /// arrival time (its parameters come with every call, as ours do), so the same instant read
@@ -345,25 +345,25 @@ pub fn cell_state(tat_ns: i64, spec: &Spec) -> State {
 /// but with `NO_IMPLICIT_SIGNAL_MODIFIED` closing one is not a modification: only writes,
 /// `delete` and `expire_at` mark the key, and a marked key is signalled (WATCH, CLIENT
 /// TRACKING) once when it is closed. Its value is reached through `entry`.
-pub struct Key {
+pub struct OpenKey {
     ctx: *mut RedisModuleCtx,
     key: *mut RedisModuleKey,
     pub name: *mut RedisModuleString,
     modified: bool,
 }
 
-impl Key {
+impl OpenKey {
     /// Opens `name` for reading (and writing with `write`).
     ///
     /// # Safety
     /// `ctx` is the running command's context and `name` a string alive while the key is
-    /// (one of the command's arguments), and no other `Key` on the same name is open while
+    /// (one of the command's arguments), and no other `OpenKey` on the same name is open while
     /// this one is: two would lend out the same value twice (`entry`).
-    pub unsafe fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, write: bool) -> Key {
+    pub unsafe fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, write: bool) -> OpenKey {
         let mode = if write { raw::REDISMODULE_READ | raw::REDISMODULE_WRITE } else { raw::REDISMODULE_READ };
         // SAFETY: ctx and name are the command's (the caller's contract).
         let key = unsafe { raw::RedisModule_OpenKey.unwrap()(ctx, name, mode as c_int) };
-        Key { ctx, key, name, modified: false }
+        OpenKey { ctx, key, name, modified: false }
     }
 
     /// The key's value, lent until the entry is written or dropped (the key is borrowed
@@ -372,7 +372,7 @@ impl Key {
     pub fn entry(&mut self) -> Entry<'_> {
         // SAFETY: self.key is open (until drop); the type is compared with ours before the
         // value is read as ours. from_word's contract: the value is the key's live value, and
-        // for the entry's lifetime this key is borrowed by it alone, no other Key on the name
+        // for the entry's lifetime this key is borrowed by it alone, no other OpenKey on the name
         // is open (`open`'s contract), and Redis runs nothing else on its main thread during a
         // command (the lazy-free thread only frees values already out of the keyspace).
         let held = unsafe {
@@ -489,7 +489,7 @@ impl Key {
     }
 }
 
-impl Drop for Key {
+impl Drop for OpenKey {
     fn drop(&mut self) {
         // SAFETY: ctx and name are the command's (`open`); the key is open and closed once.
         unsafe {
@@ -501,11 +501,11 @@ impl Drop for Key {
     }
 }
 
-/// An open key's value, lent by `Key::entry`: read it with `held`, `stored` or `state_for`,
+/// An open key's value, lent by `OpenKey::entry`: read it with `held`, `stored` or `state_for`,
 /// write it with `apply` or `delete`, which consume the entry (so nothing reads a value
 /// after it was replaced or freed) and hand the key back for its TTL.
 pub struct Entry<'k> {
-    key: &'k mut Key,
+    key: &'k mut OpenKey,
     held: Held<'k>,
 }
 
@@ -520,7 +520,7 @@ impl<'k> Entry<'k> {
     }
 
     /// The key, for what is not its value (its TTL, its name).
-    pub fn key(&self) -> &Key {
+    pub fn key(&self) -> &OpenKey {
         self.key
     }
 
@@ -536,7 +536,7 @@ impl<'k> Entry<'k> {
             Held::Ours(s) => Ok(Stored::Ours(s)),
             Held::String => {
                 let key = &*self.key;
-                let tat_ns = key.string().and_then(|b| cell_arrival(&b, key.ttl_ms(), crate::clock::now()));
+                let tat_ns = key.string().and_then(|b| cell_arrival(&b, key.ttl_ms(), crate::clock::now().as_i64()));
                 match tat_ns {
                     None => Err(format!("{WRONGTYPE} (not a redis-cell arrival time)")),
                     Some(_) if !reader.reads() => Err(CELL_KEYS_OFF.to_string()),
@@ -576,7 +576,7 @@ impl<'k> Entry<'k> {
     /// outer error: the value could not be stored; the inner one: the update does not apply
     /// to what the key holds.
     #[inline]
-    pub fn apply(self, update: Update) -> Result<Result<&'k mut Key, &'static str>, String> {
+    pub fn apply(self, update: Update) -> Result<Result<&'k mut OpenKey, &'static str>, String> {
         let Entry { key, held } = self;
         let prior = match held {
             Held::Ours(v) => Some(v),
@@ -619,7 +619,7 @@ impl<'k> Entry<'k> {
     }
 
     /// Deletes the key.
-    pub fn delete(self) -> &'k mut Key {
+    pub fn delete(self) -> &'k mut OpenKey {
         // SAFETY: an open key; the entry, the value's only borrow, is consumed.
         unsafe { raw::RedisModule_DeleteKey.unwrap()(self.key.key) };
         self.key.modified = true;
@@ -636,7 +636,7 @@ pub fn server_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{NANOS_PER_MILLI, NANOS_PER_SEC};
+    use redis_ratelimit_core::{NANOS_PER_MILLI, NANOS_PER_SEC};
 
     const NOW: i64 = 1_700_000_000 * NANOS_PER_SEC;
 

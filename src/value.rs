@@ -47,11 +47,14 @@ use std::os::raw::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 
-use crate::core::codec::State;
-use crate::core::{fixed, gcra, leaky, sliding, token_bucket, Nanos, Rate, Window, NANOS_PER_MICRO};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::{
+    fixed, gcra, leaky, sliding, token_bucket, window_index, Nanos, Rate, Window, NANOS_PER_MICRO,
+};
 
-/// 2020-01-01T00:00:00Z in ns: a compact token bucket's instant counts from here.
-pub const BASE: Nanos = 1_577_836_800 * crate::core::NANOS_PER_SEC;
+/// 2020-01-01T00:00:00Z in ns since the epoch: a compact token bucket's instant counts from
+/// here (a raw value, as the packed encodings count).
+pub const BASE: i64 = 1_577_836_800 * redis_ratelimit_core::NANOS_PER_SEC;
 const ID_BITS: u32 = 12;
 /// Parameter sets the table holds.
 pub const CAPACITY: usize = (1 << ID_BITS) - 1;
@@ -110,16 +113,16 @@ impl Entry {
         match params {
             Params::Gcra(r) | Params::Leaky(r) => {
                 let l = r.limit as i128;
-                let step = gcd(l * NANOS_PER_MICRO as i128, r.period as i128);
+                let step = gcd(l * NANOS_PER_MICRO as i128, r.period.as_i128());
                 // (step ≤ the period < 2^62 and limit ≤ 10^15: far from i128's limits)
-                let start = now as i128 * l - back(PAYLOAD_BITS) * step;
+                let start = now.as_i128() * l - back(PAYLOAD_BITS) * step;
                 Entry { params, base: start.div_euclid(step) * step, step }
             }
             Params::Fixed(w) | Params::Sliding(w) => {
                 let cb = 64 - w.limit.leading_zeros();
                 let time_bits =
                     PAYLOAD_BITS.saturating_sub(if matches!(params, Params::Fixed(_)) { cb } else { 2 * cb });
-                Entry { params, base: now.div_euclid(w.window) as i128 - back(time_bits), step: cb as i128 }
+                Entry { params, base: window_index(now, w.window) as i128 - back(time_bits), step: cb as i128 }
             }
             Params::TokenBucket(_) => Entry { params, base: 0, step: 1 },
         }
@@ -215,7 +218,7 @@ pub struct Compact {
 impl Compact {
     fn bucket(tb: &token_bucket::State, id: u16) -> Option<Compact> {
         let tokens = i64::try_from(tb.tokens).ok()?;
-        let since = tb.last.checked_sub(BASE)?;
+        let since = tb.last.as_i64().checked_sub(BASE)?;
         if since < 0 || since % NANOS_PER_MICRO != 0 || since / NANOS_PER_MICRO >= 1 << (64 - ID_BITS) {
             return None;
         }
@@ -239,7 +242,7 @@ impl Compact {
         match e.params {
             Params::TokenBucket(rate) => {
                 // (below 2^52 µs after BASE: at most 6.1 × 10^18 ns, an i64)
-                let last = BASE + (self.rest_and_id >> ID_BITS) as Nanos * NANOS_PER_MICRO;
+                let last = Nanos::new(BASE + (self.rest_and_id >> ID_BITS) as i64 * NANOS_PER_MICRO);
                 Some(State::TokenBucket(token_bucket::State { rate, tokens: self.lo as i64 as i128, last }))
             }
             _ => unpack(e, self.payload(), COMPACT_LAYOUT),
@@ -639,7 +642,9 @@ pub fn value_bytes(s: &State, form: Form) -> usize {
         Form::Boxed => {
             std::mem::size_of::<State>()
                 + match s {
-                    State::SlidingLog(l) => std::mem::size_of::<crate::core::sliding_log::State>() + l.log.heap_bytes(),
+                    State::SlidingLog(l) => {
+                        std::mem::size_of::<redis_ratelimit_core::sliding_log::State>() + l.log.heap_bytes()
+                    }
                     _ => 0,
                 }
         }
@@ -649,7 +654,12 @@ pub fn value_bytes(s: &State, form: Form) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{NANOS_PER_MILLI, NANOS_PER_SEC};
+    use redis_ratelimit_core::{NANOS_PER_MILLI, NANOS_PER_SEC};
+
+    /// The tests count time in raw i64 ns; this makes one the core's `Nanos`.
+    fn ns(raw: i64) -> Nanos {
+        Nanos::new(raw)
+    }
 
     fn roundtrip(s: State) -> bool {
         enable_inline(true);
@@ -667,11 +677,11 @@ mod tests {
     #[test]
     fn small_states_fit_and_decode_exactly() {
         let now = 1_764_460_800 * NANOS_PER_SEC + 123_456_000; // 2025-11-30, a whole µs
-        let rate = Rate::new(1000, 86_400 * NANOS_PER_SEC, 1000).unwrap();
-        let odd = Rate::new(3, NANOS_PER_SEC, 7).unwrap(); // 3 per second: 333,333.3.. ns apart
+        let rate = Rate::new(1000, ns(86_400 * NANOS_PER_SEC), 1000).unwrap();
+        let odd = Rate::new(3, ns(NANOS_PER_SEC), 7).unwrap(); // 3 per second: 333,333.3.. ns apart
         for r in [rate, odd] {
             for grants in [0i128, 1, 2, 7] {
-                let tat = now as i128 * r.limit as i128 + grants * r.period as i128;
+                let tat = now as i128 * r.limit as i128 + grants * r.period.as_i128();
                 assert!(roundtrip(State::Gcra(gcra::State { rate: r, tat })));
                 assert!(roundtrip(State::Leaky(leaky::State(gcra::State { rate: r, tat }))));
             }
@@ -680,8 +690,8 @@ mod tests {
             assert!(!roundtrip(State::Gcra(gcra::State { rate: r, tat })));
             assert!(!roundtrip(State::Gcra(gcra::State { rate: r, tat: (BASE as i128 - 1_000) * r.limit as i128 })));
         }
-        let win = Window::new(1000, 60 * NANOS_PER_SEC).unwrap();
-        let index = now / win.window;
+        let win = Window::new(1000, ns(60 * NANOS_PER_SEC)).unwrap();
+        let index = now / win.window.as_i64();
         assert!(roundtrip(State::Fixed(fixed::State { win, index, count: 1000 })));
         assert!(roundtrip(State::Fixed(fixed::State { win, index, count: 0 })));
         assert!(!roundtrip(State::Fixed(fixed::State { win, index, count: 1024 })));
@@ -690,7 +700,7 @@ mod tests {
         // first use): not inline.
         assert!(!roundtrip(State::Sliding(sliding::State { win, index: -(1 << 40), prev: 1, curr: 1 })));
         // A 1 ms window over limit 10^15: 2 × 50 count bits leave no room for the index.
-        let wide = Window::new(1_000_000_000_000_000, NANOS_PER_MILLI).unwrap();
+        let wide = Window::new(1_000_000_000_000_000, ns(NANOS_PER_MILLI)).unwrap();
         assert!(!roundtrip(State::Sliding(sliding::State {
             win: wide,
             index: now / NANOS_PER_MILLI,
@@ -702,15 +712,15 @@ mod tests {
     #[test]
     fn words_are_odd_and_ids_are_reused() {
         enable_inline(true);
-        let r = Rate::new(5, NANOS_PER_SEC, 5).unwrap();
-        let s = State::Gcra(gcra::State { rate: r, tat: crate::clock::now() as i128 * 5 });
+        let r = Rate::new(5, ns(NANOS_PER_SEC), 5).unwrap();
+        let s = State::Gcra(gcra::State { rate: r, tat: crate::clock::now().as_i64() as i128 * 5 });
         let (a, b) = (inline(&s, None).unwrap(), inline(&s, None).unwrap());
         assert_eq!(a, b);
         assert_eq!(a & 1, 1);
         assert_eq!(inline(&s, inline_id(a as *const c_void)), Some(a));
     }
 
-    const YEAR: Nanos = 31_557_600 * NANOS_PER_SEC;
+    const YEAR: i64 = 31_557_600 * NANOS_PER_SEC;
 
     /// The word `into_word` makes for `s`: its form, and the state it decodes to.
     fn word_roundtrip(s: &State) -> Form {
@@ -732,8 +742,8 @@ mod tests {
     #[test]
     fn ordinary_rates_stay_small_for_decades() {
         enable_inline(true);
-        let now = crate::clock::now();
-        let per = |limit: u64, period: Nanos| Rate::new(limit, period, limit).unwrap();
+        let now = crate::clock::now().as_i64();
+        let per = |limit: u64, period: i64| Rate::new(limit, ns(period), limit).unwrap();
         let rates = [
             per(11, NANOS_PER_SEC),
             per(13, NANOS_PER_SEC),
@@ -747,7 +757,7 @@ mod tests {
             per(1_000_000_000_000_000, NANOS_PER_SEC),
         ];
         for r in rates {
-            let (l, p) = (r.limit as i128, r.period as i128);
+            let (l, p) = (r.limit as i128, r.period.as_i128());
             // The inline range of this rate: 2^51 steps, a sixteenth of it before the first use.
             let step = gcd(l * NANOS_PER_MICRO as i128, p);
             let inline_years = ((step << PAYLOAD_BITS) / l) as f64 / YEAR as f64;
@@ -781,7 +791,7 @@ mod tests {
             (1000, 86_400 * NANOS_PER_SEC),
         ];
         for (limit, window) in wins {
-            let win = Window::new(limit, window).unwrap();
+            let win = Window::new(limit, ns(window)).unwrap();
             for years in [-30i64, 0, 10, 30, 100] {
                 let index = (now + years * YEAR) / window;
                 for s in [
@@ -793,7 +803,7 @@ mod tests {
             }
         }
         // Counts too wide for the compact box (2 × 51 bits and the index): the general box.
-        let wide = Window::new(1_000_000_000_000_000, NANOS_PER_MILLI).unwrap();
+        let wide = Window::new(1_000_000_000_000_000, ns(NANOS_PER_MILLI)).unwrap();
         let s = State::Sliding(sliding::State { win: wide, index: i64::MAX, prev: 2_000_000_000_000_000, curr: 1 });
         assert_eq!(word_roundtrip(&s), Form::Boxed);
     }
@@ -812,13 +822,13 @@ mod tests {
             z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
             z ^ (z >> 31)
         };
-        let now = crate::clock::now();
+        let now = crate::clock::now().as_i64();
         let mut forms = [0usize; 3];
         for _ in 0..20_000 {
             // Limits and periods from small sets (the table is shared with the other tests: it
             // must keep room), ordinary and extreme.
             const LIMITS: [u64; 10] = [1, 3, 7, 11, 23, 999, 1000, 999_983, 123_456_789_012_345, 1_000_000_000_000_000];
-            const PERIODS: [Nanos; 8] = [
+            const PERIODS: [i64; 8] = [
                 1,
                 1_000,
                 999_999,
@@ -826,16 +836,16 @@ mod tests {
                 3_600 * NANOS_PER_SEC,
                 86_400 * NANOS_PER_SEC,
                 7_777_777_777_777,
-                crate::core::MAX_PERIOD,
+                redis_ratelimit_core::MAX_PERIOD.as_i64(),
             ];
             let (limit, period) = (LIMITS[next() as usize % 10], PERIODS[next() as usize % 8]);
-            let Ok(r) = Rate::new(limit, period, limit) else { continue };
-            let Ok(win) = Window::new(limit, period) else { continue };
+            let Ok(r) = Rate::new(limit, ns(period), limit) else { continue };
+            let Ok(win) = Window::new(limit, ns(period)) else { continue };
             let l = limit as i128;
             let at = match next() % 4 {
                 0 => now,
-                1 => now + (next() % (200 * YEAR as u64)) as Nanos,
-                2 => now - (next() % (60 * YEAR as u64)) as Nanos,
+                1 => now + (next() % (200 * YEAR as u64)) as i64,
+                2 => now - (next() % (60 * YEAR as u64)) as i64,
                 _ => next() as i64,
             };
             let at = at - at.rem_euclid(NANOS_PER_MICRO);
@@ -864,12 +874,12 @@ mod tests {
     #[test]
     fn compact_values_move_between_forms() {
         enable_inline(true);
-        let r = Rate::new(999_983, 3_600 * NANOS_PER_SEC, 999_983).unwrap(); // ~37 inline minutes
-        let now = crate::clock::now() as i128 * r.limit as i128;
+        let r = Rate::new(999_983, ns(3_600 * NANOS_PER_SEC), 999_983).unwrap(); // ~37 inline minutes
+        let now = crate::clock::now().as_i64() as i128 * r.limit as i128;
         let at = |years: i128, grants: i128| {
             State::Gcra(gcra::State {
                 rate: r,
-                tat: now + years * YEAR as i128 * r.limit as i128 + grants * r.period as i128,
+                tat: now + years * YEAR as i128 * r.limit as i128 + grants * r.period.as_i128(),
             })
         };
         let w = into_word(at(10, 0), None);
@@ -899,10 +909,10 @@ mod tests {
     #[test]
     fn token_buckets_are_compact_and_decode_exactly() {
         enable_inline(true);
-        let rate = Rate::new(1000, 86_400 * NANOS_PER_SEC, 1000).unwrap();
+        let rate = Rate::new(1000, ns(86_400 * NANOS_PER_SEC), 1000).unwrap();
         let now = 1_764_460_800 * NANOS_PER_SEC + 1_000; // a whole µs, as every call's now
         for tokens in [0i128, 1, -1, rate.capacity_scaled(), i64::MIN as i128, i64::MAX as i128] {
-            let s = State::TokenBucket(token_bucket::State { rate, tokens, last: now });
+            let s = State::TokenBucket(token_bucket::State { rate, tokens, last: ns(now) });
             assert_eq!(form_of(&s), Form::Compact);
             let w = into_word(s.clone(), None);
             assert_eq!(w as usize & TAG_MASK, COMPACT_TAG);
@@ -913,7 +923,7 @@ mod tests {
             assert_eq!(back.encode(), s.encode());
             assert_eq!(value_bytes(&back, form(w)), 16);
             // Rewritten in place, same word.
-            let next = State::TokenBucket(token_bucket::State { rate, tokens: tokens / 2 - 7, last: now + 5_000 });
+            let next = State::TokenBucket(token_bucket::State { rate, tokens: tokens / 2 - 7, last: ns(now + 5_000) });
             assert!(back.rewrite(next.clone()).is_none());
             // SAFETY: a live word made above, used by nothing else meanwhile.
             let back = unsafe { Loaded::from_word(w) }.unwrap();
@@ -924,8 +934,8 @@ mod tests {
             assert!(overwrite_compact(p, &next, &g));
             assert_eq!(p.state(&entry(p.id()).unwrap()), Some(g.clone()));
             // Another rate: rewritten in place with that rate's id.
-            let other = Rate::new(999, 86_400 * NANOS_PER_SEC, 1000).unwrap();
-            let moved = State::TokenBucket(token_bucket::State { rate: other, tokens: 5, last: now });
+            let other = Rate::new(999, ns(86_400 * NANOS_PER_SEC), 1000).unwrap();
+            let moved = State::TokenBucket(token_bucket::State { rate: other, tokens: 5, last: ns(now) });
             assert!(overwrite_compact(p, &g, &moved));
             let id = p.id();
             // SAFETY: a live word made above, used by nothing else meanwhile.
@@ -948,7 +958,7 @@ mod tests {
             (0, i64::MAX, false),
             (0, i64::MIN, false),
         ] {
-            let s = State::TokenBucket(token_bucket::State { rate, tokens, last });
+            let s = State::TokenBucket(token_bucket::State { rate, tokens, last: ns(last) });
             assert_eq!(form_of(&s) == Form::Compact, fits, "{s:?}");
             let w = into_word(s.clone(), None);
             assert_eq!(form(w) == Form::Compact, fits);

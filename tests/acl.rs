@@ -9,8 +9,8 @@ mod common;
 
 use common::{err_text, now_us, run, try_run, Args, CellReply, LimiterReply, Opts, Server};
 use redis::{Connection, Value};
-use redis_ratelimit::core::{codec::State, gcra, Rate, Request, NANOS_PER_MICRO, NANOS_PER_SEC};
 use redis_ratelimit::{acl, COMMANDS};
+use redis_ratelimit_core::{codec::State, gcra, Nanos, Rate, Request, NANOS_PER_MICRO, NANOS_PER_SEC};
 
 fn user_conn(s: &Server, user: &str, pw: &str) -> Connection {
     let client = redis::Client::open(format!("redis://{user}:{pw}@127.0.0.1:{}/", s.port)).unwrap();
@@ -29,8 +29,8 @@ fn dbsize(con: &mut Connection) -> i64 {
 
 /// A valid RL.SETSTATE payload: a GCRA state (10 per 60 s) after one admitted unit now.
 fn gcra_payload() -> Vec<u8> {
-    let rate = Rate::new(10, 60 * NANOS_PER_SEC, 10).unwrap();
-    let (_, state) = gcra::check(None, &rate, now_us() * NANOS_PER_MICRO, Request::new(1));
+    let rate = Rate::new(10, Nanos::new(60 * NANOS_PER_SEC), 10).unwrap();
+    let (_, state) = gcra::check(None, &rate, Nanos::new(now_us() * NANOS_PER_MICRO), Request::new(1));
     State::Gcra(state.expect("an admitted check yields a state")).encode()
 }
 

@@ -227,10 +227,10 @@ fn setstate_without_pxat_keeps_the_ttl() {
 /// The payload of the RL.SETSTATE the module propagates for an admitted check, read from the
 /// AOF-free replication stream via a replica would be heavier: the module's codec is public.
 fn setstate_payload(_c: &mut Resp) -> Vec<u8> {
-    use redis_ratelimit::core::codec::State;
-    use redis_ratelimit::core::spec::Update;
-    use redis_ratelimit::core::{gcra, Rate, NANOS_PER_SEC};
-    let rate = Rate::new(10, 60 * NANOS_PER_SEC, 10).unwrap();
+    use redis_ratelimit_core::codec::State;
+    use redis_ratelimit_core::spec::Update;
+    use redis_ratelimit_core::{gcra, Nanos, Rate, NANOS_PER_SEC};
+    let rate = Rate::new(10, Nanos::new(60 * NANOS_PER_SEC), 10).unwrap();
     let mut out = Vec::new();
     Update::Replace(State::Gcra(gcra::State { rate, tat: (NOW_NS as i128 + 6 * NANOS_PER_SEC as i128) * 10 }))
         .encode_into(&mut out);

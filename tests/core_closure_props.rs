@@ -11,23 +11,41 @@
 
 use proptest::prelude::*;
 
-use redis_ratelimit::core::codec::{Algorithm, State};
-use redis_ratelimit::core::give_back::{give_back, Refusal};
-use redis_ratelimit::core::spec::{Spec, Update};
-use redis_ratelimit::core::{
-    fixed, gcra, leaky, sliding, sliding_log, token_bucket, Nanos, Rate, Request, Window, MAX_COUNT, MAX_PERIOD,
-    NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::give_back::{self, Credit, Refusal};
+use redis_ratelimit_core::spec::{AlgorithmMismatch, Spec, Update};
+use redis_ratelimit_core::Algorithm;
+use redis_ratelimit_core::{
+    fixed, gcra, leaky, sliding, sliding_log, token_bucket, Rate, Request, Window, MAX_COUNT, NANOS_PER_MICRO,
+    NANOS_PER_MILLI, NANOS_PER_SEC,
 };
 
 #[path = "common/core_dispatch.rs"]
 mod core_dispatch;
 
-use core_dispatch::config;
+use core_dispatch::{config, ns, RawDecision};
 
-const SEC: Nanos = NANOS_PER_SEC;
-const T0: Nanos = 1_800_000_000 * SEC;
+const MAX_PERIOD: i64 = redis_ratelimit_core::MAX_PERIOD.as_i64();
+
+/// `spec.check` at a raw instant, its decision raw.
+fn check_spec(
+    spec: &Spec,
+    st: Option<&State>,
+    now: i64,
+    req: Request,
+) -> Result<(RawDecision, Option<Update>), AlgorithmMismatch> {
+    spec.check(st, ns(now), req).map(|(d, u)| (d.into(), u))
+}
+
+/// The core's `give_back` at raw instants and ages.
+fn give_back(state: &State, n: u64, age: Option<i64>, now: i64) -> Result<Credit, Refusal> {
+    give_back::give_back(state, n, age.map(ns), ns(now))
+}
+
+const SEC: i64 = NANOS_PER_SEC;
+const T0: i64 = 1_800_000_000 * SEC;
 /// Latest instant the module's clock reaches (the debug clock's and the sliding log's range).
-const MAX_NOW: Nanos = sliding_log::MAX_TS * NANOS_PER_MICRO;
+const MAX_NOW: i64 = sliding_log::MAX_TS * NANOS_PER_MICRO;
 /// The decoder's bound on stored scaled values (codec.rs).
 const SCALED_BOUND: i128 = 1 << 115;
 
@@ -68,7 +86,7 @@ fn count() -> impl Strategy<Value = u64> {
     prop_oneof![Just(1u64), Just(MAX_COUNT), 1u64..=20, 1u64..=1_000_000, (MAX_COUNT - 3)..=MAX_COUNT, 1u64..=MAX_COUNT,]
 }
 
-fn period() -> impl Strategy<Value = Nanos> {
+fn period() -> impl Strategy<Value = i64> {
     prop_oneof![
         Just(1i64),
         Just(NANOS_PER_MICRO),
@@ -89,16 +107,16 @@ fn rate() -> impl Strategy<Value = Rate> {
             _ => burst,
         };
         // BURST × period / limit is bounded (200 years): fall back to BURST = limit, always valid.
-        Rate::new(limit, period, burst).unwrap_or_else(|_| Rate::new(limit, period, limit).unwrap())
+        Rate::new(limit, ns(period), burst).unwrap_or_else(|_| Rate::new(limit, ns(period), limit).unwrap())
     })
 }
 
 fn window() -> impl Strategy<Value = Window> {
-    (count(), period()).prop_map(|(l, w)| Window::new(l, w).unwrap())
+    (count(), period()).prop_map(|(l, w)| Window::new(l, ns(w)).unwrap())
 }
 
 /// Any instant a core function may be called at, mostly the module's clock range.
-fn instant() -> impl Strategy<Value = Nanos> {
+fn instant() -> impl Strategy<Value = i64> {
     prop_oneof![
         4 => (0i64..1_000_000_000_000).prop_map(|o| T0 + o),
         2 => 0i64..=MAX_NOW,
@@ -170,8 +188,8 @@ fn raw_state() -> impl Strategy<Value = State> {
         (rate(), scaled()).prop_map(|(rate, tat)| State::Leaky(leaky::State(gcra::State { rate, tat }))),
         (rate(), scaled(), instant()).prop_map(|(rate, t, last)| {
             // The decoder refuses a balance above the capacity.
-            let tokens = t.min(rate.burst as i128 * rate.period as i128);
-            State::TokenBucket(token_bucket::State { rate, tokens, last })
+            let tokens = t.min(rate.burst as i128 * rate.period.as_i128());
+            State::TokenBucket(token_bucket::State { rate, tokens, last: ns(last) })
         }),
         (window(), window_index(), stored_units(), stored_units())
             .prop_map(|(win, index, prev, curr)| State::Sliding(sliding::State { win, index, prev, curr })),
@@ -211,18 +229,18 @@ enum Op {
     /// of them only.
     Check { params: u8, rate: Rate, win: Window, cost: u64, partial: bool, dryrun: bool },
     /// RL.RETURN key n [AGE age].
-    Return { n: u64, age: Option<Nanos> },
+    Return { n: u64, age: Option<i64> },
     /// An RL.SETSTATE sliding-log commit.
     Commit { win: Window, cutoff_back: i64, ts: i64, units: u64 },
     /// The clock moves (forward, back, or anywhere).
-    Clock { kind: u8, by: i64, to: Nanos },
+    Clock { kind: u8, by: i64, to: i64 },
 }
 
 fn cost() -> impl Strategy<Value = u64> {
     prop_oneof![Just(0u64), Just(1u64), 1u64..=20, Just(MAX_COUNT), 0u64..=MAX_COUNT]
 }
 
-fn age() -> impl Strategy<Value = Option<Nanos>> {
+fn age() -> impl Strategy<Value = Option<i64>> {
     prop_oneof![
         Just(None),
         Just(Some(0i64)),
@@ -280,7 +298,7 @@ fn spec_for(s: &State, params: u8, rate: Rate, win: Window) -> Spec {
 }
 
 /// Runs `ops` on a key holding `st` from `now`; every state it holds must stay loadable.
-fn run_from(mut st: State, mut now: Nanos, ops: &[Op]) -> Result<(), TestCaseError> {
+fn run_from(mut st: State, mut now: i64, ops: &[Op]) -> Result<(), TestCaseError> {
     assert_loadable(&st, "the state as loaded")?;
     for (i, op) in ops.iter().enumerate() {
         let what = format!("op {i} {op:?} at {now}");
@@ -288,7 +306,7 @@ fn run_from(mut st: State, mut now: Nanos, ops: &[Op]) -> Result<(), TestCaseErr
             Op::Check { params, rate, win, cost, partial, dryrun } => {
                 let spec = spec_for(&st, params, rate, win);
                 let req = Request { cost, partial };
-                let (_, u) = spec.check(Some(&st), now, req).expect("same algorithm");
+                let (_, u) = check_spec(&spec, Some(&st), now, req).expect("same algorithm");
                 let Some(u) = u else { continue };
                 assert_replicable(&u, &what)?;
                 if dryrun {
@@ -372,7 +390,7 @@ proptest! {
             Algorithm::Fixed => Spec::Fixed(win),
             Algorithm::SlidingLog => Spec::SlidingLog(win),
         };
-        let (_, u) = spec.check(None, now, Request { cost: first.max(1), partial: true }).unwrap();
+        let (_, u) = check_spec(&spec, None, now, Request { cost: first.max(1), partial: true }).unwrap();
         let Some(u) = u else { return Ok(()) };
         assert_replicable(&u, "the first check")?;
         let st = u.apply(None).unwrap().expect("a new key");
@@ -389,10 +407,13 @@ fn sliding_window_change_on_an_overfull_key_stays_loadable() {
     let bytes: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
     let st = State::decode(&bytes).expect("the payload RL.SETSTATE accepted");
     let State::Sliding(s) = &st else { panic!("{st:?}") };
-    assert_eq!((s.win.limit, s.win.window, s.prev, s.curr), (MAX_COUNT, 3_600 * SEC, 2 * MAX_COUNT, 2 * MAX_COUNT));
+    assert_eq!(
+        (s.win.limit, s.win.window.as_i64(), s.prev, s.curr),
+        (MAX_COUNT, 3_600 * SEC, 2 * MAX_COUNT, 2 * MAX_COUNT)
+    );
     let now = 1_800_000_000_000_000 * NANOS_PER_MICRO;
-    let spec = Spec::Sliding(Window::new(MAX_COUNT, 7_200 * SEC).unwrap());
-    let (d, u) = spec.check(Some(&st), now, Request::new(1)).unwrap();
+    let spec = Spec::Sliding(Window::new(MAX_COUNT, ns(7_200 * SEC)).unwrap());
+    let (d, u) = check_spec(&spec, Some(&st), now, Request::new(1)).unwrap();
     assert_eq!((d.allowed, d.remaining), (0, 0));
     let mut st = st;
     u.expect("a limited call under new parameters keeps them").apply(Some(&mut st)).unwrap();
@@ -419,8 +440,8 @@ proptest! {
         let spec = own_spec(&raw);
         // Instants near the stored ones, where the states have something to say.
         let now = match (&raw, near) {
-            (State::TokenBucket(t), true) => t.last.saturating_add(now % (1 << 30)).clamp(0, MAX_NOW),
-            (State::Gcra(g), true) => (g.tat / g.rate.limit as i128).clamp(0, MAX_NOW as i128) as Nanos,
+            (State::TokenBucket(t), true) => t.last.as_i64().saturating_add(now % (1 << 30)).clamp(0, MAX_NOW),
+            (State::Gcra(g), true) => (g.tat / g.rate.limit as i128).clamp(0, MAX_NOW as i128) as i64,
             _ => now,
         };
         // A window that begins after the last representable instant has no equivalent: it
@@ -434,14 +455,14 @@ proptest! {
             return Ok(());
         }
         let req = Request { cost, partial };
-        let (want, _) = spec.check(Some(&raw), now, req).unwrap();
-        let (got, _) = spec.check(Some(&loaded), now, req).unwrap();
+        let (want, _) = check_spec(&spec, Some(&raw), now, req).unwrap();
+        let (got, _) = check_spec(&spec, Some(&loaded), now, req).unwrap();
         prop_assert_eq!((got.allowed, got.remaining), (want.allowed, want.remaining), "{:?} loaded as {:?}", raw, loaded);
         let exact = match (&raw, &loaded) {
             (State::Gcra(r), State::Gcra(l)) => { let (rt, lt) = (r.tat, l.tat); rt <= lt }
             (State::TokenBucket(r), State::TokenBucket(l)) => {
-                let (rt, lt, rl, ll) = (r.tokens, l.tokens, r.last, l.last);
-                rt >= 0 || (ll != Nanos::MAX && (lt - rt) == (ll as i128 - rl as i128) * r.rate.limit as i128)
+                let (rt, lt, rl, ll) = (r.tokens, l.tokens, r.last.as_i64(), l.last.as_i64());
+                rt >= 0 || (ll != i64::MAX && (lt - rt) == (ll as i128 - rl as i128) * r.rate.limit as i128)
             }
             (State::Fixed(r), State::Fixed(l)) => r.index == l.index,
             _ => raw == loaded,
@@ -461,24 +482,24 @@ enum LeakyOp {
     /// A batch claimed with `COST n PARTIAL`, or one request.
     Claim(u64, bool),
     /// RL.RETURN: always refused.
-    Return(u64, Option<Nanos>),
+    Return(u64, Option<i64>),
     /// The clock moves forward, or back.
     Forward(i64),
     Back(i64),
     /// New parameters on the live key from now on: the limit, the period, BURST (up or down),
     /// or all three.
     Limit(u64),
-    Period(Nanos),
+    Period(i64),
     Burst(u64),
     Rate(Rate),
 }
 
-fn queue_period() -> impl Strategy<Value = Nanos> {
+fn queue_period() -> impl Strategy<Value = i64> {
     prop_oneof![Just(SEC), Just(7 * SEC), 1i64..=3 * SEC]
 }
 
 fn queue_rate() -> impl Strategy<Value = Rate> {
-    (1u64..=20, queue_period(), 1u64..=60).prop_map(|(l, p, b)| Rate::new(l, p, b).unwrap())
+    (1u64..=20, queue_period(), 1u64..=60).prop_map(|(l, p, b)| Rate::new(l, ns(p), b).unwrap())
 }
 
 fn leaky_op() -> impl Strategy<Value = LeakyOp> {
@@ -536,15 +557,15 @@ proptest! {
         let mut st: Option<State> = None;
         let mut now = t0;
         let mut prev: Option<Admitted> = None;
-        let change = |old: Rate, limit: u64, period: Nanos, burst: u64| Rate::new(limit, period, burst).unwrap_or(old);
+        let change = |old: Rate, limit: u64, period: i64, burst: u64| Rate::new(limit, ns(period), burst).unwrap_or(old);
         for op in &ops {
             let r = rate;
             match *op {
                 LeakyOp::Claim(n, partial) => {
                     let spec = Spec::Leaky(r);
                     let req = Request { cost: n, partial };
-                    let (l, p, b) = (r.limit as i128, r.period as i128, r.burst as i128);
-                    let (d, u) = spec.check(st.as_ref(), now, req).unwrap();
+                    let (l, p, b) = (r.limit as i128, r.period.as_i128(), r.burst as i128);
+                    let (d, u) = check_spec(&spec, st.as_ref(), now, req).unwrap();
                     // The queue found on arrival, in ns (none before the first admission).
                     let ahead = prev.map_or(0, |a| (a.drain - now as i128).max(0));
                     if d.allowed == 0 {
@@ -558,9 +579,9 @@ proptest! {
                             ahead * l > (b - need as i128) * p,
                             "{:?} {:?}: limited with {} ns queued, which leaves room", r, req, ahead
                         );
-                        let (early, _) = spec.check(st.as_ref(), now + w - 1, req).unwrap();
+                        let (early, _) = check_spec(&spec, st.as_ref(), now + w - 1, req).unwrap();
                         prop_assert_eq!(early.allowed, 0, "{:?} {:?}: admitted 1 ns before retry_after {}", r, req, w);
-                        let (on_time, _) = spec.check(st.as_ref(), now + w, req).unwrap();
+                        let (on_time, _) = check_spec(&spec, st.as_ref(), now + w, req).unwrap();
                         prop_assert!(on_time.allowed > 0, "{:?} {:?}: limited at retry_after {}", r, req, w);
                         let drain = prev.map_or(0, |a| a.drain);
                         let dep = (now + w) as i128 + on_time.delay.unwrap() as i128;
@@ -578,7 +599,7 @@ proptest! {
                             dep, a.drain.max(now as i128),
                             "{:?} after {:?}: not at the previous drain instant (or on arrival)", r, a
                         );
-                        let (pl, pp) = (a.rate.limit as i128, a.rate.period as i128);
+                        let (pl, pp) = (a.rate.limit as i128, a.rate.period.as_i128());
                         prop_assert!(
                             (dep - a.dep) * pl + pl > a.units as i128 * pp,
                             "{:?}: departure at {} after {:?}: closer than its {} intervals", r, dep, a, a.units
@@ -601,9 +622,9 @@ proptest! {
                 }
                 LeakyOp::Forward(dt) => now += dt,
                 LeakyOp::Back(dt) => now -= dt,
-                LeakyOp::Limit(limit) => rate = change(r, limit, r.period, r.burst),
+                LeakyOp::Limit(limit) => rate = change(r, limit, r.period.as_i64(), r.burst),
                 LeakyOp::Period(period) => rate = change(r, r.limit, period, r.burst),
-                LeakyOp::Burst(burst) => rate = change(r, r.limit, r.period, burst),
+                LeakyOp::Burst(burst) => rate = change(r, r.limit, r.period.as_i64(), burst),
                 LeakyOp::Rate(new) => rate = new,
             }
         }
@@ -614,12 +635,12 @@ proptest! {
 /// next request used to get the third one's slot (delay 2000 ms twice).
 #[test]
 fn leaky_return_does_not_hand_out_a_promised_slot() {
-    let rate = Rate::new(1, SEC, 10).unwrap();
+    let rate = Rate::new(1, ns(SEC), 10).unwrap();
     let spec = Spec::Leaky(rate);
     let now = 1_800_000_000_000_000 * NANOS_PER_MICRO;
     let mut st: Option<State> = None;
     let admit = |st: &mut Option<State>| {
-        let (d, u) = spec.check(st.as_ref(), now, Request::new(1)).unwrap();
+        let (d, u) = check_spec(&spec, st.as_ref(), now, Request::new(1)).unwrap();
         if let Some(new) = u.unwrap().apply(st.as_mut()).unwrap() {
             *st = Some(new);
         }

@@ -1,14 +1,14 @@
-//! RL.INFO's fields (`redis_ratelimit::core::info`), without a server: names in reply order,
+//! RL.INFO's fields (`redis_ratelimit_core::info`), without a server: names in reply order,
 //! values in µs and units, and a redis-cell key's arrival time rounded up to the µs. The same
 //! fields through redis-server: tests/replies.rs and tests/cell_interop.rs.
 
-use redis_ratelimit::core::codec::State;
-use redis_ratelimit::core::info::{cell_fields, fields, Field};
-use redis_ratelimit::core::spec::{Spec, Update};
-use redis_ratelimit::core::{Nanos, Rate, Request, Window, NANOS_PER_SEC};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::info::{cell_fields, fields, Field};
+use redis_ratelimit_core::spec::{Spec, Update};
+use redis_ratelimit_core::{Nanos, Rate, Request, Window, NANOS_PER_SEC};
 
-const T0: Nanos = 1_700_000_000 * NANOS_PER_SEC;
-const MIN: Nanos = 60 * NANOS_PER_SEC;
+const T0: Nanos = Nanos::new(1_700_000_000 * NANOS_PER_SEC);
+const MIN: Nanos = Nanos::from_secs(60);
 
 fn state(spec: Spec, cost: u64) -> State {
     match spec.check(None, T0, Request::new(cost)).unwrap().1 {
@@ -35,10 +35,10 @@ fn gcra_fields_show_the_rate_the_arrival_time_and_what_is_available() {
     assert_eq!(field(&f, "algorithm"), Field::Text("gcra"));
     assert_eq!(field(&f, "period_us"), Field::Int(60_000_000));
     // 4 units of 6 s each after T0.
-    assert_eq!(field(&f, "tat_us"), Field::Int(T0 / 1_000 + 24_000_000));
+    assert_eq!(field(&f, "tat_us"), Field::Int(T0.as_i64() / 1_000 + 24_000_000));
     assert_eq!(field(&f, "available"), Field::Int(6));
     // Later, more is available; nothing else moves.
-    let later = fields(&s, T0 + 12 * NANOS_PER_SEC);
+    let later = fields(&s, T0 + Nanos::from_secs(12));
     assert_eq!(field(&later, "available"), Field::Int(8));
     assert_eq!(later[..5], f[..5]);
 }

@@ -1,18 +1,19 @@
-//! RL.MULTI's all-or-nothing decision (`redis_ratelimit::core::multi`), without a server:
+//! RL.MULTI's all-or-nothing decision (`redis_ratelimit_core::multi`), without a server:
 //! admitted calls consume on every limit as single calls would, refused ones consume nothing
 //! and show each limit's own view, the retry time is the longest wait or never, PARTIAL grants
 //! the least any limit has, and conversions to new parameters are kept as single calls keep
 //! them. The same behaviour through redis-server: tests/multi.rs.
 
-use redis_ratelimit::core::codec::{Algorithm, State};
-use redis_ratelimit::core::multi::{check, Outcome};
-use redis_ratelimit::core::spec::{AlgorithmMismatch, Spec, Update};
-use redis_ratelimit::core::{Decision, Nanos, Rate, Request, Window, NANOS_PER_SEC};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::multi::{check, MultiDecision};
+use redis_ratelimit_core::spec::{AlgorithmMismatch, Spec, Update};
+use redis_ratelimit_core::Algorithm;
+use redis_ratelimit_core::{Decision, Nanos, Rate, Request, Window, NANOS_PER_SEC};
 
 /// 2023-11-14T22:13:20Z.
-const T0: Nanos = 1_700_000_000 * NANOS_PER_SEC;
-const SEC: Nanos = NANOS_PER_SEC;
-const MIN: Nanos = 60 * SEC;
+const T0: Nanos = Nanos::new(1_700_000_000 * NANOS_PER_SEC);
+const SEC: Nanos = Nanos::from_secs(1);
+const MIN: Nanos = Nanos::from_secs(60);
 
 fn gcra(limit: u64, period: Nanos) -> Spec {
     Spec::Gcra(Rate::new(limit, period, limit).unwrap())
@@ -57,7 +58,7 @@ fn single(spec: &Spec, st: Option<&State>, now: Nanos, req: Request) -> (Decisio
     spec.check(st, now, req).unwrap()
 }
 
-fn multi(specs: &[Spec], states: &[Option<State>], now: Nanos, req: Request) -> Outcome {
+fn multi(specs: &[Spec], states: &[Option<State>], now: Nanos, req: Request) -> MultiDecision {
     check(specs, states.iter().map(Option::as_ref), now, req).unwrap()
 }
 
@@ -81,7 +82,7 @@ fn refused_consumes_nothing_and_shows_each_limits_own_view() {
     let (a, b) = (gcra(10, MIN), fixed(2, MIN));
     // b is full (2 of 2 this minute); a is missing and would admit.
     let b_state = after(&b, None, T0, cost(2));
-    let now = T0 + 15 * SEC;
+    let now = T0 + SEC * 15;
     let o = multi(&[a, b], &[None, b_state.clone()], now, cost(1));
     assert_eq!((o.allowed, o.limited), (0, true));
     assert!(o.limits.iter().all(|l| l.store.is_none()), "a refused call stores nothing: {o:?}");
@@ -92,7 +93,7 @@ fn refused_consumes_nothing_and_shows_each_limits_own_view() {
     assert_eq!(o.limits[1].decision, b_alone);
     assert_eq!(o.limits[1].decision.allowed, 0);
     assert_eq!(o.retry_after, b_alone.retry_after);
-    assert!(o.retry_after.is_some_and(|r| r > 0));
+    assert!(o.retry_after.is_some_and(|r| r > Nanos::ZERO));
     // The order of the limits changes nothing but the order of the replies.
     let o2 = multi(&[b, a], &[b_state, None], now, cost(1));
     assert_eq!((o2.allowed, o2.retry_after), (o.allowed, o.retry_after));
@@ -102,21 +103,21 @@ fn refused_consumes_nothing_and_shows_each_limits_own_view() {
 
 #[test]
 fn retry_after_is_the_longest_wait_or_never() {
-    let (a, b) = (gcra(1, 10 * SEC), gcra(1, 20 * SEC));
+    let (a, b) = (gcra(1, SEC * 10), gcra(1, SEC * 20));
     let states = [after(&a, None, T0, cost(1)), after(&b, None, T0, cost(1))];
-    let now = T0 + 2 * SEC;
+    let now = T0 + SEC * 2;
     let o = multi(&[a, b], &states, now, cost(1));
-    assert_eq!(o.retry_after, Some(18 * SEC));
-    assert_eq!(o.limits[0].decision.retry_after, Some(8 * SEC));
-    assert_eq!(o.limits[1].decision.retry_after, Some(18 * SEC));
+    assert_eq!(o.retry_after, Some(SEC * 18));
+    assert_eq!(o.limits[0].decision.retry_after, Some(SEC * 8));
+    assert_eq!(o.limits[1].decision.retry_after, Some(SEC * 18));
     // PARTIAL: until one unit fits everywhere (the same here: each has room for one).
-    assert_eq!(multi(&[a, b], &states, now, partial(5)).retry_after, Some(18 * SEC));
+    assert_eq!(multi(&[a, b], &states, now, partial(5)).retry_after, Some(SEC * 18));
     // A COST above one limit's capacity can never be admitted: never, whatever the others say.
     let (c, d) = (gcra(5, MIN), fixed(10, MIN));
     let o = multi(&[a, c, d], &[states[0].clone(), None, None], now, cost(6));
     assert_eq!((o.allowed, o.limited, o.retry_after), (0, true, None));
     // Admitted: no retry at all.
-    let o = multi(&[a, b], &states, T0 + 30 * SEC, cost(1));
+    let o = multi(&[a, b], &states, T0 + SEC * 30, cost(1));
     assert_eq!((o.allowed, o.retry_after), (1, None));
     assert!(o.limits.iter().all(|l| l.decision.retry_after.is_none()));
 }
@@ -184,7 +185,7 @@ fn refused_leaky_limit_has_no_delay() {
     assert_eq!(o.allowed, 0);
     assert_eq!(o.limits[0].decision.delay, None);
     let o = multi(&[l], &[None], T0, cost(1));
-    assert_eq!(o.limits[0].decision.delay, Some(0));
+    assert_eq!(o.limits[0].decision.delay, Some(Nanos::ZERO));
 }
 
 #[test]

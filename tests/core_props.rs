@@ -1,32 +1,28 @@
-//! Property tests for the pure algorithm core (`redis_ratelimit::core`): capacity bounds,
+//! Property tests for the pure algorithm core (`redis_ratelimit_core`): capacity bounds,
 //! agreement with naive models, GCRA ≡ token bucket, clocks stepping backwards, exact
 //! retry/reset times, partial grants, decision invariants and the state codec.
 //! No Redis needed. Run with `cargo test --release --test core_props`.
 
 use proptest::prelude::*;
 
-use redis_ratelimit::core::{
-    codec, leaky, sliding_log, Decision, Nanos, Rate, Request, Window, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI,
-    NANOS_PER_SEC,
+use redis_ratelimit_core::{
+    codec, leaky, sliding_log, Rate, Request, Window, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC,
 };
 
-use codec::{Algorithm, State};
+use codec::State;
+use redis_ratelimit_core::Algorithm;
 
 #[path = "common/core_dispatch.rs"]
 mod core_dispatch;
 
-use core_dispatch::{check, config, Params};
+use core_dispatch::{check, config, ns, raw, Params, RawDecision};
 
-const T0: Nanos = 1_700_000_000 * NANOS_PER_SEC;
-const US: Nanos = NANOS_PER_MICRO;
-const SEC: Nanos = NANOS_PER_SEC;
+const T0: i64 = 1_700_000_000 * NANOS_PER_SEC;
+const US: i64 = NANOS_PER_MICRO;
+const SEC: i64 = NANOS_PER_SEC;
 
 // ---------------------------------------------------------------------------------------------
 // A uniform driver over all six algorithms: `check` and `Params` in common/core_dispatch.rs.
-
-fn is_bucket(a: Algorithm) -> bool {
-    matches!(a, Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::Leaky)
-}
 
 /// The parameters a stored state was written with.
 fn params_of(s: &State) -> Params {
@@ -67,7 +63,7 @@ fn ops(max: usize) -> impl Strategy<Value = Vec<Op>> {
 
 impl Op {
     /// How far the clock moves forward, scaled to the limiter's own time unit.
-    fn advance(&self, unit: i128) -> Nanos {
+    fn advance(&self, unit: i128) -> i64 {
         let u = self.u as i128;
         let dt = match self.step % 8 {
             0 | 1 => 0,
@@ -76,11 +72,11 @@ impl Op {
             6 => u % 5,                            // a few ns
             _ => (u % 5) * unit + (u / 5 % 3) - 1, // a whole number of units, ±1 ns
         };
-        dt.clamp(0, 1 << 50) as Nanos
+        dt.clamp(0, 1 << 50) as i64
     }
 
     /// How far the clock steps back, if it does.
-    fn retreat(&self, unit: i128) -> Option<Nanos> {
+    fn retreat(&self, unit: i128) -> Option<i64> {
         if !self.back.is_multiple_of(6) {
             return None;
         }
@@ -91,7 +87,7 @@ impl Op {
             2 => 1 + u * unit / 200,
             _ => 1 + u * 1_000_000_000_000, // up to 46 days: far beyond the time scale
         };
-        Some(d.clamp(1, 1 << 50) as Nanos)
+        Some(d.clamp(1, 1 << 50) as i64)
     }
 
     fn request(&self, cap: u64) -> Request {
@@ -107,7 +103,7 @@ impl Op {
     }
 }
 
-fn period() -> impl Strategy<Value = Nanos> {
+fn period() -> impl Strategy<Value = i64> {
     prop_oneof![Just(1), 1i64..1000, 1_000i64..100_000_000, Just(SEC), Just(60 * SEC), Just(86_400 * SEC),]
 }
 
@@ -119,10 +115,10 @@ fn rate_params() -> impl Strategy<Value = Params> {
         1 => (1u64..=3, Just(36_525 * 86_400 * SEC), 1u64..=2),
         1 => (100_000_000_000_000u64..=MAX_COUNT, 1i64..=1000, 1u64..=MAX_COUNT),
     ]
-    .prop_filter_map("valid rate", |(l, p, b)| Rate::new(l, p, b).ok().map(Params::Rate))
+    .prop_filter_map("valid rate", |(l, p, b)| Rate::new(l, ns(p), b).ok().map(Params::Rate))
 }
 
-fn window_len() -> impl Strategy<Value = Nanos> {
+fn window_len() -> impl Strategy<Value = i64> {
     prop_oneof![
         Just(US),
         (1i64..=10_000).prop_map(|k| k * US),
@@ -133,16 +129,16 @@ fn window_len() -> impl Strategy<Value = Nanos> {
 
 fn window_params() -> impl Strategy<Value = Params> {
     prop_oneof![3 => (1u64..=20, window_len()), 1 => (1u64..=1000, window_len())]
-        .prop_map(|(l, w)| Params::Win(Window::new(l, w).unwrap()))
+        .prop_map(|(l, w)| Params::Win(Window::new(l, ns(w)).unwrap()))
 }
 
 /// µs-aligned windows only.
 fn us_window_params() -> impl Strategy<Value = Params> {
-    (1u64..=20, 1i64..=10_000).prop_map(|(l, k)| Params::Win(Window::new(l, k * US).unwrap()))
+    (1u64..=20, 1i64..=10_000).prop_map(|(l, k)| Params::Win(Window::new(l, ns(k * US)).unwrap()))
 }
 
 fn params_for(a: Algorithm) -> BoxedStrategy<Params> {
-    if is_bucket(a) {
+    if a.is_bucket() {
         rate_params().boxed()
     } else {
         window_params().boxed()
@@ -162,23 +158,23 @@ fn algo_and_params(n: usize) -> impl Strategy<Value = (Algorithm, Vec<Params>)> 
     any_algo().prop_flat_map(move |a| (Just(a), prop::collection::vec(params_for(a), 1..=n)))
 }
 
-fn start() -> impl Strategy<Value = Nanos> {
+fn start() -> impl Strategy<Value = i64> {
     (0i64..1_000_000_000_000).prop_map(|o| T0 + o)
 }
 
 #[derive(Clone, Debug)]
 struct Event {
-    now: Nanos,
+    now: i64,
     p: Params,
     req: Request,
     before: Option<State>,
-    d: Decision,
+    d: RawDecision,
     after: Option<State>,
 }
 
 /// Runs a trace; parameters change with `op.pi` when several are given; the clock steps back
 /// when `back` is set and the op says so.
-fn run(algo: Algorithm, params: &[Params], ops: &[Op], t0: Nanos, back: bool) -> Vec<Event> {
+fn run(algo: Algorithm, params: &[Params], ops: &[Op], t0: i64, back: bool) -> Vec<Event> {
     let mut st: Option<State> = None;
     let mut now = t0;
     let mut out = Vec::with_capacity(ops.len());
@@ -209,7 +205,7 @@ struct NaiveLog {
     log: Vec<(i64, u64)>,
 }
 
-fn micros(now: Nanos) -> i64 {
+fn micros(now: i64) -> i64 {
     now.div_euclid(US).clamp(0, sliding_log::MAX_TS)
 }
 
@@ -218,8 +214,8 @@ impl NaiveLog {
         self.log.iter().filter(|e| e.0 > cutoff).map(|e| e.1).sum()
     }
 
-    fn check(&mut self, w: &Window, now: Nanos, r: Request) -> Decision {
-        let w_us = (w.window / US).max(1);
+    fn check(&mut self, w: &Window, now: i64, r: Request) -> RawDecision {
+        let w_us = (w.window.as_i64() / US).max(1);
         let now_us = micros(now);
         let cutoff = now_us - w_us;
         let counted = self.counted_after(cutoff);
@@ -243,13 +239,13 @@ impl NaiveLog {
                 .map(|e| e.0)
                 .filter(|&t| t > cutoff)
                 .find(|&t| self.counted_after(t) + need <= w.limit)
-                .map(|t| until(t + w_us) as Nanos)
+                .map(|t| until(t + w_us) as i64)
         };
         let reset_after = if granted > 0 {
-            until(ts + w_us) as Nanos
+            until(ts + w_us) as i64
         } else {
             match self.log.last() {
-                Some(&(n, _)) if n > cutoff => until(n + w_us) as Nanos,
+                Some(&(n, _)) if n > cutoff => until(n + w_us) as i64,
                 _ => 0,
             }
         };
@@ -260,7 +256,7 @@ impl NaiveLog {
                 _ => self.log.push((ts, granted)),
             }
         }
-        Decision {
+        RawDecision {
             allowed: granted,
             limit: w.limit,
             remaining: w.limit - (counted + granted).min(w.limit),
@@ -298,7 +294,7 @@ proptest! {
         for e in &ev {
             total += e.d.allowed as u128;
             let elapsed = (e.now - ev[0].now) as i128;
-            let bound = r.burst as i128 + elapsed * r.limit as i128 / r.period as i128;
+            let bound = r.burst as i128 + elapsed * r.limit as i128 / r.period.as_i128();
             prop_assert!(total as i128 <= bound, "{algo:?} {r:?}: {total} admitted by +{elapsed} ns, bound {bound}");
         }
     }
@@ -329,14 +325,14 @@ proptest! {
     fn sliding_log_never_exceeds_limit_in_any_window(p in us_window_params(), ops in ops(100), t0 in start()) {
         let Params::Win(w) = p else { unreachable!() };
         let ev = run(Algorithm::SlidingLog, &[p], &ops, t0 - t0 % US, false);
-        let admitted: Vec<(Nanos, u64)> = ev
+        let admitted: Vec<(i64, u64)> = ev
             .iter()
             .filter(|e| e.d.allowed > 0)
             .map(|e| (e.now - e.now.rem_euclid(US), e.d.allowed))
             .collect();
         // The fullest windows end at an admission.
         for &(t, _) in &admitted {
-            let n: u64 = admitted.iter().filter(|&&(s, _)| s > t - w.window && s <= t).map(|e| e.1).sum();
+            let n: u64 = admitted.iter().filter(|&&(s, _)| s > t - w.window.as_i64() && s <= t).map(|e| e.1).sum();
             prop_assert!(n <= w.limit, "{n} units in the window ending at {t}, limit {}", w.limit);
         }
     }
@@ -355,7 +351,7 @@ proptest! {
                 let Some(State::Fixed(s)) = &e.after else { unreachable!() };
                 s.index
             } else {
-                e.now.div_euclid(w.window)
+                e.now.div_euclid(w.window.as_i64())
             };
             let n = per.entry(key).or_default();
             *n += e.d.allowed;
@@ -369,7 +365,7 @@ proptest! {
     fn sliding_counter_estimate_never_exceeds_limit(p in window_params(), ops in ops(100), t0 in start()) {
         let Params::Win(w) = p else { unreachable!() };
         let ev = run(Algorithm::Sliding, &[p], &ops, t0, false);
-        let (win, limit) = (w.window as i128, w.limit as i128);
+        let (win, limit) = (w.window.as_i128(), w.limit as i128);
         let (mut index, mut prev, mut curr): (i128, i128, i128) = (i128::MIN, 0, 0);
         for e in &ev {
             let now = e.now as i128;
@@ -410,13 +406,13 @@ proptest! {
             prop_assert_eq!(g.d, t.d, "at {} {:?} {:?}", g.now, g.req, g.p);
             if let (Some(State::Gcra(gs)), Some(State::TokenBucket(ts))) = (&g.after, &t.after) {
                 prop_assert_eq!(gs.rate, ts.rate);
-                prop_assert_eq!(gs.tokens_scaled(g.now), ts.tokens_scaled(g.now));
+                prop_assert_eq!(gs.tokens_scaled(ns(g.now)), ts.tokens_scaled(ns(g.now)));
             }
         }
         let g = run(Algorithm::Gcra, &params[..1], &ops, t0, back);
         let l = run(Algorithm::Leaky, &params[..1], &ops, t0, back);
         for (g, l) in g.iter().zip(&l) {
-            prop_assert_eq!(g.d, Decision { delay: None, ..l.d }, "at {} {:?} {:?}", g.now, g.req, g.p);
+            prop_assert_eq!(g.d, RawDecision { delay: None, ..l.d }, "at {} {:?} {:?}", g.now, g.req, g.p);
             prop_assert_eq!(l.d.delay.is_some(), l.d.allowed > 0);
             let leaky_as_gcra = l.after.as_ref().map(|s| match s {
                 State::Leaky(leaky::State(s)) => State::Gcra(*s),
@@ -438,14 +434,14 @@ proptest! {
         let (Params::Rate(a), Params::Rate(b)) = (r1, r2) else { unreachable!() };
         let ev = run(algo, &[r1], &ops, t0, false);
         let Some(st) = ev.iter().rev().find_map(|e| e.after.clone()) else { return Ok(()) };
-        let now = ev.last().unwrap().now + (dt as i128 * r1.unit() / 1000).min(1 << 50) as Nanos;
+        let now = ev.last().unwrap().now + (dt as i128 * r1.unit() / 1000).min(1 << 50) as i64;
         // The old balance in units of 1/a.period.
         let t_scaled = match &st {
-            State::Gcra(g) => g.tokens_scaled(now),
-            State::TokenBucket(t) => t.tokens_scaled(now),
+            State::Gcra(g) => g.tokens_scaled(ns(now)),
+            State::TokenBucket(t) => t.tokens_scaled(ns(now)),
             _ => unreachable!(),
         };
-        let (pf, pt, l2) = (a.period as i128, b.period as i128, b.limit as i128);
+        let (pf, pt, l2) = (a.period.as_i128(), b.period.as_i128(), b.limit as i128);
         let r = probe.request(b.burst);
         let (d, _) = check(algo, Some(&st), &r2, now, r);
         prop_assert!((d.remaining as i128) * pf <= t_scaled.max(0), "remaining {} from {} / {}", d.remaining, t_scaled, pf);
@@ -481,9 +477,9 @@ proptest! {
         let Some(last) = ev.iter().rev().find(|e| e.d.allowed > 0) else { return Ok(()) };
         let st = last.after.clone();
         let drain = last.now as i128 + last.d.reset_after as i128;
-        let now = ev.last().unwrap().now + (dt as i128 * r1.unit() / 1000).min(1 << 50) as Nanos;
+        let now = ev.last().unwrap().now + (dt as i128 * r1.unit() / 1000).min(1 << 50) as i64;
         let ahead = (drain - now as i128).max(0);
-        let (l, p, cap) = (b.limit as i128, b.period as i128, b.burst as i128);
+        let (l, p, cap) = (b.limit as i128, b.period.as_i128(), b.burst as i128);
         let r = probe.request(b.burst);
         let (d, u) = check(Algorithm::Leaky, st.as_ref(), &r2, now, r);
         let after = u.clone().or_else(|| st.clone());
@@ -533,9 +529,9 @@ proptest! {
         let latest = ev.iter().map(|e| e.now).max().unwrap();
         let st = ev.last().unwrap().after.clone();
         let back_by = if far {
-            d as Nanos * 1_000_000_000_000
+            d as i64 * 1_000_000_000_000
         } else {
-            (1 + d as i128 * p.unit() / 500).min(1 << 50) as Nanos
+            (1 + d as i128 * p.unit() / 500).min(1 << 50) as i64
         };
         let earlier = latest - back_by;
         let peek = Request::new(0);
@@ -598,7 +594,7 @@ proptest! {
         let p = params[0];
         let ev = run(algo, &params, &ops, t0, back);
         let st = ev.last().unwrap().after.clone();
-        let now = ev.last().unwrap().now + (dt as i128 * p.unit() / 1000).min(1 << 50) as Nanos;
+        let now = ev.last().unwrap().now + (dt as i128 * p.unit() / 1000).min(1 << 50) as i64;
         let (d, after_partial) = check(algo, st.as_ref(), &p, now, Request { cost: n, partial: true });
         let mut s1 = st.clone();
         let mut singles = 0;
@@ -722,8 +718,8 @@ fn exercise_decoded(s: &State) -> Result<(), TestCaseError> {
     let algo = s.algorithm();
     let own = params_of(s);
     let other = match own {
-        Params::Rate(_) => Params::Rate(Rate::new(3, 7 * SEC, 5).unwrap()),
-        Params::Win(_) => Params::Win(Window::new(3, 7 * NANOS_PER_MILLI).unwrap()),
+        Params::Rate(_) => Params::Rate(Rate::new(3, ns(7 * SEC), 5).unwrap()),
+        Params::Win(_) => Params::Win(Window::new(3, ns(7 * NANOS_PER_MILLI)).unwrap()),
     };
     for p in [own, other] {
         for now in [T0, 0, T0 + 3 * SEC, 4_000_000_000 * SEC] {
@@ -784,7 +780,7 @@ proptest! {
     /// Floor, ceiling and truncating division give the same quotient on both paths.
     #[test]
     fn division_fast_paths_are_exact(n in edge_i128(), d in divisor()) {
-        use redis_ratelimit::core::{div_ceil_i128, div_floor_i128, div_trunc_i128, exact};
+        use redis_ratelimit_core::{div_ceil_i128, div_floor_i128, div_trunc_i128, exact};
         prop_assert_eq!(div_floor_i128(n, d), exact::div_floor(n, d));
         prop_assert_eq!(div_ceil_i128(n, d), exact::div_ceil(n, d));
         prop_assert_eq!(div_trunc_i128(n, d), exact::div_trunc(n, d));
@@ -808,13 +804,13 @@ fn any_window() -> impl Strategy<Value = Window> {
         1i64..=3 * US,
         1i64..=10 * NANOS_PER_MILLI,
         SEC..=3_600 * SEC,
-        86_400 * SEC..=redis_ratelimit::core::MAX_PERIOD,
+        86_400 * SEC..=redis_ratelimit_core::MAX_PERIOD.as_i64(),
     ];
-    (limit, len).prop_map(|(l, w)| Window::new(l, w).unwrap())
+    (limit, len).prop_map(|(l, w)| Window::new(l, ns(w)).unwrap())
 }
 
 /// One call: (how far the clock moves, cost, partial, which window).
-fn log_op() -> impl Strategy<Value = (Nanos, u64, bool, usize)> {
+fn log_op() -> impl Strategy<Value = (i64, u64, bool, usize)> {
     let big = sliding_log::BIG;
     let dt = prop_oneof![
         3 => Just(0i64),                                  // the same µs: merges
@@ -855,7 +851,7 @@ proptest! {
             now = now.saturating_add(dt).clamp(0, sliding_log::MAX_TS * US);
             let w = wins[wi];
             let req = Request { cost, partial };
-            let (d, c) = sliding_log::check(new.as_ref(), &w, now, req);
+            let (d, c) = raw::sliding_log(new.as_ref(), &w, now, req);
             prop_assert_eq!(d, naive.check(&w, now, req), "call {} at {}", i, now);
             if let Some(c) = c {
                 let s = new.get_or_insert_with(|| sliding_log::State::new(c.win));
@@ -895,10 +891,10 @@ fn varint_len(v: u64) -> usize {
 fn byte_log_memory_per_entry() {
     for (gap, bytes) in [(US, 1), (7 * NANOS_PER_MILLI, 2), (SEC / 2, 3), (60 * SEC, 4), (3_600 * SEC, 5)] {
         for n in [10u64, 100, 1_000, 10_000] {
-            let w = Window::new(n, redis_ratelimit::core::MAX_PERIOD).unwrap();
+            let w = Window::new(n, redis_ratelimit_core::MAX_PERIOD).unwrap();
             let mut s = sliding_log::State::new(w);
             for i in 0..n as i64 {
-                let (_, c) = sliding_log::check(Some(&s), &w, T0 + i * gap, Request::new(1));
+                let (_, c) = raw::sliding_log(Some(&s), &w, T0 + i * gap, Request::new(1));
                 s.apply(&c.expect("admitted"));
             }
             assert_eq!(s.log.len() as u64, n);
@@ -913,11 +909,11 @@ fn byte_log_memory_per_entry() {
 /// given back down to a small one (a quarter used at most before it shrinks).
 #[test]
 fn byte_log_memory_follows_traffic() {
-    let w = Window::new(100_000, SEC).unwrap();
+    let w = Window::new(100_000, ns(SEC)).unwrap();
     let mut s = sliding_log::State::new(w);
     let mut now = T0;
-    let call = |s: &mut sliding_log::State, now: Nanos| {
-        let (_, c) = sliding_log::check(Some(s), &w, now, Request::new(1));
+    let call = |s: &mut sliding_log::State, now: i64| {
+        let (_, c) = raw::sliding_log(Some(s), &w, now, Request::new(1));
         s.apply(&c.expect("admitted"));
     };
     for _ in 0..50_000 {

@@ -120,7 +120,7 @@ fn parse_reply(v: &[i64], algo: Algo) -> LimiterReply {
 
 /// Everything one (algorithm, trace) replay produced.
 #[derive(Clone, Debug, Default)]
-struct Outcome {
+struct Counted {
     /// Limiter calls with COST 1.
     sent: u64,
     /// µs (relative to BASE_US) of every admitted request, in admission order.
@@ -139,7 +139,7 @@ struct Runner<'a> {
     con: &'a mut redis::Connection,
     algo: Algo,
     key: String,
-    out: Outcome,
+    out: Counted,
 }
 
 impl Runner<'_> {
@@ -337,11 +337,11 @@ impl Trace {
     }
 }
 
-fn replay(con: &mut redis::Connection, algo: Algo, trace: Trace) -> Outcome {
+fn replay(con: &mut redis::Connection, algo: Algo, trace: Trace) -> Counted {
     let key = format!("eb:{}:{}", algo.short(), trace.name());
     let _: i64 = redis::cmd("DEL").arg(&key).query(con).unwrap();
     let started = Instant::now();
-    let mut r = Runner { con, algo, key, out: Outcome::default() };
+    let mut r = Runner { con, algo, key, out: Counted::default() };
     trace.run(&mut r);
     let mut out = r.out;
     out.elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -386,7 +386,7 @@ fn max_per_aligned_window(ts: &[i64]) -> u64 {
 struct Row {
     algo: Algo,
     trace: Trace,
-    out: Outcome,
+    out: Counted,
     worst: u64,
     worst_at: i64,
 }
@@ -545,7 +545,7 @@ fn check_departures(deps: &[(i64, i64)], what: &str) {
 fn leaky_delays_space_departures_one_interval_apart() {
     let server = Server::start();
     let mut con = server.conn();
-    let mut r = Runner { con: &mut con, algo: LEAKY, key: "leaky:burst".into(), out: Outcome::default() };
+    let mut r = Runner { con: &mut con, algo: LEAKY, key: "leaky:burst".into(), out: Counted::default() };
     // 101 at one instant into an empty bucket: delays 0, 600, …, 59400 ms, then limited.
     let t0 = 59 * SEC;
     let replies = r.send(&[(t0, 101)]).pop().unwrap();
@@ -629,7 +629,7 @@ fn memory_report(con: &mut redis::Connection) -> Vec<MemRow> {
     for (i, &algo) in ALGOS.iter().enumerate() {
         let mut measure = |variant: &str, groups: &[(i64, u32)]| -> (i64, usize) {
             let key = format!("mem:{i}:{variant}");
-            let mut r = Runner { con: &mut *con, algo, key: key.clone(), out: Outcome::default() };
+            let mut r = Runner { con: &mut *con, algo, key: key.clone(), out: Counted::default() };
             let replies = r.send(groups);
             assert!(replies.iter().flatten().all(|x| x.allowed == 1), "{} {variant}", algo.cmd);
             let mem: i64 = redis::cmd("MEMORY").arg("USAGE").arg(&key).arg("SAMPLES").arg(0).query(con).unwrap();
@@ -687,7 +687,7 @@ fn memory_per_key_is_constant_but_for_the_sliding_log() {
     for row in &rows {
         if row.algo == SLIDINGLOG {
             // 100 entries 1 µs apart cost about 1 byte each in memory (the varint of the gap,
-            // src/core/sliding_log.rs), the encoding exactly 8 each; 100 requests in one µs
+            // core/src/sliding_log.rs), the encoding exactly 8 each; 100 requests in one µs
             // share one entry.
             assert!(row.mem[1] - row.mem[0] >= 99, "{:?}", row.mem);
             assert!(row.mem[1] - row.mem[0] <= 2 * 99, "{:?}", row.mem);
@@ -698,7 +698,7 @@ fn memory_per_key_is_constant_but_for_the_sliding_log() {
             assert_eq!(row.mem[0], row.mem[1], "{}", row.algo.cmd);
             assert_eq!(row.mem[0], row.mem[2], "{}", row.algo.cmd);
             assert_eq!(row.encoded[0], row.encoded[1], "{}", row.algo.cmd);
-            // src/core/codec.rs: version + tag, then the fields.
+            // core/src/codec.rs: version + tag, then the fields.
             let expected = match row.algo {
                 GCRA | LEAKY => 2 + 24 + 16,    // limit, period, burst; tat (i128)
                 TOKENBUCKET => 2 + 24 + 16 + 8, // limit, period, burst; tokens (i128), last
@@ -823,7 +823,7 @@ fn print_table() {
     println!(
         "\nMemory per key (redis {version}; MEMORY USAGE key SAMPLES 0, key names of 7 bytes; \
          size_of::<State>() = {} bytes + heap):",
-        std::mem::size_of::<redis_ratelimit::core::codec::State>()
+        std::mem::size_of::<redis_ratelimit_core::codec::State>()
     );
     println!(
         "| {:<11} | {:>14} | {:>20} | {:>18} | {:>13} | {:>14} |",

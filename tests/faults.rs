@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use common::resp::{Reply, Resp};
 use common::{hex, now_ms, unhex, Opts, Rng, Server};
-use redis_ratelimit::core::spec::Spec;
-use redis_ratelimit::core::{Decision, Request, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
+use redis_ratelimit_core::spec::Spec;
+use redis_ratelimit_core::{Decision, Nanos, Request, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
 use robust::*;
 
 const T0_US: i64 = 1_700_000_000_000_000;
@@ -88,9 +88,9 @@ impl Lim {
     fn unit_us(&self) -> i64 {
         match self.spec {
             Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => {
-                (r.period / r.limit as i64 / NANOS_PER_MICRO).max(1)
+                (r.period.as_i64() / r.limit as i64 / NANOS_PER_MICRO).max(1)
             }
-            Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => w.window / NANOS_PER_MICRO,
+            Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => w.window.as_i64() / NANOS_PER_MICRO,
         }
     }
 
@@ -440,10 +440,10 @@ fn states_with_extreme_parameters_survive_dump_restore_and_reload() {
 fn setstate_log_commits_keep_the_state_loadable() {
     let server = Server::start();
     let mut c = Resp::connect(server.port);
-    use redis_ratelimit::core::sliding_log::Commit;
-    use redis_ratelimit::core::spec::Update;
-    use redis_ratelimit::core::Window;
-    let win = Window::new(MAX_COUNT, 3_600 * NANOS_PER_SEC).unwrap();
+    use redis_ratelimit_core::sliding_log::Commit;
+    use redis_ratelimit_core::spec::Update;
+    use redis_ratelimit_core::Window;
+    let win = Window::new(MAX_COUNT, Nanos::new(3_600 * NANOS_PER_SEC)).unwrap();
     let far = (now_ms() + 365 * 86_400_000).to_string();
     let mut replies = Vec::new();
     for i in 0..3 {
@@ -724,7 +724,7 @@ fn info_text(c: &mut Resp, key: &str) -> String {
 #[test]
 #[ignore]
 fn generate_rdb_fixtures() {
-    let version = redis_ratelimit::core::codec::ENCODING_VERSION as u32;
+    let version = redis_ratelimit_core::codec::ENCODING_VERSION as u32;
     let server = Server::start();
     let mut c = Resp::connect(server.port);
     for (at, argv) in fixture_script() {
@@ -736,7 +736,7 @@ fn generate_rdb_fixtures() {
     // A key without a TTL, as RL.SETSTATE without PXAT leaves it.
     c.clock_set(1_700_000_000_000_000);
     let (_, u) = spec_of("RL.GCRA", 7, 3_600 * NANOS_PER_SEC, None)
-        .check(None, 1_700_000_000_000_000 * NANOS_PER_MICRO, Request::new(3))
+        .check(None, Nanos::new(1_700_000_000_000_000 * NANOS_PER_MICRO), Request::new(3))
         .unwrap();
     let mut p = Vec::new();
     u.unwrap().encode_into(&mut p);
@@ -773,7 +773,7 @@ fn generate_rdb_fixtures() {
 #[test]
 fn rdb_fixtures_of_every_encoding_version_load() {
     let mut versions = 0;
-    for version in 1..=redis_ratelimit::core::codec::ENCODING_VERSION as u32 {
+    for version in 1..=redis_ratelimit_core::codec::ENCODING_VERSION as u32 {
         let dir = fixture_dir(version);
         let expected = std::fs::read_to_string(dir.join("expected.txt"))
             .unwrap_or_else(|e| panic!("{}: {e}: every encoding version needs its fixture", dir.display()));

@@ -87,25 +87,25 @@ fn valid_encoding() -> impl Strategy<Value = Vec<u8>> {
         any::<bool>(),
     )
         .prop_map(|(seed, a, limit, period, n, commit)| {
-            use redis_ratelimit::core::codec::Algorithm;
-            use redis_ratelimit::core::spec::{Spec, Update};
-            use redis_ratelimit::core::{Rate, Request, Window};
+            use redis_ratelimit_core::spec::{Spec, Update};
+            use redis_ratelimit_core::Algorithm;
+            use redis_ratelimit_core::{Nanos, Rate, Request, Window};
             let algo = Algorithm::ALL[a];
-            let limit = if seed % 7 == 0 { redis_ratelimit::core::MAX_COUNT } else { limit };
+            let limit = if seed % 7 == 0 { redis_ratelimit_core::MAX_COUNT } else { limit };
             let spec = match algo {
-                Algorithm::Gcra => Spec::Gcra(Rate::new(limit, period, limit).unwrap()),
-                Algorithm::TokenBucket => Spec::TokenBucket(Rate::new(limit, period, limit).unwrap()),
-                Algorithm::Leaky => Spec::Leaky(Rate::new(limit, period, limit).unwrap()),
-                Algorithm::Sliding => Spec::Sliding(Window::new(limit, period).unwrap()),
-                Algorithm::Fixed => Spec::Fixed(Window::new(limit, period).unwrap()),
-                Algorithm::SlidingLog => Spec::SlidingLog(Window::new(limit, period).unwrap()),
+                Algorithm::Gcra => Spec::Gcra(Rate::new(limit, Nanos::new(period), limit).unwrap()),
+                Algorithm::TokenBucket => Spec::TokenBucket(Rate::new(limit, Nanos::new(period), limit).unwrap()),
+                Algorithm::Leaky => Spec::Leaky(Rate::new(limit, Nanos::new(period), limit).unwrap()),
+                Algorithm::Sliding => Spec::Sliding(Window::new(limit, Nanos::new(period)).unwrap()),
+                Algorithm::Fixed => Spec::Fixed(Window::new(limit, Nanos::new(period)).unwrap()),
+                Algorithm::SlidingLog => Spec::SlidingLog(Window::new(limit, Nanos::new(period)).unwrap()),
             };
             let mut state = None;
             let mut last = None;
             let mut now = 1_700_000_000_000_000_000i64 + (seed % 1_000_000_000) as i64;
             for i in 0..=n {
                 now += ((seed >> (i * 4)) & 0xF) as i64 * period / 4;
-                let (_, u) = spec.check(state.as_ref(), now, Request::new(1 + (seed >> i) % 3)).unwrap();
+                let (_, u) = spec.check(state.as_ref(), Nanos::new(now), Request::new(1 + (seed >> i) % 3)).unwrap();
                 if let Some(u) = u {
                     if let Some(s) = u.apply(state.as_mut()).unwrap() {
                         state = Some(s);

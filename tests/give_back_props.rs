@@ -7,17 +7,32 @@
 
 use proptest::prelude::*;
 
-use redis_ratelimit::core::codec::{Algorithm, State};
-use redis_ratelimit::core::give_back::{give_back, Credit, Refusal};
-use redis_ratelimit::core::{fixed, gcra, sliding, token_bucket, Nanos, Rate, Request, Window, NANOS_PER_SEC};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::give_back::{self, Refusal};
+use redis_ratelimit_core::Algorithm;
+use redis_ratelimit_core::{fixed, gcra, sliding, token_bucket, Rate, Request, Window, NANOS_PER_SEC};
 
 #[path = "common/core_dispatch.rs"]
 mod core_dispatch;
 
-use core_dispatch::{check, config, Params};
+use core_dispatch::{check, config, ns, Params};
 
-const T0: Nanos = 1_700_000_000 * NANOS_PER_SEC;
-const SEC: Nanos = NANOS_PER_SEC;
+/// The core's credit with its reset as raw i64 ns (the tests' arithmetic).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Credit {
+    credited: u64,
+    state: Option<State>,
+    reset_after: i64,
+}
+
+/// The core's `give_back` at raw instants and ages.
+fn give_back(state: &State, n: u64, age: Option<i64>, now: i64) -> Result<Credit, Refusal> {
+    let c = give_back::give_back(state, n, age.map(ns), ns(now))?;
+    Ok(Credit { credited: c.credited, state: c.state, reset_after: c.reset_after.as_i64() })
+}
+
+const T0: i64 = 1_700_000_000 * NANOS_PER_SEC;
+const SEC: i64 = NANOS_PER_SEC;
 
 /// The buckets that take units back (the leaky bucket refuses: see
 /// `give_back_refuses_the_sliding_log_the_leaky_bucket_and_unaged_windows`).
@@ -25,7 +40,7 @@ const BUCKETS: [Algorithm; 2] = [Algorithm::Gcra, Algorithm::TokenBucket];
 const WINDOWS: [Algorithm; 2] = [Algorithm::Fixed, Algorithm::Sliding];
 
 /// One call of a limiter: the decision's `allowed`, the state updated in place.
-fn call(algo: Algorithm, st: &mut Option<State>, p: &Params, now: Nanos, req: Request) -> u64 {
+fn call(algo: Algorithm, st: &mut Option<State>, p: &Params, now: i64, req: Request) -> u64 {
     let (d, new) = check(algo, st.as_ref(), p, now, req);
     if let Some(s) = new {
         *st = Some(s);
@@ -33,22 +48,22 @@ fn call(algo: Algorithm, st: &mut Option<State>, p: &Params, now: Nanos, req: Re
     d.allowed
 }
 
-fn peek_remaining(algo: Algorithm, st: &Option<State>, p: &Params, now: Nanos) -> u64 {
+fn peek_remaining(algo: Algorithm, st: &Option<State>, p: &Params, now: i64) -> u64 {
     check(algo, st.as_ref(), p, now, Request::new(0)).0.remaining
 }
 
 /// A bucket's balance at `now` in units of 1/period (the capacity for a missing key).
-fn tokens(st: &Option<State>, rate: &Rate, now: Nanos) -> i128 {
+fn tokens(st: &Option<State>, rate: &Rate, now: i64) -> i128 {
     match st {
-        None => rate.burst as i128 * rate.period as i128,
-        Some(State::Gcra(s)) => s.tokens_scaled(now),
-        Some(State::TokenBucket(s)) => s.tokens_scaled(now),
+        None => rate.burst as i128 * rate.period.as_i128(),
+        Some(State::Gcra(s)) => s.tokens_scaled(ns(now)),
+        Some(State::TokenBucket(s)) => s.tokens_scaled(ns(now)),
         Some(other) => panic!("not a bucket: {other:?}"),
     }
 }
 
 /// Applies a return to the state; the credit.
-fn give(st: &mut Option<State>, n: u64, age: Option<Nanos>, now: Nanos) -> Credit {
+fn give(st: &mut Option<State>, n: u64, age: Option<i64>, now: i64) -> Credit {
     let c = give_back(st.as_ref().expect("a stored state"), n, age, now).expect("not refused");
     if let Some(s) = &c.state {
         *st = Some(s.clone());
@@ -68,7 +83,7 @@ fn rate_of(p: &Params) -> Rate {
 
 #[test]
 fn buckets_take_units_back_up_to_a_full_bucket() {
-    let rate = Rate::new(10, SEC, 10).unwrap();
+    let rate = Rate::new(10, ns(SEC), 10).unwrap();
     let p = Params::Rate(rate);
     for algo in BUCKETS {
         let mut st = None;
@@ -94,7 +109,7 @@ fn buckets_take_units_back_up_to_a_full_bucket() {
 
 #[test]
 fn buckets_deduct_the_refill_received_while_the_units_were_out() {
-    let rate = Rate::new(10, SEC, 10).unwrap();
+    let rate = Rate::new(10, ns(SEC), 10).unwrap();
     let p = Params::Rate(rate);
     for algo in BUCKETS {
         let mut st = None;
@@ -121,12 +136,12 @@ fn buckets_deduct_the_refill_received_while_the_units_were_out() {
 /// out never exceed BURST + rate × L.
 #[test]
 fn claim_and_return_cycles_do_not_inflate_capacity() {
-    let rate = Rate::new(1, SEC, 10).unwrap(); // 1/s, BURST 10
+    let rate = Rate::new(1, ns(SEC), 10).unwrap(); // 1/s, BURST 10
     let p = Params::Rate(rate);
     let lease = 5 * SEC;
     let most_out = |with_age: bool| -> u64 {
         let mut st = None;
-        let mut out: Vec<(Nanos, u64)> = Vec::new(); // (claimed at, units)
+        let mut out: Vec<(i64, u64)> = Vec::new(); // (claimed at, units)
         let mut most = 0;
         for step in 0..200 {
             let now = T0 + step * SEC / 2;
@@ -149,7 +164,7 @@ fn claim_and_return_cycles_do_not_inflate_capacity() {
 
 #[test]
 fn fixed_window_credits_only_the_current_window() {
-    let win = Window::new(10, 60 * SEC).unwrap();
+    let win = Window::new(10, ns(60 * SEC)).unwrap();
     let p = Params::Win(win);
     let start = (T0 / (60 * SEC)) * 60 * SEC; // a window's first instant
     let mut st = None;
@@ -170,7 +185,7 @@ fn fixed_window_credits_only_the_current_window() {
 
 #[test]
 fn sliding_credits_the_current_count_only() {
-    let win = Window::new(10, 60 * SEC).unwrap();
+    let win = Window::new(10, ns(60 * SEC)).unwrap();
     let p = Params::Win(win);
     let start = (T0 / (60 * SEC)) * 60 * SEC;
     let mut st = None;
@@ -189,7 +204,7 @@ fn sliding_credits_the_current_count_only() {
 
 #[test]
 fn give_back_refuses_the_sliding_log_the_leaky_bucket_and_unaged_windows() {
-    let win = Window::new(10, 60 * SEC).unwrap();
+    let win = Window::new(10, ns(60 * SEC)).unwrap();
     let mut log = None;
     call(Algorithm::SlidingLog, &mut log, &Params::Win(win), T0, Request::new(3));
     for age in [None, Some(0)] {
@@ -202,7 +217,7 @@ fn give_back_refuses_the_sliding_log_the_leaky_bucket_and_unaged_windows() {
     }
     // A leaky bucket's queue slots are all promised to admitted requests: whatever the age,
     // even a unit claimed just now (tests/core_closure_props.rs: no slot is given twice).
-    let rate = Rate::new(1, SEC, 10).unwrap();
+    let rate = Rate::new(1, ns(SEC), 10).unwrap();
     let mut queue = None;
     call(Algorithm::Leaky, &mut queue, &Params::Rate(rate), T0, Request::new(3));
     for age in [None, Some(0), Some(SEC)] {
@@ -212,7 +227,7 @@ fn give_back_refuses_the_sliding_log_the_leaky_bucket_and_unaged_windows() {
 
 #[test]
 fn a_clock_stepped_back_into_an_earlier_window_credits_nothing() {
-    let win = Window::new(10, 60 * SEC).unwrap();
+    let win = Window::new(10, ns(60 * SEC)).unwrap();
     let start = (T0 / (60 * SEC)) * 60 * SEC;
     for algo in WINDOWS {
         let mut st = None;
@@ -223,15 +238,15 @@ fn a_clock_stepped_back_into_an_earlier_window_credits_nothing() {
 
 #[test]
 fn extreme_values_do_not_overflow() {
-    let rate = Rate::new(1_000_000_000_000_000, 1, 1_000_000_000_000_000).unwrap();
+    let rate = Rate::new(1_000_000_000_000_000, ns(1), 1_000_000_000_000_000).unwrap();
     let st = State::Gcra(gcra::State { rate, tat: 1 << 115 });
     // A debt far beyond the capacity (a clock stepped back): remaining stays 0, nothing credited.
     assert_eq!(give_back(&st, 1_000_000_000_000_000, None, T0).unwrap().credited, 0);
     let st = State::Gcra(gcra::State { rate, tat: T0 as i128 * rate.limit as i128 + 5 });
     assert_eq!(give_back(&st, 1_000_000_000_000_000, Some(0), T0).unwrap().credited, 5);
-    let tb = State::TokenBucket(token_bucket::State { rate, tokens: -(1 << 115), last: i64::MAX });
+    let tb = State::TokenBucket(token_bucket::State { rate, tokens: -(1 << 115), last: ns(i64::MAX) });
     assert!(give_back(&tb, 1_000_000_000_000_000, None, i64::MIN).is_ok());
-    let win = Window::new(1_000_000_000_000_000, 36_525 * 86_400 * SEC).unwrap();
+    let win = Window::new(1_000_000_000_000_000, ns(36_525 * 86_400 * SEC)).unwrap();
     for (index, now) in [(i64::MIN, i64::MIN), (i64::MAX, i64::MAX), (0, 0)] {
         let f = State::Fixed(fixed::State { win, index, count: 2_000_000_000_000_000 });
         let s = State::Sliding(sliding::State { win, index, prev: 1, curr: 2_000_000_000_000_000 });
@@ -251,12 +266,12 @@ fn rate_params() -> impl Strategy<Value = Params> {
         4 => (1u64..=20, prop_oneof![Just(SEC), 1i64..1_000_000, Just(60 * SEC)], 1u64..=20),
         1 => (1u64..=1_000_000_000, prop_oneof![Just(1i64), Just(SEC)], 1u64..=1_000_000_000),
     ]
-    .prop_filter_map("valid rate", |(l, p, b)| Rate::new(l, p, b).ok().map(Params::Rate))
+    .prop_filter_map("valid rate", |(l, p, b)| Rate::new(l, ns(p), b).ok().map(Params::Rate))
 }
 
 fn window_params() -> impl Strategy<Value = Params> {
     (1u64..=20, prop_oneof![Just(SEC), 1i64..1_000_000, Just(60 * SEC)])
-        .prop_map(|(l, w)| Params::Win(Window::new(l, w).unwrap()))
+        .prop_map(|(l, w)| Params::Win(Window::new(l, ns(w)).unwrap()))
 }
 
 /// A step of traffic: how far the clock moves (in thousandths of the limiter's time unit) and
@@ -266,22 +281,16 @@ fn traffic() -> impl Strategy<Value = Vec<(u32, u64, bool)>> {
 }
 
 /// The natural time unit: one emission interval, or one window.
-fn unit(p: &Params) -> Nanos {
-    p.unit().clamp(1, 1 << 50) as Nanos
+fn unit(p: &Params) -> i64 {
+    p.unit().clamp(1, 1 << 50) as i64
 }
 
-fn advance(p: &Params, thousandths: u32) -> Nanos {
-    (unit(p) as i128 * thousandths as i128 / 1000) as Nanos
+fn advance(p: &Params, thousandths: u32) -> i64 {
+    (unit(p) as i128 * thousandths as i128 / 1000) as i64
 }
 
 /// Runs traffic from `now`; returns the clock afterwards and the admitted (instant, units).
-fn run(
-    algo: Algorithm,
-    st: &mut Option<State>,
-    p: &Params,
-    now: &mut Nanos,
-    t: &[(u32, u64, bool)],
-) -> Vec<(Nanos, u64)> {
+fn run(algo: Algorithm, st: &mut Option<State>, p: &Params, now: &mut i64, t: &[(u32, u64, bool)]) -> Vec<(i64, u64)> {
     let mut admitted = Vec::new();
     for &(dt, cost, partial) in t {
         *now += advance(p, dt);
@@ -302,7 +311,7 @@ fn claim_with_alternative(
     before: &[(u32, u64, bool)],
     k: u64,
     j_pick: u64,
-) -> Option<(Option<State>, Option<State>, Nanos, u64)> {
+) -> Option<(Option<State>, Option<State>, i64, u64)> {
     let (mut st, mut t) = (None, T0);
     run(algo, &mut st, p, &mut t, before);
     let mut alt = st.clone();
@@ -334,7 +343,7 @@ proptest! {
         prop_assume!(st.is_some());
         now += advance(&p, dt);
         let age = advance(&p, age);
-        let cap = rate.burst as i128 * rate.period as i128;
+        let cap = rate.burst as i128 * rate.period.as_i128();
         let (t0, r0) = (tokens(&st, &rate, now), peek_remaining(algo, &st, &p, now));
         let c = give(&mut st, n, Some(age), now);
         let (t1, r1) = (tokens(&st, &rate, now), peek_remaining(algo, &st, &p, now));
@@ -342,7 +351,7 @@ proptest! {
         prop_assert!(t1 <= cap);
         prop_assert_eq!(r1 - r0, c.credited);
         prop_assert_eq!(c.state.is_some(), c.credited > 0);
-        let added = (n as i128 * rate.period as i128 - age as i128 * rate.limit as i128).max(0);
+        let added = (n as i128 * rate.period.as_i128() - age as i128 * rate.limit as i128).max(0);
         prop_assert_eq!(t1, if c.credited > 0 { (t0 + added).min(cap) } else { t0 });
         if let Some(s) = &c.state {
             // What is stored and replicated decodes (the codec refuses a balance above capacity).
@@ -403,7 +412,7 @@ proptest! {
         give(&mut st, j, None, t2);
         let real = tokens(&st, &rate, t2);
         let held = (t2 - t1) as i128 * rate.limit as i128;
-        let p_scaled = rate.period as i128;
+        let p_scaled = rate.period.as_i128();
         // A credit writes only whole growth of `remaining`: the balance may stay put (lower).
         prop_assert!(real >= other || real == before_return, "{real} < {other}");
         prop_assert!(real <= other + held.min(j as i128 * p_scaled), "{real} vs {other} + {held}");
@@ -424,9 +433,9 @@ proptest! {
         let rate = rate_of(&p);
         #[derive(Debug)]
         enum Ev { Lease(usize), Admit(u64) }
-        let mut leases: Vec<(Nanos, u64, u64, bool)> = Vec::new(); // (claimed at, granted, returned, open)
+        let mut leases: Vec<(i64, u64, u64, bool)> = Vec::new(); // (claimed at, granted, returned, open)
         let (mut st, mut now) = (None, T0);
-        let mut steps: Vec<(Nanos, Option<Ev>, i128)> = Vec::new();
+        let mut steps: Vec<(i64, Option<Ev>, i128)> = Vec::new();
         for &(kind, a, dt, slack) in &ops {
             now += advance(&p, dt);
             let ev = match kind {

@@ -17,9 +17,10 @@ use std::time::Instant;
 use common::resp::{Reply, Resp};
 use common::{hex, now_ms, Opts, Rng, Server};
 use redis_ratelimit::args;
-use redis_ratelimit::core::codec::{Algorithm, State};
-use redis_ratelimit::core::spec::{Spec, Update};
-use redis_ratelimit::core::{Nanos, Request, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::spec::{Spec, Update};
+use redis_ratelimit_core::Algorithm;
+use redis_ratelimit_core::{Nanos, Request, MAX_COUNT, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
 use robust::*;
 
 const T0_US: i64 = 1_700_000_000_000_000;
@@ -365,14 +366,14 @@ fn random_spec(rng: &mut Rng) -> Spec {
         2 => rng.range(1, 1_000_000_000) as u64,
         _ => rng.range(1, 100) as u64,
     };
-    let period: Nanos = match rng.below(5) {
+    let period: i64 = match rng.below(5) {
         0 => 36_525 * 86_400 * NANOS_PER_SEC,
         1 => NANOS_PER_MICRO,
         _ => rng.range(1, 10_000) * NANOS_PER_MILLI,
     };
     let burst = if is_bucket(cmd) && rng.chance(30) { rng.range(1, 1000) as u64 } else { limit };
     // A burst that would take over 200 years to refill is refused by Rate::new: fall back.
-    if is_bucket(cmd) && redis_ratelimit::core::Rate::new(limit, period, burst).is_err() {
+    if is_bucket(cmd) && redis_ratelimit_core::Rate::new(limit, Nanos::new(period), burst).is_err() {
         return spec_of(cmd, 10, NANOS_PER_SEC, None);
     }
     spec_of(cmd, limit, period, Some(burst))
@@ -387,7 +388,8 @@ fn valid_payload(rng: &mut Rng) -> Vec<u8> {
     for _ in 0..rng.range(1, 6) {
         now += rng.range(-1_000_000, 5_000_000_000);
         let cost = rng.range(0, 3) as u64;
-        let (_, u) = spec.check(model.state.as_ref(), now, Request { cost, partial: rng.chance(50) }).unwrap();
+        let (_, u) =
+            spec.check(model.state.as_ref(), Nanos::new(now), Request { cost, partial: rng.chance(50) }).unwrap();
         if let Some(u) = u {
             model.apply(&u);
             last_update = Some(u);
@@ -399,7 +401,7 @@ fn valid_payload(rng: &mut Rng) -> Vec<u8> {
         _ => match &model.state {
             Some(s) => s.encode_into(&mut out),
             None => {
-                let (_, u) = spec.check(None, now, Request::new(1)).unwrap();
+                let (_, u) = spec.check(None, Nanos::new(now), Request::new(1)).unwrap();
                 u.unwrap().encode_into(&mut out);
             }
         },
@@ -486,7 +488,7 @@ type MultiExpect = (usize, Vec<(bool, u64)>, Request, bool);
 enum Expect {
     Limiter {
         leaky: bool,
-        parsed: Result<args::Check, String>,
+        parsed: Result<args::CheckArgs, String>,
     },
     Throttle(Result<(u64 /*burst*/, u64 /*quantity*/), String>),
     Multi(Result<MultiExpect, String>),

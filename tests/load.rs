@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use common::resp::{Reply, Resp};
 use common::{now_us, Opts, Rng, Server};
-use redis_ratelimit::core::codec::State;
-use redis_ratelimit::core::spec::Spec;
-use redis_ratelimit::core::{Request, NANOS_PER_MILLI};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::spec::Spec;
+use redis_ratelimit_core::{Request, NANOS_PER_MILLI};
 use robust::*;
 
 const THREADS: usize = 32;
@@ -504,7 +504,7 @@ fn memory_usage_matches_native_type() {
     let overhead = overheads[0];
     assert!(overhead > 0 && overhead < 256, "implausible per-key overhead {overhead}");
 
-    // A sliding log of requests 1 µs apart grows by ~1 byte per entry (src/core/sliding_log.rs:
+    // A sliding log of requests 1 µs apart grows by ~1 byte per entry (core/src/sliding_log.rs:
     // a one-byte gap each, the buffer grown by size classes), exactly as its own accounting says.
     let key = format!("m:{:<14}", "rl.slidinglog+").replace(' ', "_");
     assert_eq!(key.len(), format!("m:{:<14}", "rl.gcra").len());

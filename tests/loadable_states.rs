@@ -11,8 +11,8 @@ use common::{
     clock_set, err_text, limiter, payload, pexpiretime, rl_info_int, unhex, wait_replica_synced, Opts, Server,
 };
 use redis::{Connection, Value};
-use redis_ratelimit::core::codec::State;
-use redis_ratelimit::core::{fixed, gcra, sliding, token_bucket, Rate, Window, MAX_COUNT, NANOS_PER_SEC};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::{fixed, gcra, sliding, token_bucket, Nanos, Rate, Window, MAX_COUNT, NANOS_PER_SEC};
 
 /// The instant: 1800000000 s, a multiple of 2 h.
 const T_US: i64 = 1_800_000_000_000_000;
@@ -72,11 +72,11 @@ fn setstate_brings_forged_values_into_range_as_loading_does() {
     wait_replica_synced(&primary, &replica);
     let mut p = primary.conn();
     clock_set(&mut p, T_US);
-    let rate = Rate::new(10, 60 * NANOS_PER_SEC, 10).unwrap();
-    let win = Window::new(10, 60 * NANOS_PER_SEC).unwrap();
+    let rate = Rate::new(10, Nanos::new(60 * NANOS_PER_SEC), 10).unwrap();
+    let win = Window::new(10, Nanos::new(60 * NANOS_PER_SEC)).unwrap();
     let forged = [
         ("gcra", State::Gcra(gcra::State { rate, tat: 1 << 115 })),
-        ("tb", State::TokenBucket(token_bucket::State { rate, tokens: -(1 << 100), last: T_US * 1_000 })),
+        ("tb", State::TokenBucket(token_bucket::State { rate, tokens: -(1 << 100), last: Nanos::new(T_US * 1_000) })),
         ("fixed", State::Fixed(fixed::State { win, index: i64::MAX, count: 2 * MAX_COUNT })),
         ("sliding", State::Sliding(sliding::State { win, index: i64::MIN, prev: 2 * MAX_COUNT, curr: 1 })),
     ];

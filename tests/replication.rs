@@ -38,7 +38,7 @@ fn admitted(args: &[String], v: &Value) -> bool {
 // ---------------------------------------------------------------------------------------------
 
 fn is_bucket(algo: &str) -> bool {
-    matches!(algo, "GCRA" | "TOKENBUCKET" | "LEAKY")
+    redis_ratelimit_core::Algorithm::ALL.iter().any(|a| a.is_bucket() && a.multi_name() == algo)
 }
 
 /// `limit period [BURST n]` for a bucket, `limit window` for a window algorithm. Mostly long
@@ -683,7 +683,7 @@ fn rdb_restart_dump_restore_copy_digest() {
     }
     let big: i64 = redis::cmd("MEMORY").arg("USAGE").arg("rdbfix:biglog").query(&mut c).unwrap();
     let small: i64 = redis::cmd("MEMORY").arg("USAGE").arg("rdbfix:slidinglog").query(&mut c).unwrap();
-    // (1 µs apart: at least a byte per entry, src/core/sliding_log.rs; the key names differ.)
+    // (1 µs apart: at least a byte per entry, core/src/sliding_log.rs; the key names differ.)
     assert!(big > small + 150, "MEMORY USAGE of a 200-entry log {big} vs a 1-entry log {small}");
 
     // A replica holds the same digests.

@@ -14,9 +14,9 @@ mod traffic;
 use common::{clock_set, ints, rl_info_int, Opts, Rng, Server};
 use redis::{Connection, Value};
 use redis_ratelimit::args;
-use redis_ratelimit::core::codec::{Algorithm, State};
-use redis_ratelimit::core::NANOS_PER_MICRO;
-use redis_ratelimit::reply::decision_values;
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::Algorithm;
+use redis_ratelimit_core::{Nanos, NANOS_PER_MICRO};
 
 const START_US: i64 = 1_700_000_000_000_000;
 
@@ -30,14 +30,16 @@ impl Oracle {
         let command = format!("RL.{}", algo.name().to_ascii_uppercase());
         let bytes: Vec<&[u8]> = words.iter().map(|w| w.as_bytes()).collect();
         let check = args::check(algo, &bytes, &command).expect("valid arguments");
-        let (d, update) =
-            check.spec.check(self.state.as_ref(), now_us * NANOS_PER_MICRO, check.req).expect("same algorithm");
+        let (d, update) = check
+            .spec
+            .check(self.state.as_ref(), Nanos::new(now_us * NANOS_PER_MICRO), check.req)
+            .expect("same algorithm");
         if let (Some(u), false) = (update, check.dryrun) {
             if let Some(new) = u.apply(self.state.as_mut()).expect("update applies") {
                 self.state = Some(new);
             }
         }
-        let (values, n) = decision_values(&d, algo == Algorithm::Leaky);
+        let (values, n) = d.reply_values(algo == Algorithm::Leaky);
         values[..n].to_vec()
     }
 }
@@ -66,7 +68,7 @@ fn pinned_clock_decisions_equal_the_core_on_this_server() {
                 _ => rng.range(0, 2_000_000),
             };
             let mut words = vec!["10".to_string(), "1s".to_string()];
-            if matches!(algo, Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::Leaky) {
+            if algo.is_bucket() {
                 words.extend(["BURST".to_string(), "15".to_string()]);
             }
             words.extend(["COST".to_string(), rng.below(5).to_string()]);

@@ -7,9 +7,9 @@ mod common;
 
 use common::resp::{Reply, Resp};
 use common::Server;
-use redis_ratelimit::core::codec::State;
-use redis_ratelimit::core::spec::Update;
-use redis_ratelimit::core::{gcra, Rate, NANOS_PER_SEC};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::spec::Update;
+use redis_ratelimit_core::{gcra, Nanos, Rate, NANOS_PER_SEC};
 
 /// One path: commands that prepare the key, then the call under test. `{k}` stands for the key
 /// (`{k2}` for a second one, `{state}` for a RL.SETSTATE payload).
@@ -315,7 +315,7 @@ fn only_writes_signal_watch_and_tracking() {
 
 /// A valid RL.SETSTATE payload: a whole GCRA state, encoded by the module's own codec.
 fn state_payload() -> Vec<u8> {
-    let rate = Rate::new(10, 3_600 * NANOS_PER_SEC, 10).unwrap();
+    let rate = Rate::new(10, Nanos::new(3_600 * NANOS_PER_SEC), 10).unwrap();
     let state = State::Gcra(gcra::State { rate, tat: 1_700_000_360 * NANOS_PER_SEC as i128 * 10 });
     let mut out = Vec::new();
     Update::Replace(state).encode_into(&mut out);

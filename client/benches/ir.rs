@@ -32,7 +32,7 @@ use redis_ratelimit_client::{ConnectionConfig, Decision, Engine, Limit, Limiter,
 
 /// A limit no case reaches: every check is admitted.
 fn huge() -> Limit {
-    Limit::token_bucket(1_000_000_000_000, Duration::from_secs(1000)).with_burst(1_000_000_000_000)
+    Limit::token_bucket(1_000_000_000_000, Duration::from_secs(1000)).unwrap().with_burst(1_000_000_000_000).unwrap()
 }
 
 fn keys(n: usize) -> Vec<String> {
@@ -57,12 +57,12 @@ struct Direct {
 
 impl Direct {
     fn new() -> Direct {
-        Direct { engine: Engine::new(warm_config().engine_config()), now: 1 }
+        Direct { engine: Engine::new(warm_config().engine_config().unwrap()), now: 1 }
     }
 
     fn check(&mut self, key: &str) -> bool {
         self.now += 100;
-        let now = Nanos::new(self.now);
+        let now = Nanos::new(self.now as i64);
         let grant = |units: u64| Decision::from_fields(units as i64, 1_000_000_000, 500_000_000, -1, 1, None);
         let mut step = self.engine.check(now, key, 1);
         loop {
@@ -178,7 +178,7 @@ fn main() {
             let _g = rt.enter();
             match c {
                 "limiter_1" | "limiter_1000" => {
-                    let l = Limiter::new(conn, warm_config());
+                    let l = Limiter::new(conn, warm_config()).unwrap();
                     // Warm: each key in a burst, until it holds a batch for more than the
                     // measured checks (a cold key's first claims are exact), so that the
                     // measured ones never wait for a refill.
@@ -205,7 +205,7 @@ fn main() {
                     eprintln!("{c}: {n} checks, {pending} waited; {}", nonzero.join(", "));
                 }
                 "threads_limiter_1" | "threads_limiter_1000" => {
-                    let l = Limiter::new(conn, warm_config());
+                    let l = Limiter::new(conn, warm_config()).unwrap();
                     for k in &ks {
                         for _ in 0..40 {
                             drive(&rt, l.check(k, 1), &mut pending);
@@ -220,8 +220,8 @@ fn main() {
                     eprintln!("wall {c} {:.1} ns/check/thread", wall.as_nanos() as f64 / n as f64);
                 }
                 "cold_limiter" => {
-                    let limit = Limit::token_bucket(1000, Duration::from_secs(60));
-                    let l = Limiter::new(conn, LimiterConfig::new(limit));
+                    let limit = Limit::token_bucket(1000, Duration::from_secs(60)).unwrap();
+                    let l = Limiter::new(conn, LimiterConfig::new(limit)).unwrap();
                     let t = cpu_now();
                     rt.block_on(async {
                         for i in 0..n {
@@ -239,7 +239,7 @@ fn main() {
                 // hour's sleep that never fires), as a service's runtime always has one: the
                 // time driver's work at every park, which the limiter's timeouts cause too.
                 "cold_direct" | "cold_direct_timeout" | "cold_direct_timer" => {
-                    let limit = Limit::token_bucket(1000, Duration::from_secs(60));
+                    let limit = Limit::token_bucket(1000, Duration::from_secs(60)).unwrap();
                     let timeout = (c == "cold_direct_timeout").then_some(Duration::from_millis(100));
                     let mut conn = conn;
                     if c == "cold_direct_timer" {

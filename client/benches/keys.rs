@@ -64,7 +64,7 @@ fn rss() -> isize {
 
 /// `n` keys over `shards` engines sharing one state, each key on the shard the driver picks.
 fn run(n: usize, shards: usize) {
-    let config = EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60)));
+    let config = EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60)).unwrap());
     let (heap0, rss0) = (LIVE.load(Relaxed), rss());
     let shared = Shared::new(config);
     let mut es: Vec<Engine<CompactString>> = (0..shards).map(|_| Engine::with_shared(shared.clone())).collect();

@@ -46,7 +46,7 @@ fn cpu_now() -> Duration {
 
 /// A limit no benchmark reaches: every check is admitted.
 fn huge() -> Limit {
-    Limit::token_bucket(1_000_000_000, Duration::from_secs(1)).with_burst(1_000_000_000)
+    Limit::token_bucket(1_000_000_000, Duration::from_secs(1)).unwrap().with_burst(1_000_000_000).unwrap()
 }
 
 fn keys(n: usize) -> Vec<String> {
@@ -68,7 +68,7 @@ impl Instant_ {
 
     fn check(&mut self, key: &str) -> bool {
         self.now += 100;
-        let now = Nanos::new(self.now);
+        let now = Nanos::new(self.now as i64);
         let mut step = self.engine.check(now, key, 1);
         loop {
             step = match step {
@@ -111,7 +111,7 @@ fn fixture() -> Fixture {
             .horizon(Duration::from_secs(5))
             .max_batch(1_000_000)
             .timeout(Duration::from_secs(1));
-        Limiter::new(conn.clone(), config)
+        Limiter::new(conn.clone(), config).unwrap()
     };
     Fixture { _server: server, rt, limiter, conn }
 }
@@ -220,10 +220,10 @@ fn two_threads(c: &mut Criterion) {
 
 fn cold_keys(c: &mut Criterion) {
     let f = fixture();
-    let limit = Limit::token_bucket(1000, Duration::from_secs(60));
+    let limit = Limit::token_bucket(1000, Duration::from_secs(60)).unwrap();
     let cold = {
         let _g = f.rt.enter();
-        Limiter::new(f.conn.clone(), LimiterConfig::new(limit))
+        Limiter::new(f.conn.clone(), LimiterConfig::new(limit)).unwrap()
     };
     let mut g = c.benchmark_group("cold_key_cpu");
     g.sample_size(20);

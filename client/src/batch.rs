@@ -14,7 +14,19 @@
 //!   request, the same call a per-request check makes. A first request on a cold key is always
 //!   exact.
 
-use crate::time::Nanos;
+use redis_ratelimit_core::Nanos;
+
+/// A span as a float of nanoseconds, for the demand estimate (the core has no floats).
+pub(crate) trait ToF64 {
+    fn to_f64(self) -> f64;
+}
+
+impl ToF64 for Nanos {
+    #[inline]
+    fn to_f64(self) -> f64 {
+        self.as_i64() as f64
+    }
+}
 
 /// `e^{−dt/τ}`: the weight of an observation `dt` old. A hot key sees `dt ≪ τ` between its
 /// checks: there the Taylor polynomial to x⁴ stands in for `exp` (relative error below
@@ -27,7 +39,7 @@ pub(crate) fn decay(dt: Nanos, tau: Nanos) -> f64 {
         // The other calls of the same check (the polynomial's value too, exactly).
         return 1.0;
     }
-    let x = dt.as_f64() / tau.as_f64().max(1.0);
+    let x = dt.to_f64() / tau.to_f64().max(1.0);
     if x < 1.0 / 64.0 {
         1.0 - x * (1.0 - x * (0.5 - x * (1.0 / 6.0 - x / 24.0)))
     } else {
@@ -60,7 +72,7 @@ impl Demand {
     /// The decayed rate at `now`, in units per ns (`last`: the newest observation's units).
     #[inline]
     pub fn rate_at(&self, now: Nanos, tau: Nanos, last: u32) -> f64 {
-        (self.before + last as f64 / tau.as_f64().max(1.0)) * decay(now - self.at, tau)
+        (self.before + last as f64 / tau.to_f64().max(1.0)) * decay(now - self.at, tau)
     }
 
     /// The decayed rate at `now` without the newest observation.
@@ -73,14 +85,14 @@ impl Demand {
     /// `held < ⌈e⌉` ⟺ `held < e` for a whole `held` (exact below 2^53 units).
     #[inline]
     pub fn exceeds(&self, held: u64, now: Nanos, tau: Nanos, span: Nanos) -> bool {
-        let e = self.rate_before(now, tau) * span.as_f64();
+        let e = self.rate_before(now, tau) * span.to_f64();
         e.is_finite() && (held as f64) < e
     }
 
     /// Expected units over the next `span`, rounded up, from the traffic before the newest
     /// request.
     pub fn expected(&self, now: Nanos, tau: Nanos, span: Nanos) -> u64 {
-        let e = self.rate_before(now, tau) * span.as_f64();
+        let e = self.rate_before(now, tau) * span.to_f64();
         if e.is_finite() && e > 0.0 {
             e.ceil().min(u64::MAX as f64 / 2.0) as u64
         } else {
@@ -140,9 +152,9 @@ mod tests {
         for i in 0..10_000u64 {
             d.observe(MS * i, 1, S, &mut last); // 1000 per second for 10 s
         }
-        let per_s = d.rate_at(S * 10, S, last) * S.as_f64();
+        let per_s = d.rate_at(S * 10, S, last) * S.to_f64();
         assert!((900.0..1100.0).contains(&per_s), "{per_s}");
-        assert!(d.rate_at(S * 30, S, last) * S.as_f64() < 1.0);
+        assert!(d.rate_at(S * 30, S, last) * S.to_f64() < 1.0);
         assert_eq!(d.expected(S * 10, S, S / 10), 100);
         // A single arrival says nothing about the rate.
         let (mut cold, mut last) = (Demand::default(), 0);
@@ -154,8 +166,8 @@ mod tests {
     fn decay_polynomial_agrees_with_exp() {
         let tau = S;
         for i in 0..2000u64 {
-            let dt = Nanos::new(i * 10_000); // up to 20 ms = τ/50
-            let exact = (-dt.as_f64() / tau.as_f64()).exp();
+            let dt = Nanos::new(i as i64 * 10_000); // up to 20 ms = τ/50
+            let exact = (-dt.to_f64() / tau.to_f64()).exp();
             assert!((decay(dt, tau) - exact).abs() <= exact * 1e-11, "{dt:?}");
         }
         assert_eq!(decay(Nanos::ZERO, tau), 1.0);
@@ -165,8 +177,8 @@ mod tests {
     fn exceeds_is_below_expected() {
         let (mut d, mut last) = (Demand::default(), 0);
         for i in 0..3_000u64 {
-            d.observe(Nanos::new(i * 337_123), 1 + i % 3, S, &mut last);
-            let now = Nanos::new(i * 337_123 + i % 7 * 1_000_000);
+            d.observe(Nanos::new(i as i64 * 337_123), 1 + i % 3, S, &mut last);
+            let now = Nanos::new((i * 337_123 + i % 7 * 1_000_000) as i64);
             for span in [Nanos::ZERO, MS, MS * 25, S / 10, S * 3] {
                 let e = d.expected(now, S, span);
                 for held in [0, 1, e.saturating_sub(1), e, e + 1, 1 << 40] {

@@ -15,7 +15,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use crate::time::Nanos;
+use redis_ratelimit_core::Nanos;
 
 /// When to open and how long to stay open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

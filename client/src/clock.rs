@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::time::Nanos;
+use redis_ratelimit_core::Nanos;
 
 pub(crate) struct Clock {
     epoch: Instant,
@@ -58,7 +58,7 @@ impl Clock {
         let ns = monotonic_ns().saturating_sub(self.epoch_ns);
         #[cfg(not(target_os = "linux"))]
         let ns = Nanos::from(self.epoch.elapsed()).as_u64();
-        Nanos::new(ns.saturating_add(1))
+        Nanos::new((ns as i64).saturating_add(1))
     }
 
     /// The tokio instant of engine time `t` (never later than the true one: `t` counts from

@@ -30,13 +30,13 @@ use hashbrown::HashTable;
 use crate::breaker::{Breaker, BreakerConfig, Permit};
 use crate::commands::{self, Options};
 use crate::decision::Decision;
-use crate::lease::{ClaimSpec, KeyState, LeaseConfig, LimitedBy, ReturnSpec, Taken, Verdict};
+use crate::lease::{ClaimSpec, KeyState, LeaseConfig, LimitedBy, ReturnSpec, Ruling, Taken};
 use crate::metrics::{add, add_shared, sub, sub_shared, Metrics, MetricsSnapshot};
 use crate::policy::{FailurePolicy, LocalBucket};
 use crate::slab::Slab;
 use crate::spec::Limit;
-use crate::time::Nanos;
 use crate::wheel::Wheel;
+use redis_ratelimit_core::Nanos;
 
 /// The hasher of every shard of a limiter (foldhash, seeded per process): one hash per check
 /// picks the shard and finds the key.
@@ -302,7 +302,7 @@ impl<K> Return<K> {
 impl<K: AsRef<str>> Return<K> {
     /// `RL.RETURN key units AGE ms` (AGE rounded up to the ms).
     pub fn command(&self) -> redis::Cmd {
-        commands::give_back_cmd(self.key.as_ref(), self.spec.units, Some(self.spec.age.into()))
+        commands::give_back_cmd(self.key.as_ref(), self.spec.units, Some(self.spec.age))
     }
 }
 
@@ -648,8 +648,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         K: Borrow<Q> + From<Q::Owned>,
         Q: Eq + ToOwned + ?Sized,
     {
-        let cap = self.shared.config.max_keys;
-        if cap > 0 && self.slots.len() >= cap {
+        if self.full() {
             self.evict(now);
         }
         let i = self.slots.len();
@@ -715,8 +714,14 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         }
     }
 
+    /// At the `max_keys` cap: a new key must evict one to be remembered.
+    fn full(&self) -> bool {
+        let cap = self.shared.config.max_keys;
+        cap > 0 && self.slots.len() >= cap
+    }
+
     /// The `max_keys` cap: forgets the least recently used of a few sampled keys with no claim
-    /// in flight, giving its units back.
+    /// in flight, giving its units back (none when every key sampled has a claim in flight).
     fn evict(&mut self, now: Nanos) {
         let n = self.slots.len();
         let mut victim: Option<usize> = None;
@@ -773,14 +778,34 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         add(&self.metrics.requests, 1);
         let i = match self.find(hash, key) {
             Some(i) => i,
-            None => match self.one_off(now, hash, cost) {
-                Some(o) => return Err(o),
-                None => self.insert(now, hash, key),
-            },
+            None => self.new_key(now, hash, key, cost)?,
         };
         let (lease, m) = (&self.shared.config.lease, &self.metrics);
         let v = self.slots[i].state.on_request(now, cost, lease, m);
         Ok(self.step(now, i, cost, v))
+    }
+
+    /// A request of a key not remembered: a one-off claim (`one_off`), else the key
+    /// remembered, evicting one at the `max_keys` cap; when none can be evicted (the keys
+    /// sampled all have a claim in flight: a flood of new keys) a one-off claim all the same,
+    /// rather than a key remembered beyond the cap.
+    #[cold]
+    #[inline(never)]
+    fn new_key<Q>(&mut self, now: Nanos, hash: u64, key: &Q, cost: u64) -> Result<usize, OneOff>
+    where
+        K: Borrow<Q> + From<Q::Owned>,
+        Q: Eq + ToOwned + ?Sized,
+    {
+        if let Some(o) = self.one_off(now, hash, cost) {
+            return Err(o);
+        }
+        if self.full() {
+            self.evict(now);
+        }
+        if self.full() && self.one_off_allowed(now, cost) {
+            return Err(self.send_one_off(now, cost));
+        }
+        Ok(self.insert(now, hash, key))
     }
 
     /// A request of a key not remembered, when the sightings table is on and its entry holds
@@ -819,13 +844,24 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         if !recent {
             self.seen[at] = instant << 12 | fingerprint;
         }
+        Some(self.send_one_off(now, cost))
+    }
+
+    /// Whether a request of a key not remembered can be a one-off claim: something to claim
+    /// that can pass, and the breaker letting the call through.
+    fn one_off_allowed(&self, now: Nanos, cost: u64) -> bool {
+        cost > 0 && cost <= self.shared.config.lease.limit.capacity() && self.shared.breaker.permit(now).allows_call()
+    }
+
+    /// A one-off claim of `cost` units, counted as sent.
+    fn send_one_off(&mut self, now: Nanos, cost: u64) -> OneOff {
         let m = &self.metrics;
         add(&m.claims, 1);
         add(&m.redis_calls, 1);
         add(&m.one_off_claims, 1);
         // Unsharded: its reply is counted there ([`Shared::one_off_reply`]).
         add_shared(&self.shared.unsharded.claims_in_flight, 1);
-        Some(OneOff { cost, sent_at: now })
+        OneOff { cost, sent_at: now }
     }
 
     /// Decides a request for `cost` units of `key` without taking anything: from what is held
@@ -839,10 +875,10 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         let i = self.find_or_insert(now, self.hash(key), key);
         let (lease, m) = (&self.shared.config.lease, &self.metrics);
         let step = match self.slots[i].state.peek(now, cost, lease, m) {
-            Some(Verdict::Admit { .. }) => {
+            Some(Ruling::Admit { .. }) => {
                 Step::Done { outcome: self.known(now, i, true, Source::Local, None, None), refill: None }
             }
-            Some(Verdict::Limited { retry_after, by, .. }) => {
+            Some(Ruling::Limited { retry_after, by, .. }) => {
                 let source = if by == LimitedBy::Cache { Source::Cache } else { Source::Local };
                 Step::Done { outcome: self.known(now, i, false, source, retry_after, None), refill: None }
             }
@@ -879,8 +915,8 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         let i = self.find(self.hash(key), key)?;
         let (lease, m) = (&self.shared.config.lease, &self.metrics);
         match self.slots[i].state.peek(now, cost, lease, m)? {
-            Verdict::Admit { .. } => Some(self.known(now, i, true, Source::Local, None, None)),
-            Verdict::Limited { retry_after, by, .. } => {
+            Ruling::Admit { .. } => Some(self.known(now, i, true, Source::Local, None, None)),
+            Ruling::Limited { retry_after, by, .. } => {
                 let source = if by == LimitedBy::Cache { Source::Cache } else { Source::Local };
                 Some(self.shadow_quiet(self.known(now, i, false, source, retry_after, None)))
             }
@@ -933,7 +969,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             return Some(self.step(now, i, claim.spec.cost, v));
         };
         let v = match v {
-            Verdict::Retry => state.resume(now, cost, None, lease, m),
+            Ruling::Retry => state.resume(now, cost, None, lease, m),
             v => v,
         };
         Some(self.step(now, i, cost, v))
@@ -1034,8 +1070,19 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 self.slots[i].state.adopt_one_off(t.units);
                 i
             }
-            (Some(i), None) => i,
-            (None, None) => return false,
+            (Some(i), None) if !outcome.taken.is_some_and(|t| t.one_off) => i,
+            (_, None) => {
+                // Its key forgotten since, or a one-off claim's units past their lease: served
+                // to this request and gone unused, refunded and expired (as `KeyState::refund`
+                // counts units too late to serve again), none of a remembered key's.
+                if let (Source::Local | Source::Redis, Some(t), true) =
+                    (outcome.source, outcome.taken, outcome.enforced)
+                {
+                    add(&self.metrics.units_refunded, t.units);
+                    add(&self.metrics.units_expired, t.units);
+                }
+                return false;
+            }
         };
         let (cfg, m) = (&self.shared.config, &self.metrics);
         let done = match (outcome.source, outcome.taken) {
@@ -1056,9 +1103,9 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     /// The step of a verdict on key `i`; the key is armed (its next deadline in the wheel)
     /// before the step is built, so that the step is written once, in place.
     #[inline]
-    fn step(&mut self, now: Nanos, i: usize, cost: u64, v: Verdict) -> Step<K> {
+    fn step(&mut self, now: Nanos, i: usize, cost: u64, v: Ruling) -> Step<K> {
         let (outcome, refill) = match v {
-            Verdict::Admit { from_claim, refill, delay, taken, held } => {
+            Ruling::Admit { from_claim, refill, delay, taken, held } => {
                 // The local path: the refill and the arming first, then the step written once
                 // (an admission is never a shadow refusal).
                 let refill = self.refill(now, i, refill);
@@ -1077,7 +1124,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                     refill,
                 };
             }
-            Verdict::Limited { retry_after, by, refill } => {
+            Ruling::Limited { retry_after, by, refill } => {
                 let source = match by {
                     LimitedBy::Cache => Source::Cache,
                     LimitedBy::Never => Source::Local,
@@ -1085,12 +1132,12 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 };
                 (self.known(now, i, false, source, retry_after, None), refill)
             }
-            Verdict::Wait { claim } => {
+            Ruling::Wait { claim } => {
                 let until = now + self.shared.config.call_timeout * 3 / 2;
                 self.arm(now, i);
                 return Step::Wait(Waiter { claim, cost, until });
             }
-            Verdict::Claim(c) => match self.shared.breaker.permit(now) {
+            Ruling::Claim(c) => match self.shared.breaker.permit(now) {
                 Permit::Reject { retry_in } => {
                     self.slots[i].state.cancel_claim(c.id, &self.metrics);
                     (self.fallback(now, i, cost, retry_in, true), None)
@@ -1100,8 +1147,8 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                     return Step::Send(self.claim(i, c));
                 }
             },
-            Verdict::Failed => (self.fallback(now, i, cost, self.shared.config.breaker.cool_down, true), None),
-            Verdict::Retry => {
+            Ruling::Failed => (self.fallback(now, i, cost, self.shared.config.breaker.cool_down, true), None),
+            Ruling::Retry => {
                 // on_reply resolves it; any other path treats it as a new decision.
                 let (lease, m) = (&self.shared.config.lease, &self.metrics);
                 let v = self.slots[i].state.resume(now, cost, None, lease, m);

@@ -93,7 +93,7 @@ pub struct LimitStatus {
     /// Time until the limit is fresh (`RateLimit-Reset`; `t` unless refused, below).
     pub reset: Option<Duration>,
     /// The policy's window (`w`): the window, or for a bucket the time to refill it from empty
-    /// ([`policy_window`]).
+    /// ([`Limit::policy_window`]).
     pub window: Option<Duration>,
     /// This limit refused the request.
     pub refused: bool,
@@ -122,9 +122,9 @@ impl LimitStatus {
         self
     }
 
-    /// Sets the window from the limit's definition ([`policy_window`]).
+    /// Sets the window from the limit's definition ([`Limit::policy_window`]).
     pub fn with_limit(mut self, limit: &Limit) -> Self {
-        self.window = Some(policy_window(limit));
+        self.window = Some(limit.policy_window());
         self
     }
 
@@ -181,17 +181,6 @@ impl From<&Outcome> for LimitStatus {
             ..LimitStatus::default()
         }
     }
-}
-
-/// The window `w` of a limit: the window for the window algorithms; for a bucket, the time
-/// it takes to refill from empty, `capacity × period / limit` (docs/http-headers.md: a GCRA
-/// of 10/s with BURST 20 is `q=20;w=2`).
-pub fn policy_window(limit: &Limit) -> Duration {
-    if !limit.algorithm.is_bucket() || limit.limit == 0 {
-        return limit.period;
-    }
-    let ns = limit.period.as_nanos().saturating_mul(u128::from(limit.capacity())) / u128::from(limit.limit);
-    Duration::from_nanos(ns.min(u64::MAX as u128) as u64)
 }
 
 /// The limit whose numbers go into the single-limit formats (docs/http-headers.md, RL.MULTI):
@@ -426,8 +415,9 @@ mod tests {
 
     #[test]
     fn every_name_is_lower_case_and_from_static_accepts_it() {
-        let s =
-            refusing(status(3, 0, 5968), Some(1968)).named("burst").with_limit(&Limit::gcra(1, Duration::from_secs(2)));
+        let s = refusing(status(3, 0, 5968), Some(1968))
+            .named("burst")
+            .with_limit(&Limit::gcra(1, Duration::from_secs(2)).unwrap());
         let formats = [HeaderFormat::Draft, HeaderFormat::ThreeField, HeaderFormat::XRateLimit(XReset::Seconds)];
         let h = s.headers(&formats);
         assert_eq!(h.len(), 9);
@@ -441,14 +431,15 @@ mod tests {
     #[test]
     fn draft_form_names_each_policy() {
         // docs/http-headers.md: RL.GCRA k 10 1s BURST 20 → q=20;w=2.
-        let limit = Limit::gcra(10, Duration::from_secs(1)).with_burst(20);
+        let limit = Limit::gcra(10, Duration::from_secs(1)).unwrap().with_burst(20).unwrap();
         let s = status(20, 7, 1300).named("burst").with_limit(&limit);
         let h = s.headers(&[HeaderFormat::Draft]);
         assert_eq!(get(&h, "ratelimit-policy"), Some(r#""burst";q=20;w=2"#));
         assert_eq!(get(&h, "ratelimit"), Some(r#""burst";r=7;t=2"#));
         assert_eq!(h.len(), 2);
-        let day =
-            status(1000, 990, 3_600_000).named("daily").with_limit(&Limit::fixed(1000, Duration::from_secs(86400)));
+        let day = status(1000, 990, 3_600_000)
+            .named("daily")
+            .with_limit(&Limit::fixed(1000, Duration::from_secs(86400)).unwrap());
         let h = render(&[s, day], &[HeaderFormat::Draft]);
         assert_eq!(get(&h, "ratelimit-policy"), Some(r#""burst";q=20;w=2, "daily";q=1000;w=86400"#));
         assert_eq!(get(&h, "ratelimit"), Some(r#""burst";r=7;t=2, "daily";r=990;t=3600"#));
@@ -570,14 +561,13 @@ mod tests {
 
     #[test]
     fn policy_windows() {
-        assert_eq!(policy_window(&Limit::gcra(10, Duration::from_secs(1)).with_burst(20)), Duration::from_secs(2));
-        assert_eq!(policy_window(&Limit::token_bucket(100, Duration::from_secs(60))), Duration::from_secs(60));
-        assert_eq!(policy_window(&Limit::sliding(5, Duration::from_secs(60))), Duration::from_secs(60));
-        assert_eq!(
-            policy_window(&Limit::gcra(3, Duration::from_secs(1)).with_burst(1)),
-            Duration::from_nanos(333_333_333)
-        );
-        let s = status(1, 1, 0).with_limit(&Limit::gcra(3, Duration::from_secs(1)).with_burst(1));
+        let gcra = |limit, burst| Limit::gcra(limit, Duration::from_secs(1)).unwrap().with_burst(burst).unwrap();
+        assert_eq!(gcra(10, 20).policy_window(), Duration::from_secs(2));
+        let tb = Limit::token_bucket(100, Duration::from_secs(60)).unwrap();
+        assert_eq!(tb.policy_window(), Duration::from_secs(60));
+        assert_eq!(Limit::sliding(5, Duration::from_secs(60)).unwrap().policy_window(), Duration::from_secs(60));
+        assert_eq!(gcra(3, 1).policy_window(), Duration::from_nanos(333_333_333));
+        let s = status(1, 1, 0).with_limit(&gcra(3, 1));
         assert_eq!(get(&s.headers(&[HeaderFormat::Draft]), "ratelimit-policy"), Some(r#""default";q=1;w=1"#));
     }
 }

@@ -3,8 +3,8 @@
 //!
 //! A process holds, per key, units claimed from Redis (`COST n [PARTIAL]`), each batch a
 //! [`Lease`] with an expiry. A request is served from held units when there are enough
-//! ([`Verdict::Admit`], no Redis call); otherwise it starts a claim ([`Verdict::Claim`]) or, when
-//! a claim of this key is already in flight, waits for it ([`Verdict::Wait`]): exactly one claim
+//! ([`Ruling::Admit`], no Redis call); otherwise it starts a claim ([`Ruling::Claim`]) or, when
+//! a claim of this key is already in flight, waits for it ([`Ruling::Wait`]): exactly one claim
 //! in flight per key per process.
 //!
 //! Accounting (checked by the property tests): every unit held was claimed, and leaves by
@@ -29,11 +29,12 @@
 //! totals, the claim in flight), its transitions are the crate's own ([`crate::engine`] drives
 //! them).
 
-use crate::batch::{claim_size, BatchInput, ClaimSize, Demand};
+use crate::batch::{claim_size, BatchInput, ClaimSize, Demand, ToF64};
 use crate::decision::Decision;
 use crate::metrics::{add, sub, Metrics};
-use crate::spec::{Algorithm, Limit};
-use crate::time::Nanos;
+use crate::spec::Limit;
+use redis_ratelimit_core::Nanos;
+use redis_ratelimit_core::Refill;
 use thin_vec::ThinVec;
 
 /// `span` scaled by a factor in [1/2, 3/2) drawn from `seed` (splitmix64).
@@ -43,7 +44,7 @@ fn jitter(span: Nanos, seed: u64) -> Nanos {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
     let frac = (z >> 11) as f64 / (1u64 << 53) as f64;
-    Nanos::new((span.as_f64() * (0.5 + frac)) as u64)
+    Nanos::new((span.to_f64() * (0.5 + frac)) as i64)
 }
 
 /// How a key's reservations behave.
@@ -81,7 +82,7 @@ impl LeaseConfig {
     /// L/2), batches of at most 1000, one instance, τ = 1 s, idle return after L/2, claims lost
     /// after 10 s.
     pub fn new(limit: Limit) -> LeaseConfig {
-        let lease = Nanos::from_secs(1).min(Nanos::from(limit.period).max(Nanos::new(1)));
+        let lease = Nanos::from_secs(1).min(limit.period_nanos());
         LeaseConfig {
             limit,
             lease,
@@ -91,22 +92,22 @@ impl LeaseConfig {
             demand_tau: Nanos::from_secs(1),
             idle_return: lease / 2,
             stale_claim: Nanos::from_secs(10),
-            batching: !matches!(limit.algorithm, Algorithm::Leaky | Algorithm::SlidingLog),
+            batching: limit.algorithm().leasable(),
             return_margin: Nanos::from_millis(100),
         }
     }
 
     pub(crate) fn batching(&self) -> bool {
-        self.batching && !matches!(self.limit.algorithm, Algorithm::Leaky | Algorithm::SlidingLog)
+        self.batching && self.limit.algorithm().leasable()
     }
 
     fn period(&self) -> Nanos {
-        self.limit.period.into()
+        self.limit.period_nanos()
     }
 
     /// The limit's mean spacing of units, `period ÷ limit` (at least 1 ns).
     pub fn interval(&self) -> Nanos {
-        (self.period() / self.limit.limit.max(1)).max(Nanos::new(1))
+        (self.period() / self.limit.limit()).max(Nanos::new(1))
     }
 
     /// How long a key that ran dry (a claim granted less than it asked) waits, on average,
@@ -115,13 +116,13 @@ impl LeaseConfig {
     /// units its demand can use within a lease, between 1 and 3), never more than the period. The
     /// fixed window does not pace: the server names the window's end.
     pub fn dry_hold(&self, lease_demand: f64) -> Nanos {
-        if self.limit.algorithm == Algorithm::Fixed {
+        if self.limit.algorithm().refill() == Refill::AtWindowEnd {
             return Nanos::ZERO;
         }
         let k = if lease_demand.is_finite() { lease_demand.clamp(1.0, 3.0) } else { 1.0 };
         // ¾: the instances together ask a third more than the refill, so that it is taken.
         let share = if self.instances > 1 {
-            Nanos::new((self.interval().as_f64() * self.instances as f64 * k * 0.75).min(u64::MAX as f64 / 2.0) as u64)
+            Nanos::new((self.interval().to_f64() * self.instances as f64 * k * 0.75).min(u64::MAX as f64 / 2.0) as i64)
         } else {
             Nanos::ZERO
         };
@@ -132,11 +133,11 @@ impl LeaseConfig {
     pub fn lease_span(&self, d: &Decision) -> Nanos {
         let reset = Nanos::from(d.reset_after);
         let window = self.period();
-        let window_end = match self.limit.algorithm {
-            Algorithm::Fixed => Some(reset),
-            Algorithm::Sliding if reset > window => Some(reset - window),
-            Algorithm::Sliding => Some(reset),
-            _ => None,
+        let window_end = match self.limit.algorithm().refill() {
+            Refill::AtWindowEnd => Some(reset),
+            Refill::WindowWeight if reset > window => Some(reset - window),
+            Refill::WindowWeight => Some(reset),
+            Refill::Continuous | Refill::PerUnit => None,
         };
         match window_end {
             Some(end) => (end - Nanos::from_millis(1)).min(self.lease),
@@ -203,7 +204,7 @@ pub(crate) enum LimitedBy {
 
 /// What to do with a request (or, from [`KeyState::on_claim_reply`], with its initiator).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub(crate) enum Ruling {
     /// Admitted. `from_claim`: served by the claim it made (a round trip); else from held
     /// units. `refill`: send this background claim now (units are running low). `delay`:
     /// RL.LEAKY's delay for a Redis admit. `taken`: what a refund would put back. `held`: the
@@ -352,7 +353,7 @@ impl KeyState {
     }
 
     fn rtt(&self) -> Nanos {
-        Nanos::new(self.rtt as u64)
+        Nanos::new(self.rtt as i64)
     }
 
     /// Units held (unexpired as of the last call that expired leases).
@@ -429,7 +430,7 @@ impl KeyState {
         if let Some(first) = self.leases.first() {
             at = at.min(first.expires_at);
             let idle_at = self.last_request + cfg.idle_return;
-            if cfg.limit.algorithm.supports_return() && idle_at > now {
+            if cfg.limit.algorithm().returnable() && idle_at > now {
                 at = at.min(idle_at);
             }
         } else if self.in_flight.is_none() {
@@ -493,13 +494,19 @@ impl KeyState {
     /// Puts back units an admission took (the request was refused by another limit, or not
     /// carried out): a lease that expires no later, and is aged from no later a send, than
     /// the leases they came from, so the refund never makes a unit live longer (rule 2) nor
-    /// look younger to RL.RETURN (rule 4). Nothing when they would already have expired.
+    /// look younger to RL.RETURN (rule 4). Units that would already have expired are not put
+    /// back but still un-served: refunded and expired (false).
     pub(crate) fn refund(&mut self, now: Nanos, t: Taken, m: &Metrics) -> bool {
-        if t.units == 0 || now >= t.expires_at {
+        if t.units == 0 {
             return false;
         }
         self.tally(|x| x.served = x.served.saturating_sub(t.units));
         add(&m.units_refunded, t.units);
+        if now >= t.expires_at {
+            self.tally(|x| x.expired += t.units);
+            add(&m.units_expired, t.units);
+            return false;
+        }
         let lease = Lease { units: t.units, expires_at: t.expires_at, claim_sent_at: t.claim_sent_at };
         match self
             .leases
@@ -588,7 +595,8 @@ impl KeyState {
         let span = self.span(cfg);
         // What the server can grant over the span: its last remaining plus its refill (the
         // fixed window refills only at its end).
-        let refill = if cfg.limit.algorithm == Algorithm::Fixed { 0 } else { span.div_span(cfg.interval()) };
+        let refill =
+            if cfg.limit.algorithm().refill() == Refill::AtWindowEnd { 0 } else { span.div_span(cfg.interval()) };
         // Never more than the demand can use before the lease expires.
         let usable = self.demand.expected(now, cfg.demand_tau, cfg.lease).max(1);
         claim_size(BatchInput {
@@ -632,7 +640,7 @@ impl KeyState {
 
     /// A new request for `cost` units at `now`.
     #[inline]
-    pub(crate) fn on_request(&mut self, now: Nanos, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Verdict {
+    pub(crate) fn on_request(&mut self, now: Nanos, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Ruling {
         self.tally(|t| t.requests += 1);
         self.call_credit = self.call_credit.saturating_add(1);
         self.last_request = self.last_request.max(now);
@@ -643,25 +651,25 @@ impl KeyState {
     /// What a request for `cost` units would get from what is known here, without taking
     /// anything or counting it as demand: `Some(Admit)` (held units cover it), `Some(Limited)`
     /// (the over-limit cache, or a cost above the capacity), or `None` (only Redis knows).
-    pub(crate) fn peek(&mut self, now: Nanos, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Option<Verdict> {
+    pub(crate) fn peek(&mut self, now: Nanos, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Option<Ruling> {
         self.expire(now, m);
         if cost > self.capacity().unwrap_or(cfg.limit.capacity()) {
-            return Some(Verdict::Limited { retry_after: None, by: LimitedBy::Never, refill: None });
+            return Some(Ruling::Limited { retry_after: None, by: LimitedBy::Never, refill: None });
         }
         let held = self.held();
         if held >= cost {
-            return Some(Verdict::Admit { from_claim: false, refill: None, delay: None, taken: None, held });
+            return Some(Ruling::Admit { from_claim: false, refill: None, delay: None, taken: None, held });
         }
         match self.hold() {
             Some(d) if now < d.until && cost - held >= d.need => {
-                Some(Verdict::Limited { retry_after: Some(d.until - now), by: LimitedBy::Cache, refill: None })
+                Some(Ruling::Limited { retry_after: Some(d.until - now), by: LimitedBy::Cache, refill: None })
             }
             _ => None,
         }
     }
 
     /// The same request again, after waiting for claim `waited` (woken by its reply or error,
-    /// or after a timeout), or after [`Verdict::Retry`] (pass `None`).
+    /// or after a timeout), or after [`Ruling::Retry`] (pass `None`).
     pub(crate) fn resume(
         &mut self,
         now: Nanos,
@@ -669,7 +677,7 @@ impl KeyState {
         waited: Option<u64>,
         cfg: &LeaseConfig,
         m: &Metrics,
-    ) -> Verdict {
+    ) -> Ruling {
         if waited.is_some() && self.failed_claim() == waited {
             self.expire(now, m);
             let held = self.held();
@@ -677,7 +685,7 @@ impl KeyState {
                 let taken = self.take(cost);
                 add(&m.local_admits, 1);
                 add(&m.units_served, cost);
-                return Verdict::Admit {
+                return Ruling::Admit {
                     from_claim: false,
                     refill: None,
                     delay: None,
@@ -685,20 +693,20 @@ impl KeyState {
                     held: held - cost,
                 };
             }
-            return Verdict::Failed;
+            return Ruling::Failed;
         }
         self.decide(now, cost, cfg, m)
     }
 
     #[inline]
-    fn decide(&mut self, now: Nanos, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Verdict {
+    fn decide(&mut self, now: Nanos, cost: u64, cfg: &LeaseConfig, m: &Metrics) -> Ruling {
         self.expire(now, m);
         if cost == 0 {
-            return Verdict::Admit { from_claim: false, refill: None, delay: None, taken: None, held: self.held() };
+            return Ruling::Admit { from_claim: false, refill: None, delay: None, taken: None, held: self.held() };
         }
         if cost > self.capacity().unwrap_or(cfg.limit.capacity()) {
             add(&m.never_denials, 1);
-            return Verdict::Limited { retry_after: None, by: LimitedBy::Never, refill: None };
+            return Ruling::Limited { retry_after: None, by: LimitedBy::Never, refill: None };
         }
         let held = self.held();
         if held >= cost {
@@ -707,11 +715,11 @@ impl KeyState {
             add(&m.units_served, cost);
             let held = held - cost;
             let refill = self.refill(now, held, cfg, m);
-            return Verdict::Admit { from_claim: false, refill, delay: None, taken: Some(taken), held };
+            return Ruling::Admit { from_claim: false, refill, delay: None, taken: Some(taken), held };
         }
         if let Some(f) = self.flight() {
             if now - f.claim.sent_at <= cfg.stale_claim {
-                return Verdict::Wait { claim: f.claim.id };
+                return Ruling::Wait { claim: f.claim.id };
             }
             // Lost: its reply (if it ever comes) still adds its units.
             self.give_up(m);
@@ -721,10 +729,10 @@ impl KeyState {
             add(&m.over_limit_cache_hits, 1);
             // Claim ahead of the hold's end, so that units are back when it ends.
             let refill = if now + self.lead(cfg) >= d.until { self.background(now, cfg, m) } else { None };
-            return Verdict::Limited { retry_after: Some(d.until - now), by: LimitedBy::Cache, refill };
+            return Ruling::Limited { retry_after: Some(d.until - now), by: LimitedBy::Cache, refill };
         }
         let size = self.size(now, need, cfg);
-        Verdict::Claim(self.new_claim(now, size, cost, false, m))
+        Ruling::Claim(self.new_claim(now, size, cost, false, m))
     }
 
     /// Gives up the claim in flight as lost (no reply nor error after `stale_claim`): its
@@ -746,7 +754,7 @@ impl KeyState {
         d: &Decision,
         cfg: &LeaseConfig,
         m: &Metrics,
-    ) -> Option<(Verdict, u64)> {
+    ) -> Option<(Ruling, u64)> {
         let initiator = match self.flight() {
             Some(f) if f.claim.id == claim.id => {
                 self.end_flight(m);
@@ -794,7 +802,7 @@ impl KeyState {
             // worth making; the next claims ask for the demand of the pacing interval.
             let retry = d.retry_after.map_or(Nanos::ZERO, Nanos::from);
             let pace = if cfg.batching() {
-                let lease_demand = self.demand.rate_at(now, cfg.demand_tau, self.demand_last) * cfg.lease.as_f64();
+                let lease_demand = self.demand.rate_at(now, cfg.demand_tau, self.demand_last) * cfg.lease.to_f64();
                 cfg.dry_hold(lease_demand)
             } else {
                 Nanos::ZERO
@@ -817,28 +825,28 @@ impl KeyState {
             add(&m.redis_admits, 1);
             add(&m.units_served, cost);
             let (delay, held) = (d.delay.map(Nanos::from), held - cost);
-            Some((Verdict::Admit { from_claim: true, refill: None, delay, taken: Some(taken), held }, cost))
+            Some((Ruling::Admit { from_claim: true, refill: None, delay, taken: Some(taken), held }, cost))
         } else if granted == 0 {
             add(&m.redis_denials, 1);
             // The hold's end: the server-named instant, or later while paced.
             let retry_after =
                 d.retry_after.map(|r| self.hold().filter(|h| h.until > now).map_or(Nanos::from(r), |h| h.until - now));
             let by = if retry_after.is_none() { LimitedBy::Never } else { LimitedBy::Redis };
-            Some((Verdict::Limited { retry_after, by, refill: None }, cost))
+            Some((Ruling::Limited { retry_after, by, refill: None }, cost))
         } else {
-            Some((Verdict::Retry, cost))
+            Some((Ruling::Retry, cost))
         }
     }
 
-    /// Claim `claim` failed (error, timeout, or dropped). Returns [`Verdict::Failed`] for the
+    /// Claim `claim` failed (error, timeout, or dropped). Returns [`Ruling::Failed`] for the
     /// request that made it (`None` for a background claim). Requests waiting on it get
-    /// [`Verdict::Failed`] from [`KeyState::resume`] (unless held units now cover them).
-    pub(crate) fn on_claim_error(&mut self, claim: &ClaimSpec, m: &Metrics) -> Option<(Verdict, u64)> {
+    /// [`Ruling::Failed`] from [`KeyState::resume`] (unless held units now cover them).
+    pub(crate) fn on_claim_error(&mut self, claim: &ClaimSpec, m: &Metrics) -> Option<(Ruling, u64)> {
         match self.flight() {
             Some(f) if f.claim.id == claim.id => {
                 self.end_flight(m);
                 self.failed = claim.id as u32;
-                (!f.claim.background).then_some((Verdict::Failed, f.claim.cost))
+                (!f.claim.background).then_some((Ruling::Failed, f.claim.cost))
             }
             _ => None,
         }
@@ -862,7 +870,7 @@ impl KeyState {
         }
         self.expire(now, m);
         let idle = now - self.last_request >= cfg.idle_return;
-        if !idle || !may_call || !cfg.limit.algorithm.supports_return() || self.leases.is_empty() {
+        if !idle || !may_call || !cfg.limit.algorithm().returnable() || self.leases.is_empty() {
             return;
         }
         while self.call_credit > 0 && !self.leases.is_empty() {
@@ -883,10 +891,10 @@ impl KeyState {
     /// keeps the bound, docs/local-reservations.md rule 4); when that leaves nothing, no call is
     /// made and the units are dropped (counted as expired). `None` then.
     fn give_back(&mut self, now: Nanos, l: Lease, cfg: &LeaseConfig, m: &Metrics) -> Option<ReturnSpec> {
-        let age = (now - l.claim_sent_at) + cfg.return_margin;
-        if cfg.limit.algorithm.is_bucket() {
+        let age = crate::commands::return_age(l.claim_sent_at, now, cfg.return_margin);
+        if cfg.limit.algorithm().is_bucket() {
             let refilled =
-                (age.as_u64() as u128 * cfg.limit.limit as u128).div_ceil(cfg.limit.period.as_nanos().max(1));
+                (age.as_u64() as u128 * cfg.limit.limit() as u128).div_ceil(cfg.limit.period_nanos().as_u64() as u128);
             if refilled >= l.units as u128 {
                 self.tally(|t| t.expired += l.units);
                 add(&m.units_expired, l.units);
@@ -906,7 +914,7 @@ impl KeyState {
     pub(crate) fn drain(&mut self, now: Nanos, cfg: &LeaseConfig, m: &Metrics, out: &mut Vec<ReturnSpec>) {
         self.expire(now, m);
         let leases = std::mem::take(&mut self.leases);
-        if !cfg.limit.algorithm.supports_return() {
+        if !cfg.limit.algorithm().returnable() {
             let n: u64 = leases.iter().map(|l| l.units).sum();
             self.tally(|t| t.expired += n);
             add(&m.units_expired, n);
@@ -923,7 +931,7 @@ mod tests {
 
     const S: Nanos = Nanos::from_secs(1);
     fn n(ns: u64) -> Nanos {
-        Nanos::new(ns)
+        Nanos::new(ns as i64)
     }
 
     fn reply(allowed: u64, limit: u64, remaining: u64, retry_ms: i64, reset_ms: i64) -> Decision {
@@ -931,18 +939,18 @@ mod tests {
     }
 
     fn cfg() -> LeaseConfig {
-        LeaseConfig::new(Limit::token_bucket(10_000, Duration::from_secs(1)))
+        LeaseConfig::new(Limit::token_bucket(10_000, Duration::from_secs(1)).unwrap())
     }
 
     #[test]
     fn cold_key_claims_exactly_the_request() {
         let (c, m) = (cfg(), Metrics::default());
         let mut k = KeyState::with_totals();
-        let Verdict::Claim(cl) = k.on_request(n(0), 1, &c, &m) else { panic!() };
+        let Ruling::Claim(cl) = k.on_request(n(0), 1, &c, &m) else { panic!() };
         assert_eq!((cl.units, cl.partial), (1, false));
-        assert_eq!(k.on_request(n(1), 1, &c, &m), Verdict::Wait { claim: cl.id });
+        assert_eq!(k.on_request(n(1), 1, &c, &m), Ruling::Wait { claim: cl.id });
         let v = k.on_claim_reply(n(10), &cl, &reply(1, 10_000, 9_999, -1, 1), &c, &m);
-        assert!(matches!(v, Some((Verdict::Admit { from_claim: true, .. }, 1))));
+        assert!(matches!(v, Some((Ruling::Admit { from_claim: true, .. }, 1))));
         assert_eq!(k.held(), 0);
     }
 
@@ -955,11 +963,11 @@ mod tests {
         for _ in 0..5000 {
             t += S / 5000; // 5000/s
             match k.on_request(t, 1, &c, &m) {
-                Verdict::Claim(cl) | Verdict::Admit { refill: Some(cl), .. } => {
+                Ruling::Claim(cl) | Ruling::Admit { refill: Some(cl), .. } => {
                     calls += 1;
                     let _ = k.on_claim_reply(t, &cl, &reply(cl.units, 10_000, 5_000, -1, 100), &c, &m);
                 }
-                Verdict::Admit { .. } => {}
+                Ruling::Admit { .. } => {}
                 v => panic!("{v:?}"),
             }
         }
@@ -972,20 +980,20 @@ mod tests {
     fn denial_is_cached_until_the_named_instant() {
         let (c, m) = (cfg(), Metrics::default());
         let mut k = KeyState::with_totals();
-        let Verdict::Claim(cl) = k.on_request(n(0), 1, &c, &m) else { panic!() };
+        let Ruling::Claim(cl) = k.on_request(n(0), 1, &c, &m) else { panic!() };
         let v = k.on_claim_reply(n(0), &cl, &reply(0, 10, 0, 250, 1000), &c, &m);
         assert_eq!(
             v,
-            Some((Verdict::Limited { retry_after: Some(n(250_000_000)), by: LimitedBy::Redis, refill: None }, 1))
+            Some((Ruling::Limited { retry_after: Some(n(250_000_000)), by: LimitedBy::Redis, refill: None }, 1))
         );
         assert_eq!(
             k.on_request(S / 10, 1, &c, &m),
-            Verdict::Limited { retry_after: Some(n(150_000_000)), by: LimitedBy::Cache, refill: None }
+            Ruling::Limited { retry_after: Some(n(150_000_000)), by: LimitedBy::Cache, refill: None }
         );
-        assert!(matches!(k.on_request(S / 4, 1, &c, &m), Verdict::Claim(_)));
+        assert!(matches!(k.on_request(S / 4, 1, &c, &m), Ruling::Claim(_)));
         assert_eq!(
             k.on_request(S / 4, 11, &c, &m),
-            Verdict::Limited { retry_after: None, by: LimitedBy::Never, refill: None }
+            Ruling::Limited { retry_after: None, by: LimitedBy::Never, refill: None }
         );
     }
 
@@ -999,7 +1007,7 @@ mod tests {
         for _ in 0..5000 {
             t += S / 5000;
             match k.on_request(t, 1, &c, &m) {
-                Verdict::Claim(cl) | Verdict::Admit { refill: Some(cl), .. } => {
+                Ruling::Claim(cl) | Ruling::Admit { refill: Some(cl), .. } => {
                     let _ = k.on_claim_reply(t, &cl, &reply(cl.units, 10_000, 5_000, -1, 100), &c, &m);
                 }
                 _ => {}
@@ -1007,12 +1015,12 @@ mod tests {
         }
         // The server runs dry: a batch comes back short.
         k.take(k.held());
-        let Verdict::Claim(cl) = k.on_request(t, 1, &c, &m) else { panic!() };
+        let Ruling::Claim(cl) = k.on_request(t, 1, &c, &m) else { panic!() };
         assert!(cl.partial && cl.units > 100, "{cl:?}");
         let _ = k.on_claim_reply(t, &cl, &reply(10, 10_000, 0, -1, 100), &c, &m);
         k.take(k.held());
         // Held for about the horizon (jittered ±50%), refused locally meanwhile.
-        let Verdict::Limited { retry_after: Some(r), by: LimitedBy::Cache, .. } = k.on_request(t + n(1), 1, &c, &m)
+        let Ruling::Limited { retry_after: Some(r), by: LimitedBy::Cache, .. } = k.on_request(t + n(1), 1, &c, &m)
         else {
             panic!()
         };
@@ -1021,10 +1029,10 @@ mod tests {
 
     #[test]
     fn window_leases_end_before_the_window() {
-        let c = LeaseConfig::new(Limit::fixed(100, Duration::from_secs(60)));
+        let c = LeaseConfig::new(Limit::fixed(100, Duration::from_secs(60)).unwrap());
         assert_eq!(c.lease_span(&reply(5, 100, 95, -1, 300)), Nanos::from_millis(299));
         assert_eq!(c.lease_span(&reply(5, 100, 95, -1, 30_000)), S);
-        let s = LeaseConfig::new(Limit::sliding(100, Duration::from_secs(60)));
+        let s = LeaseConfig::new(Limit::sliding(100, Duration::from_secs(60)).unwrap());
         assert_eq!(s.lease_span(&reply(5, 100, 95, -1, 60_400)), Nanos::from_millis(399));
     }
 
@@ -1032,12 +1040,12 @@ mod tests {
     fn failed_claim_fails_its_waiters_and_idle_units_go_back() {
         let (c, m) = (cfg(), Metrics::default());
         let mut k = KeyState::with_totals();
-        let Verdict::Claim(cl) = k.on_request(n(0), 1, &c, &m) else { panic!() };
-        let Verdict::Wait { claim } = k.on_request(n(1), 1, &c, &m) else { panic!() };
-        assert_eq!(k.on_claim_error(&cl, &m), Some((Verdict::Failed, 1)));
-        assert_eq!(k.resume(n(2), 1, Some(claim), &c, &m), Verdict::Failed);
+        let Ruling::Claim(cl) = k.on_request(n(0), 1, &c, &m) else { panic!() };
+        let Ruling::Wait { claim } = k.on_request(n(1), 1, &c, &m) else { panic!() };
+        assert_eq!(k.on_claim_error(&cl, &m), Some((Ruling::Failed, 1)));
+        assert_eq!(k.resume(n(2), 1, Some(claim), &c, &m), Ruling::Failed);
         // A batch, then silence: the rest goes back after idle_return.
-        let Verdict::Claim(cl) = k.on_request(n(3), 1, &c, &m) else { panic!() };
+        let Ruling::Claim(cl) = k.on_request(n(3), 1, &c, &m) else { panic!() };
         let big = ClaimSpec { units: 50, partial: true, ..cl };
         let _ = k.on_claim_reply(n(4), &big, &reply(50, 10_000, 9_000, -1, 5), &c, &m);
         assert_eq!(k.held(), 49);
@@ -1052,13 +1060,13 @@ mod tests {
         let slow = LeaseConfig {
             return_margin: Nanos::ZERO,
             lease: S * 10,
-            ..LeaseConfig::new(Limit::token_bucket(1, Duration::from_secs(1)).with_burst(100))
+            ..LeaseConfig::new(Limit::token_bucket(1, Duration::from_secs(1)).unwrap().with_burst(100).unwrap())
         };
         let mut k = KeyState::with_totals();
-        let Verdict::Claim(cl) = k.on_request(n(0), 1, &slow, &m) else { panic!() };
+        let Ruling::Claim(cl) = k.on_request(n(0), 1, &slow, &m) else { panic!() };
         let big = ClaimSpec { units: 50, partial: true, ..cl };
         let _ = k.on_claim_reply(n(4), &big, &reply(50, 100, 50, -1, 5), &slow, &m);
-        assert!(matches!(k.on_request(n(5), 1, &slow, &m), Verdict::Admit { .. }));
+        assert!(matches!(k.on_request(n(5), 1, &slow, &m), Ruling::Admit { .. }));
         k.housekeeping(S * 2, &slow, true, &m, &mut r);
         assert_eq!(r, vec![ReturnSpec { units: 48, age: S * 2 }]);
     }

@@ -30,7 +30,6 @@ pub mod metrics;
 pub mod policy;
 mod slab;
 pub mod spec;
-pub mod time;
 mod timeouts;
 mod wheel;
 
@@ -52,10 +51,11 @@ pub use headers::{HeaderFormat, LimitStatus, XReset};
 /// The `http` crate the headers are built with.
 pub use http;
 pub use lease::LeaseConfig;
-pub use limiter::{check_all, AllOutcome, Limiter, LimiterConfig};
+pub use limiter::{check_all, AllOutcome, Limiter, LimiterConfig, LimiterConfigError};
 pub use metrics::MetricsSnapshot;
 pub use policy::FailurePolicy;
 /// The `redis` crate this client is built on (use it to open connections).
 pub use redis;
-pub use spec::{Algorithm, Limit};
-pub use time::Nanos;
+/// The one time type of every crate (the core's).
+pub use redis_ratelimit_core::Nanos;
+pub use spec::{Algorithm, Limit, LimitError};

@@ -35,7 +35,7 @@
 
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -54,13 +54,30 @@ use crate::lease::LeaseConfig;
 use crate::metrics::MetricsSnapshot;
 use crate::policy::FailurePolicy;
 use crate::spec::Limit;
-use crate::time::Nanos;
 use crate::timeouts::{Ticket, Timeouts};
+use redis_ratelimit_core::{AtomicNanos, Nanos};
+
+/// A [`LimiterConfig`] setting out of its range: which setting and what it must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimiterConfigError {
+    /// The builder method that set it (`max_batch`, `instances`, …).
+    pub setting: &'static str,
+    pub rule: &'static str,
+}
+
+impl std::fmt::Display for LimiterConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LimiterConfig::{}: {}", self.setting, self.rule)
+    }
+}
+
+impl std::error::Error for LimiterConfigError {}
 
 /// A limiter's configuration: one [`Limit`] applied to any number of keys, with its
 /// reservations, timeout, breaker and failure policy. A builder: every setting has a default
 /// and the order of the calls never matters (derived settings are resolved at the end, by
-/// [`LimiterConfig::engine_config`]).
+/// [`LimiterConfig::engine_config`], which, as [`Limiter::new`], refuses a setting out of its
+/// range with a [`LimiterConfigError`] naming it).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LimiterConfig {
     limit: Limit,
@@ -99,8 +116,8 @@ impl LimiterConfig {
         }
     }
 
-    /// `L`: the longest a lease lives (from its claim's send time). Default 1 s, at most the
-    /// period. The overshoot bound grows with it (docs/local-reservations.md).
+    /// `L`: the longest a lease lives (from its claim's send time), above zero. Default 1 s, at
+    /// most the period. The overshoot bound grows with it (docs/local-reservations.md).
     pub fn lease(mut self, l: Duration) -> Self {
         self.lease = Some(l);
         self
@@ -115,15 +132,15 @@ impl LimiterConfig {
         self.idle_return = Some(d);
         self
     }
-    /// Largest claim. Default 1000.
+    /// Largest claim, at least 1. Default 1000.
     pub fn max_batch(mut self, n: u64) -> Self {
-        self.max_batch = n.max(1);
+        self.max_batch = n;
         self
     }
-    /// Instances sharing the limit: sets the pacing of exhausted keys and the share of
-    /// [`FailurePolicy::LocalShare`]. Default 1; set it to your fleet size.
+    /// Instances sharing the limit, at least 1: sets the pacing of exhausted keys and the share
+    /// of [`FailurePolicy::LocalShare`]. Default 1; set it to your fleet size.
     pub fn instances(mut self, n: u64) -> Self {
-        self.instances = n.max(1);
+        self.instances = n;
         self
     }
     /// Serve from local batches (default true, except RL.LEAKY and RL.SLIDINGLOG). False: a
@@ -132,12 +149,13 @@ impl LimiterConfig {
         self.batching = Some(on);
         self
     }
-    /// Per-call timeout. Default 100 ms.
+    /// Per-call timeout, above zero. Default 100 ms.
     pub fn timeout(mut self, t: Duration) -> Self {
         self.timeout = t;
         self
     }
-    /// Consecutive failures that open the breaker, and how long it stays open. Default 5, 1 s.
+    /// Consecutive failures that open the breaker (at least 1), and how long it stays open.
+    /// Default 5, 1 s.
     pub fn breaker(mut self, failures: u32, cool_down: Duration) -> Self {
         self.breaker = BreakerConfig { failures, cool_down: cool_down.into() };
         self
@@ -152,14 +170,16 @@ impl LimiterConfig {
         self.shadow = on;
         self
     }
-    /// Key shards (mutexes). Default 64.
+    /// Key shards (mutexes), at least 1. Default 64.
     pub fn shards(mut self, n: usize) -> Self {
-        self.shards = n.max(1);
+        self.shards = n;
         self
     }
     /// At most about this many keys remembered (0, the default: no cap). Beyond it a new key
     /// evicts one of the least recently used (its units are given back); the bound is
-    /// unaffected (docs/local-reservations.md).
+    /// unaffected (docs/local-reservations.md). The cap is per shard (this ÷ the shards,
+    /// rounded up). A key with a claim in flight is never evicted: a new key that finds none
+    /// to evict is decided by a one-off claim, not remembered (`sightings`).
     pub fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = n;
         self
@@ -182,7 +202,7 @@ impl LimiterConfig {
     }
     /// `L` as the engine uses it.
     pub fn lease_length(&self) -> Duration {
-        self.engine_config().lease.lease.into()
+        self.resolved().lease.lease.into()
     }
     pub fn timeout_length(&self) -> Duration {
         self.timeout
@@ -201,24 +221,55 @@ impl LimiterConfig {
         self.shards
     }
 
-    /// The pure engine's configuration, every derived setting resolved.
-    pub fn engine_config(&self) -> EngineConfig {
+    /// The settings out of their range, the first found.
+    fn check(&self) -> Result<(), LimiterConfigError> {
+        let err = |setting, rule| Err(LimiterConfigError { setting, rule });
+        if self.lease.is_some_and(|l| l.is_zero()) {
+            return err("lease", "must be above zero");
+        }
+        if self.max_batch == 0 {
+            return err("max_batch", "must be at least 1");
+        }
+        if self.instances == 0 {
+            return err("instances", "must be at least 1");
+        }
+        if self.timeout.is_zero() {
+            return err("timeout", "must be above zero");
+        }
+        if self.breaker.failures == 0 {
+            return err("breaker", "failures must be at least 1");
+        }
+        if self.shards == 0 {
+            return err("shards", "must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The pure engine's configuration, every derived setting resolved; an error names a
+    /// setting out of its range.
+    pub fn engine_config(&self) -> Result<EngineConfig, LimiterConfigError> {
+        self.check()?;
+        Ok(self.resolved())
+    }
+
+    /// [`LimiterConfig::engine_config`] of settings in range.
+    fn resolved(&self) -> EngineConfig {
         let mut lease = LeaseConfig::new(self.limit);
         if let Some(l) = self.lease {
-            lease.lease = Nanos::from(l).max(Nanos::new(1));
+            lease.lease = Nanos::from(l);
         }
         let half = lease.lease / 2;
         lease.horizon = self.horizon.map_or(Nanos::from_millis(100), Nanos::from).min(half);
         lease.idle_return = self.idle_return.map_or(half, Nanos::from);
-        lease.max_batch = self.max_batch.max(1);
-        lease.instances = self.instances.max(1);
+        lease.max_batch = self.max_batch;
+        lease.instances = self.instances;
         if let Some(b) = self.batching {
             lease.batching = b;
         }
         let timeout = Nanos::from(self.timeout);
         lease.stale_claim = (timeout * 4).max(Nanos::from_secs(1));
         lease.return_margin = timeout;
-        let shards = self.shards.max(1);
+        let shards = self.shards;
         EngineConfig {
             breaker: self.breaker,
             policy: self.failure_policy(),
@@ -280,16 +331,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Future for Rest<'_, C> {
 
 /// The driver's keys: inline up to 24 bytes (no allocation for the usual API key, IP or user
 /// id), hashed as the `str` they hold.
-type Key = compact_str::CompactString;
+type StoredKey = compact_str::CompactString;
 
 /// Aligned so that neighbouring shards' locks never share a cache line.
 #[repr(align(128))]
 struct Shard {
-    engine: Mutex<Engine<Key>>,
+    engine: Mutex<Engine<StoredKey>>,
     /// Woken after every claim of this shard completes.
     notify: Notify,
-    /// The engine's next deadline (ns), for the housekeeping task.
-    next_wake: AtomicU64,
+    /// The engine's next deadline (`Nanos::MAX`: none), for the housekeeping task.
+    next_wake: AtomicNanos,
 }
 
 struct Inner<C: ConnectionLike + Clone + Send + Sync + 'static> {
@@ -300,7 +351,7 @@ struct Inner<C: ConnectionLike + Clone + Send + Sync + 'static> {
     clock: Clock,
     /// Wakes the housekeeping task when a deadline earlier than its sleep appears.
     housekeeper: Arc<Notify>,
-    sleeping_until: AtomicU64,
+    sleeping_until: AtomicNanos,
     /// The claims' call timeouts (expired by the housekeeping task).
     timeouts: Timeouts,
 }
@@ -345,7 +396,7 @@ fn call_error(e: &RedisError) -> CallError {
 }
 
 /// A claim being sent ([`Inner::claim`]): boxed, so that it can move to a task of its own.
-type ClaimCall<C> = Pin<Box<dyn Future<Output = (Arc<Inner<C>>, Option<Step<Key>>)> + Send + 'static>>;
+type ClaimCall<C> = Pin<Box<dyn Future<Output = (Arc<Inner<C>>, Option<Step<StoredKey>>)> + Send + 'static>>;
 
 /// A request's own claim, polled by the caller's task; if the caller drops it unfinished, the
 /// rest runs in a task of its own: the claim's units still land, its waiters are woken, and
@@ -355,13 +406,13 @@ struct Handoff<C: ConnectionLike + Clone + Send + Sync + 'static> {
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Handoff<C> {
-    fn new(f: impl Future<Output = (Arc<Inner<C>>, Option<Step<Key>>)> + Send + 'static) -> Handoff<C> {
+    fn new(f: impl Future<Output = (Arc<Inner<C>>, Option<Step<StoredKey>>)> + Send + 'static) -> Handoff<C> {
         Handoff { fut: Some(Box::pin(f)) }
     }
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Future for Handoff<C> {
-    type Output = Option<Step<Key>>;
+    type Output = Option<Step<StoredKey>>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // Pin<Box<F>> is Unpin, and so is Self.
         let this = &mut *self;
@@ -390,14 +441,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Handoff<C> {
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
-    /// A limiter over `conn`. Starts its housekeeping task on the current tokio runtime.
-    pub fn new(conn: C, config: LimiterConfig) -> Limiter<C> {
-        let shared = Shared::new(config.engine_config());
-        let shards = (0..config.shards.max(1))
+    /// A limiter over `conn`. Starts its housekeeping task on the current tokio runtime. An
+    /// error names a setting of `config` out of its range (the limit itself was validated when
+    /// it was made).
+    pub fn new(conn: C, config: LimiterConfig) -> Result<Limiter<C>, LimiterConfigError> {
+        let shared = Shared::new(config.engine_config()?);
+        let shards = (0..config.shards)
             .map(|_| Shard {
                 engine: Mutex::new(Engine::with_shared(shared.clone())),
                 notify: Notify::new(),
-                next_wake: AtomicU64::new(u64::MAX),
+                next_wake: AtomicNanos::new(Nanos::MAX),
             })
             .collect();
         let housekeeper = Arc::new(Notify::new());
@@ -408,11 +461,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Limiter<C> {
             shards,
             clock: Clock::new(),
             housekeeper: housekeeper.clone(),
-            sleeping_until: AtomicU64::new(u64::MAX),
+            sleeping_until: AtomicNanos::new(Nanos::MAX),
             timeouts: Timeouts::default(),
         });
         tokio::spawn(housekeeping(Arc::downgrade(&inner), housekeeper));
-        Limiter { inner }
+        Ok(Limiter { inner })
     }
 
     pub fn config(&self) -> &LimiterConfig {
@@ -570,14 +623,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         &self.shards[(((hash >> 32) as u128 * self.shards.len() as u128) >> 32) as usize]
     }
 
-    fn lock(shard: &Shard) -> MutexGuard<'_, Engine<Key>> {
+    fn lock(shard: &Shard) -> MutexGuard<'_, Engine<StoredKey>> {
         shard.engine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs `f` on the shard of `hash`, then publishes the shard's next deadline (waking the
     /// housekeeping task if it is earlier than its sleep) and sends what the engine queued (the
     /// returns of a key evicted by the `max_keys` cap).
-    fn with_engine<T>(self: &Arc<Self>, hash: u64, f: impl FnOnce(&mut Engine<Key>, Nanos) -> T) -> T {
+    fn with_engine<T>(self: &Arc<Self>, hash: u64, f: impl FnOnce(&mut Engine<StoredKey>, Nanos) -> T) -> T {
         let shard = self.shard(hash);
         let mut e = Inner::<C>::lock(shard);
         let out = f(&mut e, self.now());
@@ -588,15 +641,15 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// Unlocks a shard after a call: publishes its next deadline (waking the housekeeping task
     /// if it is earlier than its sleep) and sends what the engine queued.
     #[inline]
-    fn release(self: &Arc<Self>, shard: &Shard, mut e: MutexGuard<'_, Engine<Key>>) {
-        let next = e.poll_timeout().map_or(u64::MAX, Nanos::as_u64);
+    fn release(self: &Arc<Self>, shard: &Shard, mut e: MutexGuard<'_, Engine<StoredKey>>) {
+        let next = e.poll_timeout().unwrap_or(Nanos::MAX);
         let transmit = e.poll_transmit();
         if transmit.is_none() {
             drop(e);
             self.publish(shard, next);
             return;
         }
-        let mut returns: Vec<Return<Key>> = transmit.into_iter().collect();
+        let mut returns: Vec<Return<StoredKey>> = transmit.into_iter().collect();
         while let Some(r) = e.poll_transmit() {
             returns.push(r);
         }
@@ -611,7 +664,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// usual check leaves it where it was), the task woken only when it is earlier than its
     /// sleep.
     #[inline]
-    fn publish(&self, shard: &Shard, next: u64) {
+    fn publish(&self, shard: &Shard, next: Nanos) {
         if shard.next_wake.load(Ordering::Relaxed) != next {
             shard.next_wake.store(next, Ordering::Relaxed);
         }
@@ -630,7 +683,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         hash: u64,
         key: &'a str,
         counted: bool,
-        f: impl FnOnce(&mut Engine<Key>, Nanos) -> Result<Step<Key>, OneOff>,
+        f: impl FnOnce(&mut Engine<StoredKey>, Nanos) -> Result<Step<StoredKey>, OneOff>,
     ) -> Result<Outcome, Later<'a, C>> {
         let shard = self.shard(hash);
         let mut e = Inner::<C>::lock(shard);
@@ -670,7 +723,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         // caller moves, warm checks included) holds it only while the call is out.
         let error = {
             let mut pending = Pending(&self.shared, &self.clock, Some(o));
-            let deadline = self.shared.one_off_deadline(&o).as_u64();
+            let deadline = self.shared.one_off_deadline(&o);
             let mut conn = self.conn.clone();
             let cmd = self.shared.one_off_command(&o, key);
             let call = pin!(cmd.query_async::<Decision>(&mut conn));
@@ -688,7 +741,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// A failed one-off claim's request, by the engine (the failure policy, the breaker):
     /// boxed, a rare path that the request's future does not carry.
     fn one_off_failed<'a>(self: &'a Arc<Self>, hash: u64, key: &'a str, o: OneOff, error: CallError) -> Slow<'a> {
-        let c = self.shared.one_off_claim(o, Key::from(key));
+        let c = self.shared.one_off_claim(o, StoredKey::from(key));
         let step = match self.with_engine(hash, |e, now| e.on_error(now, &c, error)) {
             Some(step) => step,
             // The engine answers a failed one-off claim's request; should it not, the request
@@ -699,7 +752,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     }
 
     /// Sends a background claim from a task of its own: nobody waits for it.
-    fn refill(self: &Arc<Self>, c: Claim<Key>) {
+    fn refill(self: &Arc<Self>, c: Claim<StoredKey>) {
         let inner = self.clone();
         tokio::spawn(async move {
             let _ = inner.claim(c).await;
@@ -711,7 +764,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     /// cancelled, never sent, so that the key's other requests do not wait for it (a claim
     /// the engine thinks in flight would hold them until it is stale, then fail them); the
     /// rest goes with the request.
-    fn orphaned(self: &Arc<Self>, step: Option<Step<Key>>) {
+    fn orphaned(self: &Arc<Self>, step: Option<Step<StoredKey>>) {
         match step {
             Some(Step::Done { refill: Some(c), .. }) => self.refill(c),
             Some(Step::Send(c)) => {
@@ -727,7 +780,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
     ///
     /// `counted`: a request (a check), counted in `requests` and so, if its caller goes away
     /// undecided, in `requests_abandoned`; a peek is neither.
-    async fn run(self: &Arc<Self>, key: &str, mut step: Step<Key>, counted: bool) -> Outcome {
+    async fn run(self: &Arc<Self>, key: &str, mut step: Step<StoredKey>, counted: bool) -> Outcome {
         loop {
             step = match step {
                 Step::Done { outcome, refill } => {
@@ -754,8 +807,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
 
     /// Sends a claim and reports it; answers the next step of the request that sent it (and
     /// the limiter, for a task that finishes an orphaned request).
-    async fn claim(self: Arc<Self>, c: Claim<Key>) -> (Arc<Self>, Option<Step<Key>>) {
-        let deadline = self.shared.deadline(&c).as_u64();
+    async fn claim(self: Arc<Self>, c: Claim<StoredKey>) -> (Arc<Self>, Option<Step<StoredKey>>) {
+        let deadline = self.shared.deadline(&c);
         let mut conn = self.conn.clone();
         let cmd = c.command();
         let res =
@@ -772,7 +825,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
 
     /// Waits for the claim `w` waits on (woken by its completion, or at `w.until()`), then
     /// lets the engine decide.
-    async fn wait(self: &Arc<Self>, key: &str, mut w: Waiter, counted: bool) -> Step<Key> {
+    async fn wait(self: &Arc<Self>, key: &str, mut w: Waiter, counted: bool) -> Step<StoredKey> {
         let hash = self.shared.hash(key);
         let shard = self.shard(hash);
         // Dropped while waiting, the request is never decided: counted as abandoned.
@@ -795,7 +848,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
 
     /// `RL.RETURN key units AGE ms`, sent so as to arrive by the return's deadline (its AGE
     /// counts the margin up to there) or not at all.
-    async fn give_back(self: Arc<Self>, r: Return<Key>) {
+    async fn give_back(self: Arc<Self>, r: Return<StoredKey>) {
         let mut conn = self.conn.clone();
         let res = tokio::time::timeout_at(self.instant(r.deadline()), r.command().query_async::<i64>(&mut conn)).await;
         let result = match res {
@@ -835,7 +888,7 @@ impl Drop for Undecided<'_> {
 struct Timed<'a, C: ConnectionLike + Clone + Send + Sync + 'static, F> {
     inner: &'a Inner<C>,
     call: Pin<&'a mut F>,
-    deadline: u64,
+    deadline: Nanos,
     ticket: Option<Ticket>,
 }
 
@@ -880,22 +933,22 @@ async fn housekeeping<C: ConnectionLike + Clone + Send + Sync + 'static>(weak: W
         let next = {
             let Some(inner) = weak.upgrade() else { return };
             let now = inner.now();
-            inner.timeouts.expire(now.as_u64());
+            inner.timeouts.expire(now);
             let mut returns = Vec::new();
             for s in inner.shards.iter() {
-                if s.next_wake.load(Ordering::Relaxed) <= now.as_u64() {
+                if s.next_wake.load(Ordering::Relaxed) <= now {
                     let mut e = Inner::<C>::lock(s);
                     e.handle_timeout(now);
                     while let Some(r) = e.poll_transmit() {
                         returns.push(r);
                     }
-                    s.next_wake.store(e.poll_timeout().map_or(u64::MAX, Nanos::as_u64), Ordering::Relaxed);
+                    s.next_wake.store(e.poll_timeout().unwrap_or(Nanos::MAX), Ordering::Relaxed);
                 }
             }
             for r in returns {
                 tokio::spawn(inner.clone().give_back(r));
             }
-            let scan = || inner.shards.iter().map(|s| s.next_wake.load(Ordering::Relaxed)).min().unwrap_or(u64::MAX);
+            let scan = || inner.shards.iter().map(|s| s.next_wake.load(Ordering::Relaxed)).min().unwrap_or(Nanos::MAX);
             let mut next = scan().min(inner.timeouts.first());
             // SeqCst, as the front deadline's store and load in `Timed`: either this task
             // reads the deadline below or the claim reads this sleep and notifies.
@@ -903,7 +956,7 @@ async fn housekeeping<C: ConnectionLike + Clone + Send + Sync + 'static>(weak: W
             // A deadline published between the scan and the store is seen here (or its
             // request notifies: notify_one keeps the permit).
             next = next.min(scan()).min(inner.timeouts.first());
-            (next != u64::MAX).then(|| inner.instant(Nanos::new(next)))
+            (next != Nanos::MAX).then(|| inner.instant(next))
         };
         match next {
             Some(at) => {
@@ -934,5 +987,33 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Inner<C> {
                 let _ = tokio::time::timeout_at(deadline, r.command().query_async::<i64>(&mut conn)).await;
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_setting_out_of_range_is_an_error_naming_it() {
+        let limit = Limit::gcra(10, Duration::from_secs(1)).unwrap();
+        let ok = LimiterConfig::new(limit);
+        assert!(ok.engine_config().is_ok());
+        let cases: [(LimiterConfig, &str); 6] = [
+            (ok.lease(Duration::ZERO), "lease"),
+            (ok.max_batch(0), "max_batch"),
+            (ok.instances(0), "instances"),
+            (ok.timeout(Duration::ZERO), "timeout"),
+            (ok.breaker(0, Duration::from_secs(1)), "breaker"),
+            (ok.shards(0), "shards"),
+        ];
+        for (config, setting) in cases {
+            let e = config.engine_config().unwrap_err();
+            assert_eq!(e.setting, setting);
+            assert!(e.to_string().starts_with(&format!("LimiterConfig::{setting}: ")), "{e}");
+        }
+        // The documented clamp stays one: the horizon is at most L/2 whatever is set.
+        let e = ok.lease(Duration::from_millis(100)).horizon(Duration::from_secs(5)).engine_config().unwrap();
+        assert_eq!(e.lease.horizon, Nanos::from_millis(50));
     }
 }

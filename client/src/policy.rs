@@ -5,7 +5,7 @@
 //! [`FailurePolicy::LocalShare`].
 
 use crate::spec::Limit;
-use crate::time::Nanos;
+use redis_ratelimit_core::Nanos;
 
 /// The per-limiter failure policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -36,8 +36,8 @@ impl FailurePolicy {
     pub fn share_of(limit: &Limit, instances: u64) -> FailurePolicy {
         let n = instances.max(1);
         FailurePolicy::LocalFallback {
-            limit: (limit.limit / n).max(1),
-            period: limit.period.into(),
+            limit: (limit.limit() / n).max(1),
+            period: limit.period_nanos(),
             burst: (limit.capacity() / n).max(1),
         }
     }
@@ -65,7 +65,7 @@ pub struct LocalBucket {
 pub type LocalVerdict = Result<(), Option<Nanos>>;
 
 fn interval(limit: u64, period: Nanos) -> Nanos {
-    Nanos::new(period.as_u64().div_ceil(limit.max(1)).max(1))
+    Nanos::new(period.as_u64().div_ceil(limit.max(1)).max(1) as i64)
 }
 
 impl LocalBucket {
@@ -113,7 +113,7 @@ mod tests {
     #[test]
     fn a_share_divides_rate_and_burst() {
         // Issue 19: 1000/min with bursts of 150 over 8 instances: 125/min, bursts of 18 each.
-        let l = Limit::token_bucket(1000, Duration::from_secs(60)).with_burst(150);
+        let l = Limit::token_bucket(1000, Duration::from_secs(60)).unwrap().with_burst(150).unwrap();
         assert_eq!(
             FailurePolicy::LocalShare.resolve(&l, 8),
             FailurePolicy::LocalFallback { limit: 125, period: Nanos::from_secs(60), burst: 18 }

@@ -11,15 +11,17 @@
 //! that later deadline: late by that delay, never early.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard};
 use std::task::Waker;
+
+use redis_ratelimit_core::{AtomicNanos, Nanos};
 
 /// A registered call: its entry is `ticket − head` in the queue while it is there.
 pub(crate) type Ticket = u64;
 
 struct Entry {
-    deadline: u64,
+    deadline: Nanos,
     /// The task to wake at the deadline; `None` once the call has finished.
     waker: Option<Waker>,
 }
@@ -33,13 +35,13 @@ struct Queue {
 
 pub(crate) struct Timeouts {
     queue: Mutex<Queue>,
-    /// The front entry's deadline (ns; `u64::MAX`: none), for the housekeeping task's sleep.
-    first: AtomicU64,
+    /// The front entry's deadline (`Nanos::MAX`: none), for the housekeeping task's sleep.
+    first: AtomicNanos,
 }
 
 impl Default for Timeouts {
     fn default() -> Timeouts {
-        Timeouts { queue: Mutex::default(), first: AtomicU64::new(u64::MAX) }
+        Timeouts { queue: Mutex::default(), first: AtomicNanos::new(Nanos::MAX) }
     }
 }
 
@@ -48,9 +50,9 @@ impl Timeouts {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers a call due at `deadline` (ns) whose task `waker` wakes then. The flag: the
+    /// Registers a call due at `deadline` whose task `waker` wakes then. The flag: the
     /// queue was empty, so the front's deadline is new (the housekeeping task must learn it).
-    pub(crate) fn register(&self, deadline: u64, waker: &Waker) -> (Ticket, bool) {
+    pub(crate) fn register(&self, deadline: Nanos, waker: &Waker) -> (Ticket, bool) {
         let mut q = self.lock();
         let ticket = q.head + q.entries.len() as u64;
         let first = q.entries.is_empty();
@@ -91,7 +93,7 @@ impl Timeouts {
     /// Fires every call due by `now` (wakes its task; its next poll finds it timed out) and
     /// drops the finished ones before the first still waiting ([`Timeouts::first`] then holds
     /// the next deadline).
-    pub(crate) fn expire(&self, now: u64) {
+    pub(crate) fn expire(&self, now: Nanos) {
         let mut due = Vec::new();
         {
             let mut q = self.lock();
@@ -111,15 +113,15 @@ impl Timeouts {
             if q.entries.is_empty() && q.entries.capacity() > 1024 {
                 q.entries = VecDeque::new();
             }
-            self.first.store(q.entries.front().map_or(u64::MAX, |e| e.deadline), Ordering::SeqCst);
+            self.first.store(q.entries.front().map_or(Nanos::MAX, |e| e.deadline), Ordering::SeqCst);
         }
         for w in due {
             w.wake();
         }
     }
 
-    /// The front entry's deadline (`u64::MAX`: none).
-    pub(crate) fn first(&self) -> u64 {
+    /// The front entry's deadline (`Nanos::MAX`: none).
+    pub(crate) fn first(&self) -> Nanos {
         self.first.load(Ordering::SeqCst)
     }
 }
@@ -128,6 +130,10 @@ impl Timeouts {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
+
+    fn n(ns: i64) -> Nanos {
+        Nanos::new(ns)
+    }
     use std::sync::Arc;
     use std::task::Wake;
 
@@ -147,13 +153,13 @@ mod tests {
     fn a_call_past_its_deadline_is_woken_and_no_longer_pending() {
         let t = Timeouts::default();
         let (count, w) = waker();
-        let (a, first) = t.register(100, &w);
-        assert!(first && t.first() == 100);
-        t.expire(99);
-        assert_eq!(t.first(), 100);
+        let (a, first) = t.register(n(100), &w);
+        assert!(first && t.first() == n(100));
+        t.expire(n(99));
+        assert_eq!(t.first(), n(100));
         assert!(t.pending(a, &w));
-        t.expire(100);
-        assert_eq!(t.first(), u64::MAX);
+        t.expire(n(100));
+        assert_eq!(t.first(), Nanos::MAX);
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
         assert!(!t.pending(a, &w));
         t.finish(a);
@@ -163,13 +169,13 @@ mod tests {
     fn finished_calls_are_dropped_and_never_woken() {
         let t = Timeouts::default();
         let (count, w) = waker();
-        let tickets: Vec<Ticket> = (0..10).map(|i| t.register(100 + i, &w).0).collect();
-        assert!(!t.register(200, &w).1, "the queue was not empty");
+        let tickets: Vec<Ticket> = (0..10).map(|i| t.register(n(100 + i), &w).0).collect();
+        assert!(!t.register(n(200), &w).1, "the queue was not empty");
         for &k in &tickets {
             t.finish(k);
         }
-        t.expire(150);
-        assert_eq!(t.first(), 200, "finished calls go, the waiting one stays");
+        t.expire(n(150));
+        assert_eq!(t.first(), n(200), "finished calls go, the waiting one stays");
         assert_eq!(count.0.load(Ordering::SeqCst), 0);
         assert!(t.pending(10, &w));
     }
@@ -178,19 +184,19 @@ mod tests {
     fn a_waiting_front_holds_later_finished_calls_until_it_fires() {
         let t = Timeouts::default();
         let (count, w) = waker();
-        let a = t.register(100, &w).0;
-        let b = t.register(90, &w).0;
+        let a = t.register(n(100), &w).0;
+        let b = t.register(n(90), &w).0;
         t.finish(b);
-        t.expire(95);
-        assert_eq!(t.first(), 100, "b is behind a");
+        t.expire(n(95));
+        assert_eq!(t.first(), n(100), "b is behind a");
         assert!(t.pending(a, &w));
-        t.expire(100);
-        assert_eq!(t.first(), u64::MAX);
+        t.expire(n(100));
+        assert_eq!(t.first(), Nanos::MAX);
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
         // A ticket long gone (fired or finished) is never pending, and finishing it is a no-op.
         assert!(!t.pending(b, &w));
         t.finish(b);
-        let (c, _) = t.register(300, &w);
+        let (c, _) = t.register(n(300), &w);
         assert_eq!(c, 2);
     }
 }

@@ -7,7 +7,7 @@
 //! placed again when that slot comes round (a far deadline costs one move per revolution).
 //! Idle cost does not depend on how many entries wait.
 
-use crate::time::Nanos;
+use redis_ratelimit_core::Nanos;
 
 /// An entry: the slab index and generation of the key it wakes. Its instant is the owner's to
 /// tell ([`Wheel::pop_due`] asks): 8 bytes per scheduled key, and a superseded entry is

@@ -50,11 +50,11 @@ fn run(server: &common::Server, reqs: Vec<Req>, instances: u64) {
     rt.block_on(async {
         let conn = ConnectionConfig::single(&server.url()).connect().unwrap();
         conn.ready(tokio::time::Instant::now() + Duration::from_secs(5)).await.unwrap();
-        let ip_limit = Limit::token_bucket(30, HOUR).with_burst(12);
-        let user_limit = Limit::gcra(6, HOUR).with_burst(6);
+        let ip_limit = Limit::token_bucket(30, HOUR).unwrap().with_burst(12).unwrap();
+        let user_limit = Limit::gcra(6, HOUR).unwrap().with_burst(6).unwrap();
         let cfg = |l| LimiterConfig::new(l).instances(instances).timeout(Duration::from_secs(2));
-        let ip = Limiter::new(conn.clone(), cfg(ip_limit));
-        let user = Limiter::new(conn, cfg(user_limit));
+        let ip = Limiter::new(conn.clone(), cfg(ip_limit)).unwrap();
+        let user = Limiter::new(conn, cfg(user_limit)).unwrap();
         let t0 = Instant::now();
         let mut admitted = std::collections::HashMap::<String, u64>::new();
         for r in &reqs {
@@ -93,7 +93,7 @@ fn run(server: &common::Server, reqs: Vec<Req>, instances: u64) {
         for (k, n) in &admitted {
             let l = if k.contains(":ip") { ip_limit } else { user_limit };
             let w = elapsed + Duration::from_secs(1);
-            let bound = l.capacity() + (w.as_secs_f64() * l.limit as f64 / l.period.as_secs_f64()).ceil() as u64;
+            let bound = l.capacity() + (w.as_secs_f64() * l.limit() as f64 / l.period().as_secs_f64()).ceil() as u64;
             assert!(*n <= bound, "{k}: {n} admitted > {bound}");
         }
     });

@@ -63,14 +63,14 @@ async fn outage(policy: FailurePolicy, fault: Fault) {
     let mut server = Server::start_with(opts);
     let conn = ConnectionConfig::single(&server.url()).connect_timeout(Duration::from_millis(200)).connect().unwrap();
     conn.ready(tokio::time::Instant::now() + Duration::from_secs(5)).await.unwrap();
-    let limit = Limit::gcra(RATE, Duration::from_secs(1)).with_burst(BURST);
+    let limit = Limit::gcra(RATE, Duration::from_secs(1)).unwrap().with_burst(BURST).unwrap();
     let config = LimiterConfig::new(limit)
         .lease(LEASE)
         .instances(2)
         .timeout(Duration::from_millis(200))
         .breaker(3, COOL_DOWN)
         .policy(policy);
-    let limiter = Limiter::new(conn, config);
+    let limiter = Limiter::new(conn, config).unwrap();
 
     // Traffic at about twice the rate, from one task, until told to stop.
     let t0 = Instant::now();

@@ -96,9 +96,13 @@ async fn typed_calls<C: redis::aio::ConnectionLike>(conn: &mut C, i: usize) {
     assert_eq!(d.remaining, 4);
     let tag = format!("{{t{i}}}");
     let (a, b) = (format!("{tag}:a"), format!("{tag}:b"));
-    let m = commands::multi(conn, &[(&a, Limit::gcra(2, p)), (&b, Limit::sliding(3, HOUR))], Options::default())
-        .await
-        .unwrap();
+    let m = commands::multi(
+        conn,
+        &[(&a, Limit::gcra(2, p).unwrap()), (&b, Limit::sliding(3, HOUR).unwrap())],
+        Options::default(),
+    )
+    .await
+    .unwrap();
     assert!(m.admitted() && m.limits.len() == 2);
     assert_eq!(m.binding().unwrap().limit, 2);
     let info = commands::info(conn, &k("g")).await.unwrap().unwrap();
@@ -134,8 +138,8 @@ async fn reservations_serve_locally_within_the_limit() {
     let s = Server::start();
     let conn = manager(&s).await;
     // 1000 per second, bucket of 1000: a hot loop of 3000 checks.
-    let limit = Limit::token_bucket(1000, Duration::from_secs(1));
-    let limiter = Limiter::new(conn, LimiterConfig::new(limit).timeout(Duration::from_secs(5)));
+    let limit = Limit::token_bucket(1000, Duration::from_secs(1)).unwrap();
+    let limiter = Limiter::new(conn, LimiterConfig::new(limit).timeout(Duration::from_secs(5))).unwrap();
     let t0 = Instant::now();
     let mut admitted = 0u64;
     for _ in 0..3000 {
@@ -165,7 +169,7 @@ async fn reservations_serve_locally_within_the_limit() {
 async fn a_caller_gone_mid_claim_leaves_no_claim_in_flight() {
     let s = Server::start();
     for sightings in [65_536, 0] {
-        let limit = Limit::token_bucket(1000, Duration::from_secs(1));
+        let limit = Limit::token_bucket(1000, Duration::from_secs(1)).unwrap();
         // Redis frozen while the request is polled, so that its claim cannot be answered yet;
         // a first poll decided at once (an immediate connection error on a loaded machine)
         // tests nothing: a fresh limiter and key again, a few times.
@@ -174,7 +178,8 @@ async fn a_caller_gone_mid_claim_leaves_no_claim_in_flight() {
             let limiter = Limiter::new(
                 manager(&s).await,
                 LimiterConfig::new(limit).sightings(sightings).timeout(Duration::from_secs(5)),
-            );
+            )
+            .unwrap();
             let key = format!("gone:{sightings}:{attempt}");
             freeze(&s, true);
             let pending = {
@@ -213,10 +218,10 @@ async fn a_caller_gone_mid_claim_leaves_no_claim_in_flight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_one_off_probe_does_not_keep_the_breaker_half_open() {
     let s = Server::start();
-    let cfg = LimiterConfig::new(Limit::token_bucket(1000, Duration::from_secs(1)))
+    let cfg = LimiterConfig::new(Limit::token_bucket(1000, Duration::from_secs(1)).unwrap())
         .timeout(Duration::from_millis(300))
         .breaker(1, Duration::from_millis(200));
-    let limiter = Limiter::new(manager(&s).await, cfg);
+    let limiter = Limiter::new(manager(&s).await, cfg).unwrap();
     assert_eq!(limiter.check("warm", 1).await.source, Source::Redis);
     freeze(&s, true);
     // A one-off claim times out: the breaker opens.
@@ -247,8 +252,9 @@ async fn a_dropped_one_off_probe_does_not_keep_the_breaker_half_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_dropped_at_random_leave_nothing_in_flight_and_every_request_counted() {
     let s = Server::start();
-    let cfg = LimiterConfig::new(Limit::token_bucket(1000, Duration::from_secs(1))).timeout(Duration::from_secs(2));
-    let limiter = Limiter::new(manager(&s).await, cfg);
+    let cfg =
+        LimiterConfig::new(Limit::token_bucket(1000, Duration::from_secs(1)).unwrap()).timeout(Duration::from_secs(2));
+    let limiter = Limiter::new(manager(&s).await, cfg).unwrap();
     let mut rng = common::Rng::new(7);
     let (mut tasks, mut checks) = (Vec::new(), 0);
     for _ in 0..3000 {
@@ -292,7 +298,7 @@ async fn unused_units_go_back_on_shutdown_and_when_idle() {
         return;
     }
     // Refill negligible (10 per hour), burst 1000: what the server holds is exact.
-    let limit = Limit::gcra(10, HOUR).with_burst(1000);
+    let limit = Limit::gcra(10, HOUR).unwrap().with_burst(1000).unwrap();
     let available = async |conn: &mut ConnectionManager, key: &str| -> i64 {
         let info = commands::info(conn, key).await.unwrap().unwrap();
         redis::from_redis_value_ref(&info.iter().find(|(f, _)| f == "available").unwrap().1).unwrap()
@@ -300,7 +306,8 @@ async fn unused_units_go_back_on_shutdown_and_when_idle() {
     let limiter = Limiter::new(
         conn.clone(),
         LimiterConfig::new(limit).lease(Duration::from_secs(30)).timeout(Duration::from_secs(5)),
-    );
+    )
+    .unwrap();
     for _ in 0..200 {
         assert!(limiter.check("k", 1).await.allowed);
     }
@@ -318,7 +325,7 @@ async fn unused_units_go_back_on_shutdown_and_when_idle() {
         .lease(Duration::from_secs(30))
         .timeout(Duration::from_secs(5))
         .idle_return(Duration::from_millis(200));
-    let limiter = Limiter::new(conn.clone(), cfg);
+    let limiter = Limiter::new(conn.clone(), cfg).unwrap();
     for _ in 0..200 {
         assert!(limiter.check("idle", 1).await.allowed);
     }
@@ -333,7 +340,8 @@ async fn unused_units_go_back_on_shutdown_and_when_idle() {
 async fn over_limit_cache_answers_without_redis() {
     let s = Server::start();
     let conn = manager(&s).await;
-    let limiter = Limiter::new(conn, LimiterConfig::new(Limit::gcra(5, HOUR)).timeout(Duration::from_secs(5)));
+    let limiter =
+        Limiter::new(conn, LimiterConfig::new(Limit::gcra(5, HOUR).unwrap()).timeout(Duration::from_secs(5))).unwrap();
     let mut outcomes = Vec::new();
     for _ in 0..105 {
         outcomes.push(limiter.check("abuser", 1).await);
@@ -362,12 +370,12 @@ fn freeze(s: &Server, on: bool) {
 async fn outage_then_recovery(policy: FailurePolicy, frozen: bool) -> (Vec<Source>, Vec<bool>, MetricsSnapshot) {
     let mut s = Server::start();
     let conn = manager(&s).await;
-    let cfg = LimiterConfig::new(Limit::gcra(1000, Duration::from_secs(1)))
+    let cfg = LimiterConfig::new(Limit::gcra(1000, Duration::from_secs(1)).unwrap())
         .timeout(Duration::from_millis(300))
         .breaker(3, Duration::from_millis(300))
         .policy(policy)
         .batching(false);
-    let limiter = Limiter::new(conn, cfg);
+    let limiter = Limiter::new(conn, cfg).unwrap();
     assert_eq!(limiter.check("k", 1).await.source, Source::Redis);
     if frozen {
         freeze(&s, true);
@@ -437,8 +445,11 @@ async fn local_fallback_enforces_its_own_limit() {
 async fn shadow_mode_lets_everything_through_and_counts() {
     let s = Server::start();
     let conn = manager(&s).await;
-    let limiter =
-        Limiter::new(conn, LimiterConfig::new(Limit::gcra(3, HOUR)).shadow(true).timeout(Duration::from_secs(5)));
+    let limiter = Limiter::new(
+        conn,
+        LimiterConfig::new(Limit::gcra(3, HOUR).unwrap()).shadow(true).timeout(Duration::from_secs(5)),
+    )
+    .unwrap();
     let mut would_block = 0;
     for _ in 0..10 {
         let o = limiter.check("shadow", 1).await;
@@ -454,8 +465,11 @@ async fn shadow_mode_lets_everything_through_and_counts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limiter_over_resp3() {
     let s = Server::start();
-    let limiter =
-        Limiter::new(resp3(&s).await, LimiterConfig::new(Limit::sliding(50, HOUR)).timeout(Duration::from_secs(5)));
+    let limiter = Limiter::new(
+        resp3(&s).await,
+        LimiterConfig::new(Limit::sliding(50, HOUR).unwrap()).timeout(Duration::from_secs(5)),
+    )
+    .unwrap();
     let mut admitted = 0;
     for _ in 0..80 {
         admitted += limiter.check("r3", 1).await.allowed as u64;
@@ -469,7 +483,8 @@ async fn concurrent_callers_share_one_claim_per_key() {
     let s = Server::start();
     let conn = manager(&s).await;
     let limiter =
-        Limiter::new(conn, LimiterConfig::new(Limit::token_bucket(100, HOUR)).timeout(Duration::from_secs(5)));
+        Limiter::new(conn, LimiterConfig::new(Limit::token_bucket(100, HOUR).unwrap()).timeout(Duration::from_secs(5)))
+            .unwrap();
     let tasks: Vec<_> = (0..8)
         .map(|_| {
             let l = limiter.clone();
@@ -500,13 +515,15 @@ async fn cluster_typed_calls_and_limiter() {
     let mut conn = client.get_async_connection().await.unwrap();
     let m = commands::multi(
         &mut conn,
-        &[("{u1}:ip", Limit::gcra(2, HOUR)), ("{u1}:user", Limit::fixed(3, HOUR))],
+        &[("{u1}:ip", Limit::gcra(2, HOUR).unwrap()), ("{u1}:user", Limit::fixed(3, HOUR).unwrap())],
         Options::default(),
     )
     .await
     .unwrap();
     assert!(m.admitted());
-    let limiter = Limiter::new(conn, LimiterConfig::new(Limit::token_bucket(10, HOUR)).timeout(Duration::from_secs(5)));
+    let limiter =
+        Limiter::new(conn, LimiterConfig::new(Limit::token_bucket(10, HOUR).unwrap()).timeout(Duration::from_secs(5)))
+            .unwrap();
     for key in ["a", "b", "c", "d", "e", "f"] {
         let mut admitted = 0;
         for _ in 0..15 {

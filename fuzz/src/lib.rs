@@ -8,10 +8,11 @@
 #![allow(clippy::manual_range_contains)]
 
 use redis_ratelimit::args;
-use redis_ratelimit::core::codec::{Algorithm, State};
-use redis_ratelimit::core::give_back::{give_back, Refusal};
-use redis_ratelimit::core::spec::{Spec, Update};
-use redis_ratelimit::core::{
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::give_back::{give_back, Refusal};
+use redis_ratelimit_core::spec::{Spec, Update};
+use redis_ratelimit_core::Algorithm;
+use redis_ratelimit_core::{
     sliding_log, Decision, Nanos, Rate, Request, Window, MAX_COUNT, MAX_PERIOD, NANOS_PER_MICRO, NANOS_PER_MILLI,
     NANOS_PER_SEC,
 };
@@ -66,7 +67,7 @@ fn ref_digits(a: &[u8]) -> Option<u128> {
 }
 
 /// A reference parser for periods: digits, then an optional unit (case-insensitive).
-fn ref_period(a: &[u8]) -> Option<Nanos> {
+fn ref_period(a: &[u8]) -> Option<i64> {
     let split = a.iter().position(|b| !b.is_ascii_digit()).unwrap_or(a.len());
     let n = ref_digits(&a[..split]).filter(|&n| n > 0)?;
     let unit = a[split..].to_ascii_lowercase();
@@ -80,7 +81,7 @@ fn ref_period(a: &[u8]) -> Option<Nanos> {
         _ => return None,
     };
     let ns = n.checked_mul(scale)?;
-    (ns <= MAX_PERIOD as u128).then_some(ns as Nanos)
+    (ns <= MAX_PERIOD.as_i64() as u128).then_some(ns as i64)
 }
 
 fn assert_err_message(e: &str) {
@@ -97,12 +98,12 @@ fn capacity(spec: &Spec) -> u64 {
 }
 
 /// Renders a parsed check as canonical arguments (which must parse back to the same check).
-fn render(c: &args::Check) -> Vec<Vec<u8>> {
+fn render(c: &args::CheckArgs) -> Vec<Vec<u8>> {
     let (limit, period, burst) = match c.spec {
         Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => (r.limit, r.period, Some(r.burst)),
         Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => (w.limit, w.window, None),
     };
-    let mut v = vec![limit.to_string().into_bytes(), format!("{}us", period / NANOS_PER_MICRO).into_bytes()];
+    let mut v = vec![limit.to_string().into_bytes(), format!("{}us", period.as_i64() / NANOS_PER_MICRO).into_bytes()];
     if let Some(b) = burst {
         v.extend([b"burst".to_vec(), b.to_string().into_bytes()]);
     }
@@ -121,7 +122,7 @@ pub fn args_target(data: &[u8]) {
     let Some((&sel, rest)) = data.split_first() else { return };
     let argv: Vec<&[u8]> = rest.split(|&b| b == 0).collect();
     let algo = Algorithm::ALL[(sel % 6) as usize];
-    let bucket = matches!(algo, Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::Leaky);
+    let bucket = algo.is_bucket();
     match args::check(algo, &argv, "RL.X") {
         Ok(c) => {
             let cap = capacity(&c.spec);
@@ -134,12 +135,12 @@ pub fn args_target(data: &[u8]) {
             let period = ref_period(argv[1]).expect("period accepted but the reference parser refuses it");
             match c.spec {
                 Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => {
-                    assert_eq!((r.limit as u128, r.period), (limit, period));
+                    assert_eq!((r.limit as u128, r.period.as_i64()), (limit, period));
                     assert!(Rate::new(r.limit, r.period, r.burst).is_ok());
                 }
                 Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => {
                     assert!(!bucket);
-                    assert_eq!((w.limit as u128, w.window), (limit, period));
+                    assert_eq!((w.limit as u128, w.window.as_i64()), (limit, period));
                 }
             }
             // Round trip through canonical arguments.
@@ -152,7 +153,7 @@ pub fn args_target(data: &[u8]) {
     // Each argument alone through each scalar parser, against the reference parsers.
     for a in &argv {
         match args::period(a, "period") {
-            Ok(ns) => assert_eq!(Some(ns), ref_period(a), "period {:?}", String::from_utf8_lossy(a)),
+            Ok(ns) => assert_eq!(Some(ns.as_i64()), ref_period(a), "period {:?}", String::from_utf8_lossy(a)),
             Err(e) => {
                 assert_err_message(&e);
                 assert_eq!(ref_period(a), None, "period {:?} refused: {e}", String::from_utf8_lossy(a));
@@ -205,7 +206,7 @@ pub fn args_target(data: &[u8]) {
             assert!(argv.len() == 3 || argv.len() == 4);
             assert_eq!(rate.burst as u128, ref_digits(argv[0]).unwrap() + 1);
             assert_eq!(rate.limit as u128, ref_digits(argv[1]).unwrap());
-            assert_eq!(rate.period as u128, ref_digits(argv[2]).unwrap() * NANOS_PER_SEC as u128);
+            assert_eq!(rate.period.as_i64() as u128, ref_digits(argv[2]).unwrap() * NANOS_PER_SEC as u128);
             assert!(q <= MAX_COUNT);
         }
         Err(e) => assert_err_message(&e),
@@ -219,7 +220,7 @@ pub fn args_target(data: &[u8]) {
                 .get(2)
                 .map(|a| ref_digits(a).filter(|&v| v <= MAX_COUNT as u128).expect("AGE accepted but not digits"));
             assert_eq!(
-                g.age.map(|ns| ns as u128),
+                g.age.map(|ns| ns.as_i64() as u128),
                 age_ms.map(|ms| (ms * NANOS_PER_MILLI as u128).min(i64::MAX as u128))
             );
         }
@@ -329,19 +330,19 @@ fn same_params(s: &State) -> Spec {
 }
 
 /// One check with the decision invariants; returns the decision and the state after it.
-fn check_once(spec: &Spec, stored: Option<&State>, now: Nanos, req: Request) -> (Decision, Option<State>) {
-    let (d, u) = spec.check(stored, now, req).expect("same algorithm");
+fn check_once(spec: &Spec, stored: Option<&State>, now: i64, req: Request) -> (Decision, Option<State>) {
+    let (d, u) = spec.check(stored, Nanos::new(now), req).expect("same algorithm");
     let cap = capacity(spec);
     let ctx = || format!("{spec:?} at {now} with {req:?} on {stored:?}: {d:?}");
     assert_eq!(d.limit, cap, "{}", ctx());
     assert!(d.remaining <= cap, "remaining above capacity: {}", ctx());
     assert!(d.allowed <= req.cost, "allowed above cost: {}", ctx());
     assert!(req.partial || d.allowed == 0 || d.allowed == req.cost, "partial grant without PARTIAL: {}", ctx());
-    assert!(d.reset_after >= 0, "{}", ctx());
+    assert!(d.reset_after >= Nanos::ZERO, "{}", ctx());
     let limited = d.limited(&req);
     assert!(d.retry_after.is_none() || limited, "retry_after on an admitted call or a peek: {}", ctx());
     if let Some(r) = d.retry_after {
-        assert!(r > 0, "retry_after {r}: {}", ctx());
+        assert!(r > Nanos::ZERO, "retry_after {r:?}: {}", ctx());
     }
     let needed = if req.partial { req.cost.min(1) } else { req.cost };
     if limited && needed <= cap {
@@ -359,7 +360,7 @@ fn check_once(spec: &Spec, stored: Option<&State>, now: Nanos, req: Request) -> 
         }
         assert_loadable(after.as_ref().unwrap(), "after an admitted check");
         if d.allowed == 0 {
-            let (again, _) = spec.check(after.as_ref(), now, req).expect("same algorithm");
+            let (again, _) = spec.check(after.as_ref(), Nanos::new(now), req).expect("same algorithm");
             assert_eq!(again, d, "the converted state answers differently: {}", ctx());
         }
     }
@@ -378,13 +379,13 @@ fn pick_count(b: &mut Bytes) -> u64 {
     }
 }
 
-fn pick_period(b: &mut Bytes) -> Nanos {
+fn pick_period(b: &mut Bytes) -> i64 {
     match b.u8() % 7 {
         0 => NANOS_PER_MICRO,
         1 => NANOS_PER_SEC,
-        2 => MAX_PERIOD,
-        3 => (b.below(MAX_PERIOD as u64 / 1000) as i64 + 1) * NANOS_PER_MICRO,
-        4 => b.below(MAX_PERIOD as u64) as i64 + 1, // any ns: decode allows it
+        2 => MAX_PERIOD.as_i64(),
+        3 => (b.below(MAX_PERIOD.as_i64() as u64 / 1000) as i64 + 1) * NANOS_PER_MICRO,
+        4 => b.below(MAX_PERIOD.as_i64() as u64) as i64 + 1, // any ns: decode allows it
         _ => (b.below(10_000) as i64 + 1) * NANOS_PER_MILLI,
     }
 }
@@ -395,7 +396,7 @@ fn pick_spec(b: &mut Bytes, algo: Algorithm) -> Option<Spec> {
     Some(match algo {
         Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::Leaky => {
             let burst = if b.bool() { pick_count(b) } else { limit };
-            let r = Rate::new(limit, period, burst).ok()?;
+            let r = Rate::new(limit, Nanos::new(period), burst).ok()?;
             match algo {
                 Algorithm::Gcra => Spec::Gcra(r),
                 Algorithm::TokenBucket => Spec::TokenBucket(r),
@@ -403,7 +404,7 @@ fn pick_spec(b: &mut Bytes, algo: Algorithm) -> Option<Spec> {
             }
         }
         _ => {
-            let w = Window::new(limit, period).ok()?;
+            let w = Window::new(limit, Nanos::new(period)).ok()?;
             match algo {
                 Algorithm::Sliding => Spec::Sliding(w),
                 Algorithm::Fixed => Spec::Fixed(w),
@@ -413,10 +414,10 @@ fn pick_spec(b: &mut Bytes, algo: Algorithm) -> Option<Spec> {
     })
 }
 
-fn unit_of(spec: &Spec) -> Nanos {
+fn unit_of(spec: &Spec) -> i64 {
     match spec {
-        Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => (r.period / r.limit as i64).max(1),
-        Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => w.window,
+        Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => (r.period.as_i64() / r.limit as i64).max(1),
+        Spec::Sliding(w) | Spec::Fixed(w) | Spec::SlidingLog(w) => w.window.as_i64(),
     }
 }
 
@@ -426,13 +427,13 @@ fn skip_known() -> bool {
 }
 
 /// Latest instant the module can see (the debug clock's range, in ns).
-const MAX_NOW: Nanos = sliding_log::MAX_TS * NANOS_PER_MICRO;
+const MAX_NOW: i64 = sliding_log::MAX_TS * NANOS_PER_MICRO;
 
 pub fn algorithms_target(data: &[u8]) {
     let mut b = Bytes(data);
     let algo = Algorithm::ALL[(b.u8() % 6) as usize];
     let Some(mut spec) = pick_spec(&mut b, algo) else { return };
-    let mut now: Nanos = match b.u8() % 4 {
+    let mut now: i64 = match b.u8() % 4 {
         0 => 1_700_000_000 * NANOS_PER_SEC,
         1 => 0,
         2 => MAX_NOW - b.below(1 << 40) as i64,
@@ -512,8 +513,8 @@ pub fn algorithms_target(data: &[u8]) {
                     _ => Some(b.below(1 << 50) as i64),
                 };
                 if let Some(s) = &state {
-                    let windowed = matches!(algo, Algorithm::Fixed | Algorithm::Sliding);
-                    match give_back(s, n, age, now) {
+                    let windowed = algo.returnable() && !algo.is_bucket();
+                    match give_back(s, n, age.map(Nanos::new), Nanos::new(now)) {
                         Ok(c) => {
                             assert!(c.credited <= n && (c.credited > 0) == c.state.is_some(), "{c:?} for {n}");
                             assert!(!windowed || age.is_some());
@@ -545,7 +546,7 @@ pub fn algorithms_target(data: &[u8]) {
                 // A limited call under new parameters stores the converted state: retry_after is
                 // measured against what the key holds after the call.
                 let held = if d.allowed == 0 { after.as_ref() } else { state.as_ref() };
-                if let (Some(r), false, true) = (d.retry_after, req.partial, now >= latest) {
+                if let (Some(r), false, true) = (d.retry_after.map(Nanos::as_i64), req.partial, now >= latest) {
                     let at = now.saturating_add(r);
                     if at <= MAX_NOW {
                         let (later, _) = check_once(&spec, held, at, req);

@@ -16,9 +16,11 @@
 //!   accept `RL.RETURN` (all but the sliding log and the leaky bucket), in parallel, then the groups
 //!   holding one of those. A group can still refuse in phase 2 when another request took the
 //!   last units between the phases; the groups already committed are then given back with
-//!   `RL.RETURN key cost AGE ms` (AGE: the time since their commit was sent, so a bucket credits
-//!   `cost − rate × AGE`: it never ends above the state where the units were never taken) and
-//!   the request is refused. docs/service.md ("Redis Cluster") states what holds.
+//!   `RL.RETURN key cost AGE ms` (AGE: the time since their commit was sent plus the return's
+//!   own transit, at most the call timeout, by the client's one rule, `commands::return_age`; so
+//!   a bucket credits `cost − rate × AGE`: it never ends above the state where the units were
+//!   never taken, whatever the transit) and the request is refused. docs/service.md ("Redis
+//!   Cluster") states what holds.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -28,8 +30,8 @@ use futures::future::join_all;
 use redis::cluster_routing::Slot;
 use redis::{Cmd, FromRedisValue, Value};
 use redis_ratelimit_client::breaker::{Breaker, BreakerConfig, Permit};
-use redis_ratelimit_client::commands::{limit_cmd, Options};
-use redis_ratelimit_client::spec::{Algorithm, Limit};
+use redis_ratelimit_client::commands::{each_limit_arg, give_back_cmd, limit_cmd, multi_cmd, return_age, Options};
+use redis_ratelimit_client::spec::Limit;
 use redis_ratelimit_client::{Decision, MultiDecision, Nanos};
 
 use crate::connection::Conns;
@@ -83,7 +85,7 @@ return reply
 
 /// One descriptor's check.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Check {
+pub struct DescriptorCheck {
     pub key: String,
     pub limit: Limit,
     /// Units (hits_addend; 0 peeks). Never above the limit's capacity (decided locally).
@@ -94,7 +96,7 @@ pub struct Check {
 
 /// A check's result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Verdict {
+pub struct CheckResult {
     /// The limiter's reply; `remaining` is what is left after this request's outcome (unchanged
     /// when nothing was consumed).
     pub decision: Decision,
@@ -106,10 +108,10 @@ pub struct Verdict {
 
 /// A request's result.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Outcome {
+pub struct RequestResult {
     /// Every enforced check admitted (and, unless a dry run, consumed).
     pub admitted: bool,
-    pub verdicts: Vec<Verdict>,
+    pub verdicts: Vec<CheckResult>,
 }
 
 #[derive(Clone, Debug)]
@@ -136,11 +138,6 @@ pub struct Backend {
     /// Cluster: keys carry a `{domain}` hash tag (set by the service), so this is informative.
     pub cluster: bool,
     baseline: bool,
-}
-
-/// The limiter command's arguments after the key (`limit period [BURST b]`).
-fn limit_args(l: &Limit) -> Vec<String> {
-    l.args()
 }
 
 impl Backend {
@@ -207,9 +204,9 @@ impl Backend {
     }
 
     /// Decides `checks` (see the module docs): one command when they share a slot.
-    pub async fn decide(&self, checks: &[Check], dry_run: bool) -> Result<Outcome, BackendError> {
+    pub async fn decide(&self, checks: &[DescriptorCheck], dry_run: bool) -> Result<RequestResult, BackendError> {
         if checks.is_empty() {
-            return Ok(Outcome { admitted: true, verdicts: Vec::new() });
+            return Ok(RequestResult { admitted: true, verdicts: Vec::new() });
         }
         if self.baseline {
             return self.decide_baseline(checks).await;
@@ -226,7 +223,7 @@ impl Backend {
         if groups.len() == 1 {
             let (slot, idx) = &groups[0];
             let (ok, verdicts) = self.exec_group(checks, idx, *slot, dry_run).await?;
-            return Ok(Outcome { admitted: ok, verdicts });
+            return Ok(RequestResult { admitted: ok, verdicts });
         }
         self.decide_across_slots(checks, &groups, dry_run).await
     }
@@ -234,12 +231,12 @@ impl Backend {
     /// The benchmark baseline: envoyproxy/ratelimit's Redis traffic, a pipeline of `INCRBY key
     /// hits` + `EXPIRE key unit` per descriptor on a key carrying the window's start (its
     /// clock: this process's), every descriptor counted even when refused.
-    async fn decide_baseline(&self, checks: &[Check]) -> Result<Outcome, BackendError> {
+    async fn decide_baseline(&self, checks: &[DescriptorCheck]) -> Result<RequestResult, BackendError> {
         let now_s =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let mut pipe = redis::pipe();
         for c in checks {
-            let div = c.limit.period.as_secs().max(1);
+            let div = c.limit.period().as_secs().max(1);
             let key = format!("{}_{}", c.key, (now_s / div) * div);
             pipe.cmd("INCRBY").arg(&key).arg(c.cost).cmd("EXPIRE").arg(&key).arg(div).ignore();
         }
@@ -256,14 +253,14 @@ impl Backend {
             .iter()
             .zip(counts)
             .map(|(c, n)| {
-                let ok = n <= c.limit.limit;
+                let ok = n <= c.limit.limit();
                 admitted &= ok;
-                let div = c.limit.period.as_secs().max(1);
-                Verdict {
+                let div = c.limit.period().as_secs().max(1);
+                CheckResult {
                     decision: Decision {
                         allowed: if ok { c.cost } else { 0 },
-                        limit: c.limit.limit,
-                        remaining: c.limit.limit.saturating_sub(n),
+                        limit: c.limit.limit(),
+                        remaining: c.limit.limit().saturating_sub(n),
                         retry_after: (!ok).then(|| Duration::from_secs(div - now_s % div)),
                         reset_after: Duration::from_secs(div - now_s % div),
                         delay: None,
@@ -273,16 +270,16 @@ impl Backend {
                 }
             })
             .collect();
-        Ok(Outcome { admitted, verdicts })
+        Ok(RequestResult { admitted, verdicts })
     }
 
     async fn decide_across_slots(
         &self,
-        checks: &[Check],
+        checks: &[DescriptorCheck],
         groups: &[(Option<Slot>, Vec<usize>)],
         dry_run: bool,
-    ) -> Result<Outcome, BackendError> {
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; checks.len()];
+    ) -> Result<RequestResult, BackendError> {
+        let mut verdicts: Vec<Option<CheckResult>> = vec![None; checks.len()];
         // Phase 1: dry-run every group.
         let phase1 = join_all(groups.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, true))).await;
         let mut all_ok = true;
@@ -294,14 +291,14 @@ impl Backend {
             }
         }
         if !all_ok || dry_run {
-            return Ok(Outcome {
+            return Ok(RequestResult {
                 admitted: all_ok,
                 verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect(),
             });
         }
         // Phase 2: commit, returnable groups first.
-        let returnable = |idx: &Vec<usize>| idx.iter().all(|i| checks[*i].limit.algorithm.supports_return());
-        let mut committed: Vec<(Instant, &Vec<usize>)> = Vec::new();
+        let returnable = |idx: &Vec<usize>| idx.iter().all(|i| checks[*i].limit.algorithm().returnable());
+        let mut committed: Vec<(Nanos, &Vec<usize>)> = Vec::new();
         let mut refused = false;
         let mut failure: Option<BackendError> = None;
         for pass in [true, false] {
@@ -310,7 +307,7 @@ impl Backend {
             if batch.is_empty() {
                 continue;
             }
-            let sent = Instant::now();
+            let sent = self.now_ns();
             let results = join_all(batch.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, false))).await;
             for ((_, idx), r) in batch.iter().zip(results) {
                 match r {
@@ -336,20 +333,20 @@ impl Backend {
             if let Some(e) = failure {
                 return Err(e);
             }
-            return Ok(Outcome {
+            return Ok(RequestResult {
                 admitted: false,
                 verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect(),
             });
         }
-        Ok(Outcome { admitted: true, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() })
+        Ok(RequestResult { admitted: true, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() })
     }
 
     /// Gives back what the committed groups of a refused request took (`RL.RETURN … AGE`).
     async fn compensate(
         &self,
-        checks: &[Check],
-        committed: &[(Instant, &Vec<usize>)],
-        verdicts: &mut [Option<Verdict>],
+        checks: &[DescriptorCheck],
+        committed: &[(Nanos, &Vec<usize>)],
+        verdicts: &mut [Option<CheckResult>],
     ) {
         if committed.is_empty() {
             return;
@@ -359,14 +356,13 @@ impl Backend {
         for (sent, idx) in committed {
             for i in idx.iter() {
                 let v = verdicts[*i].as_mut().expect("filled");
-                if !v.consumed || !checks[*i].limit.algorithm.supports_return() {
+                if !v.consumed || !checks[*i].limit.algorithm().returnable() {
                     continue;
                 }
                 v.consumed = false;
                 v.decision.remaining = (v.decision.remaining + checks[*i].cost).min(v.decision.limit);
-                let age_ms = (sent.elapsed().as_nanos().div_ceil(1_000_000) as u64).max(1);
-                let mut cmd = redis::cmd("RL.RETURN");
-                cmd.arg(&checks[*i].key).arg(checks[*i].cost).arg("AGE").arg(age_ms);
+                let age = return_age(*sent, self.now_ns(), self.timeout.into());
+                let cmd = give_back_cmd(&checks[*i].key, checks[*i].cost, Some(age));
                 calls.push((cmd, self.slot_of(&checks[*i].key)));
             }
         }
@@ -383,12 +379,12 @@ impl Backend {
     /// One group (one slot) in one command.
     async fn exec_group(
         &self,
-        checks: &[Check],
+        checks: &[DescriptorCheck],
         idx: &[usize],
         slot: Option<Slot>,
         dry: bool,
-    ) -> Result<(bool, Vec<Verdict>), BackendError> {
-        let group: Vec<&Check> = idx.iter().map(|i| &checks[*i]).collect();
+    ) -> Result<(bool, Vec<CheckResult>), BackendError> {
+        let group: Vec<&DescriptorCheck> = idx.iter().map(|i| &checks[*i]).collect();
         let cost = group[0].cost;
         let simple = group.iter().all(|c| !c.soft && c.cost == cost);
         if simple && group.len() == 1 {
@@ -400,18 +396,8 @@ impl Backend {
             return Ok((admitted, vec![verdict(d, c.cost, admitted, admitted && !dry)]));
         }
         if simple {
-            let mut cmd = redis::cmd("RL.MULTI");
-            cmd.arg(group.len());
-            for c in &group {
-                cmd.arg(&c.key);
-            }
-            for c in &group {
-                cmd.arg(c.limit.algorithm.multi_name()).arg(limit_args(&c.limit));
-            }
-            cmd.arg("COST").arg(cost);
-            if dry {
-                cmd.arg("DRYRUN");
-            }
+            let opts = Options { cost: Some(cost), dry_run: dry, partial: false };
+            let cmd = multi_cmd(group.iter().map(|c| (c.key.as_str(), &c.limit)), opts);
             let v = self.call(RedisOp::Multi, &cmd, slot).await?;
             let m = MultiDecision::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string()))?;
             if m.limits.len() != group.len() {
@@ -432,22 +418,24 @@ impl Backend {
                     if ok {
                         verdict(*d, cost, true, !dry)
                     } else {
-                        Verdict { decision: *d, admitted, consumed: false }
+                        CheckResult { decision: *d, admitted, consumed: false }
                     }
                 })
                 .collect();
             return Ok((ok, vs));
         }
-        // numkeys, keys, then the script's ARGV.
-        let mut args: Vec<String> = vec![group.len().to_string()];
-        args.extend(group.iter().map(|c| c.key.clone()));
-        args.push(if dry { "1" } else { "0" }.to_string());
+        // numkeys, keys, then the script's ARGV (each limit's arguments by the client's one
+        // encoding).
+        let mut args: Vec<Vec<u8>> = vec![group.len().to_string().into_bytes()];
+        args.extend(group.iter().map(|c| c.key.clone().into_bytes()));
+        args.push(if dry { b"1" } else { b"0" }.to_vec());
         for c in &group {
-            let la = limit_args(&c.limit);
-            args.push(c.limit.algorithm.command().to_string());
-            args.push(if c.soft { "1" } else { "0" }.to_string());
-            args.push(c.cost.to_string());
-            args.push(la.len().to_string());
+            let mut la = Vec::new();
+            each_limit_arg(&c.limit, |a| la.push(a.to_vec()));
+            args.push(c.limit.algorithm().command().as_bytes().to_vec());
+            args.push(if c.soft { b"1" } else { b"0" }.to_vec());
+            args.push(c.cost.to_string().into_bytes());
+            args.push(la.len().to_string().into_bytes());
             args.extend(la);
         }
         let mut cmd = redis::cmd("EVALSHA");
@@ -464,15 +452,15 @@ impl Backend {
     }
 }
 
-fn verdict(mut d: Decision, cost: u64, admitted: bool, consumed: bool) -> Verdict {
+fn verdict(mut d: Decision, cost: u64, admitted: bool, consumed: bool) -> CheckResult {
     if admitted && !consumed {
         // A dry run reports what would remain after taking `cost`; nothing was taken.
         d.remaining = d.remaining.saturating_add(cost).min(d.limit);
     }
-    Verdict { decision: d, admitted, consumed }
+    CheckResult { decision: d, admitted, consumed }
 }
 
-fn parse_script_reply(v: &Value, group: &[&Check]) -> Result<(bool, Vec<Verdict>), BackendError> {
+fn parse_script_reply(v: &Value, group: &[&DescriptorCheck]) -> Result<(bool, Vec<CheckResult>), BackendError> {
     let bad = || BackendError::Reply(format!("unexpected script reply {v:?}"));
     let items = match v {
         Value::Array(a) if a.len() == 2 + 2 * group.len() => a,
@@ -492,13 +480,8 @@ fn parse_script_reply(v: &Value, group: &[&Check]) -> Result<(bool, Vec<Verdict>
         if admitted && !consumed {
             vs.push(verdict(d, c.cost, true, false));
         } else {
-            vs.push(Verdict { decision: d, admitted, consumed });
+            vs.push(CheckResult { decision: d, admitted, consumed });
         }
     }
     Ok((ok, vs))
-}
-
-/// Algorithms whose units can be given back (all but the sliding log).
-pub fn returnable(a: Algorithm) -> bool {
-    a.supports_return()
 }

@@ -12,18 +12,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_ratelimit_client::spec::{parse_duration, Algorithm};
+use redis_ratelimit_client::spec::{parse_duration, Algorithm, Limit};
 use yaml_rust2::{Yaml, YamlLoader};
 
 use crate::metrics::{Metrics, RuleStats, StatKey};
 use crate::pb::Unit;
-
-/// The module's largest `limit` and `BURST` (10^15).
-pub const MAX_UNITS: u64 = 1_000_000_000_000_000;
-/// The module's longest period (100 years).
-const MAX_PERIOD: Duration = Duration::from_secs(36_525 * 86_400);
-/// The module refuses a BURST whose refill takes longer than this (200 years).
-const MAX_REFILL: Duration = Duration::from_secs(2 * 36_525 * 86_400);
 
 /// What the service does for a domain when Redis cannot answer (breaker open, timeout, error).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,28 +44,13 @@ impl FailureMode {
     }
 }
 
-/// The algorithm names of the `algorithm` extension.
+/// The algorithm names of the `algorithm` extension (the core's configuration names), in any
+/// case.
 pub fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "fixed" => Ok(Algorithm::Fixed),
-        "sliding" => Ok(Algorithm::Sliding),
-        "sliding_log" => Ok(Algorithm::SlidingLog),
-        "gcra" => Ok(Algorithm::Gcra),
-        "token_bucket" => Ok(Algorithm::TokenBucket),
-        "leaky" => Ok(Algorithm::Leaky),
-        _ => Err(format!("invalid algorithm '{s}': expected fixed, sliding, sliding_log, gcra, token_bucket or leaky")),
-    }
-}
-
-pub fn algorithm_name(a: Algorithm) -> &'static str {
-    match a {
-        Algorithm::Fixed => "fixed",
-        Algorithm::Sliding => "sliding",
-        Algorithm::SlidingLog => "sliding_log",
-        Algorithm::Gcra => "gcra",
-        Algorithm::TokenBucket => "token_bucket",
-        Algorithm::Leaky => "leaky",
-    }
+    Algorithm::from_config_name(&s.to_ascii_lowercase()).ok_or_else(|| {
+        let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.config_name()).collect();
+        format!("invalid algorithm '{s}': expected one of {}", names.join(", "))
+    })
 }
 
 /// The length of a unit, as envoyproxy/ratelimit's `UnitToDivider` (a month is 30 days, a
@@ -114,7 +92,10 @@ pub struct Rule {
     pub unit: Unit,
     pub period: Duration,
     pub algorithm: Algorithm,
-    pub burst: Option<u64>,
+    /// What the rule enforces, validated by the module's rules; `None` when it is `unlimited`
+    /// or its `requests_per_unit` is 0 (a blocklist entry: every request refused without
+    /// asking Redis).
+    pub limit: Option<Limit>,
     /// `lease` extension: `Some(true)` serve from local reservations, `Some(false)` never,
     /// `None` the service's default.
     pub lease: Option<bool>,
@@ -122,13 +103,15 @@ pub struct Rule {
 }
 
 impl Rule {
-    /// The capacity the module reports (BURST for the buckets, the limit for the windows).
+    /// The capacity the module reports ([`Limit::capacity`]); 0 for a rule that admits nothing.
     pub fn capacity(&self) -> u64 {
-        if self.algorithm.is_bucket() {
-            self.burst.unwrap_or(self.requests_per_unit as u64)
-        } else {
-            self.requests_per_unit as u64
-        }
+        self.limit.map_or(0, |l| l.capacity())
+    }
+
+    /// The window of the policy in the rate-limit headers ([`Limit::policy_window`]); the
+    /// period for a rule that admits nothing.
+    pub fn policy_window(&self) -> Duration {
+        self.limit.map_or(self.period, |l| l.policy_window())
     }
 }
 
@@ -474,11 +457,7 @@ fn load_rate_limit(
         None => None,
         Some(v) => {
             let s = scalar_string(v).unwrap_or_default();
-            let p = parse_duration(&s).map_err(|e| ctx.err(dp, format!("invalid period: {e}")))?;
-            if p > MAX_PERIOD {
-                return Err(ctx.err(dp, format!("invalid period '{s}': at most 100 years (36525d)")));
-            }
-            Some(p)
+            Some(parse_duration(&s).map_err(|e| ctx.err(dp, format!("invalid period: {e}")))?)
         }
     };
     let requests_per_unit = match get(rl, "requests_per_unit") {
@@ -500,8 +479,8 @@ fn load_rate_limit(
     };
     let burst = match get(rl, "burst") {
         None => None,
-        Some(Yaml::Integer(i)) if *i >= 1 && (*i as u64) <= MAX_UNITS => Some(*i as u64),
-        Some(_) => return Err(ctx.err(dp, "invalid burst: expected an integer from 1 to 10^15")),
+        Some(Yaml::Integer(i)) if *i >= 0 => Some(*i as u64),
+        Some(_) => return Err(ctx.err(dp, "invalid burst: expected an integer")),
     };
     let lease = match get(rl, "lease") {
         None => None,
@@ -540,18 +519,16 @@ fn load_rate_limit(
             (None, None) => return Err(ctx.err(dp, "invalid rate limit unit '': give unit or period")),
         }
     };
-    if burst.is_some() && !algorithm.is_bucket() {
-        return Err(
-            ctx.err(dp, format!("burst applies to gcra, token_bucket and leaky, not to {}", algorithm_name(algorithm)))
-        );
-    }
-    if let (Some(b), true) = (burst, requests_per_unit > 0) {
-        // The module refuses a BURST whose refill (burst × period / limit) exceeds 200 years.
-        let refill = period.as_nanos().saturating_mul(b as u128) / requests_per_unit as u128;
-        if refill > MAX_REFILL.as_nanos() {
-            return Err(ctx.err(dp, "burst too large for this rate: refilling it would take more than 200 years"));
-        }
-    }
+    // The module's rules, the core's one statement of them (a rule of 0 requests per unit
+    // builds none but is checked as a limit of 1).
+    let limit = if unlimited {
+        None
+    } else {
+        let checked = Limit::new(algorithm, u64::from(requests_per_unit.max(1)), period)
+            .and_then(|l| burst.map_or(Ok(l), |b| l.with_burst(b)))
+            .map_err(|e| ctx.err(dp, format!("invalid rate_limit: {e}")))?;
+        (requests_per_unit > 0).then_some(checked)
+    };
     let stat_key = StatKey::new(path[0].clone(), path[1..].to_vec());
     let stats = metrics.rule_stats(&stat_key);
     Ok(Rule {
@@ -565,7 +542,7 @@ fn load_rate_limit(
         unit,
         period,
         algorithm,
-        burst,
+        limit,
         lease,
         stats,
     })
@@ -773,8 +750,8 @@ impl Config {
                     l.unit.as_str_name(),
                     l.requests_per_unit,
                     l.period,
-                    algorithm_name(l.algorithm),
-                    l.burst,
+                    l.algorithm.config_name(),
+                    l.limit.and_then(|l| l.burst()),
                     l.unlimited,
                     l.shadow_mode
                 ));
@@ -826,7 +803,7 @@ mod tests {
         assert_eq!(e.to_string(), "f.yaml: domain 'd': descriptor 'k': invalid rate limit unit 'days'");
         let e = load(&[("g.yaml", "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        value: c\n        rate_limit: {unit: second, requests_per_unit: 1, algorithm: sliding, burst: 3}\n")]).unwrap_err();
         assert_eq!(e.descriptor.as_deref(), Some("a.b_c"));
-        assert!(e.message.contains("burst applies to"), "{e}");
+        assert_eq!(e.message, "invalid rate_limit: BURST is not an option of RL.SLIDING", "{e}");
         let e = load(&[("h.yaml", "domain: d\nfoo: 1\n")]).unwrap_err();
         assert_eq!(e.to_string(), "h.yaml: config error, unknown key 'foo'");
         let e = load(&[("a.yaml", "domain: d\n"), ("b.yaml", "domain: d\n")]).unwrap_err();
@@ -841,6 +818,37 @@ mod tests {
     }
 
     #[test]
+    fn limits_the_module_would_refuse_are_refused_with_their_path() {
+        let rule = |rl: &str| {
+            format!(
+                "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {{{rl}}}\n"
+            )
+        };
+        for (rl, why) in [
+            ("requests_per_unit: 5, unit: second, algorithm: gcra, burst: 0", "BURST 0: must be from 1 to"),
+            (
+                "requests_per_unit: 1, period: 36525d, algorithm: gcra, burst: 3",
+                "refilling it would take more than 200 years",
+            ),
+            ("requests_per_unit: 5, period: 36526d", "period"),
+            ("requests_per_unit: 0, unit: second, algorithm: fixed, burst: 2", "BURST is not an option of RL.FIXED"),
+        ] {
+            let e = load(&[("r.yaml", rule(rl).as_str())]).unwrap_err();
+            assert_eq!(
+                (e.file.as_str(), e.domain.as_deref(), e.descriptor.as_deref()),
+                ("r.yaml", Some("d"), Some("a.b")),
+                "{e}"
+            );
+            assert!(e.message.starts_with("invalid rate_limit: ") && e.message.contains(why), "{rl}: {e}");
+        }
+        // A blocklist entry (0 per unit) builds no limit: every request is refused locally.
+        let c = load(&[("z.yaml", rule("requests_per_unit: 0, unit: second").as_str())]).unwrap();
+        let m = Metrics::new(10);
+        let x = c.get_limit("d", &[("a", ""), ("b", "")], &m).unwrap();
+        assert_eq!((x.rule.limit, x.rule.capacity(), x.rule.policy_window()), (None, 0, Duration::from_secs(1)));
+    }
+
+    #[test]
     fn extensions_parse() {
         let c = load(&[(
             "e.yaml",
@@ -852,7 +860,7 @@ mod tests {
         assert_eq!(x.rule.period, Duration::from_secs(30));
         assert_eq!(x.rule.unit, Unit::Unknown);
         assert_eq!(x.rule.algorithm, Algorithm::Gcra);
-        assert_eq!(x.rule.burst, Some(60));
+        assert_eq!(x.rule.limit.and_then(|l| l.burst()), Some(60));
         assert_eq!(x.rule.capacity(), 60);
         assert_eq!(c.domains["d"].failure_mode, Some(FailureMode::Local));
         // Any length; a period that is one unit reports that unit.

@@ -18,8 +18,9 @@
 //! One [`Limiter`] per rule (its limit, shadow mode and failure policy), made on first use and
 //! kept across reloads while the rule is unchanged; keys are the same Redis keys as per-request
 //! checks use, so switching a rule between leases and per-request checking keeps its state.
-//! Leasable: fixed, sliding, gcra, token_bucket (the sliding log and the leaky bucket are
-//! checked per request: exact by design, and every admitted leaky request needs its own delay).
+//! Leasable: what the algorithm's facts say (`Algorithm::leasable`; the sliding log and the
+//! leaky bucket are checked per request: exact by design, and every admitted leaky request
+//! needs its own delay).
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -28,8 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis_ratelimit_client::spec::{Algorithm, Limit};
-use redis_ratelimit_client::{Connection, FailurePolicy, Limiter, LimiterConfig};
+use redis_ratelimit_client::spec::Limit;
+use redis_ratelimit_client::{Connection, FailurePolicy, Limiter, LimiterConfig, Nanos};
 
 use crate::config::FailureMode;
 
@@ -52,8 +53,17 @@ pub struct LeaseSettings {
     pub hot_window: Duration,
 }
 
-pub fn leasable(a: Algorithm) -> bool {
-    matches!(a, Algorithm::Fixed | Algorithm::Sliding | Algorithm::Gcra | Algorithm::TokenBucket)
+impl LeaseSettings {
+    /// A rule's limiter configuration.
+    fn limiter_config(&self, limit: Limit, shadow: bool, policy: FailurePolicy) -> LimiterConfig {
+        LimiterConfig::new(limit)
+            .lease(self.lease)
+            .instances(self.instances)
+            .timeout(self.timeout)
+            .breaker(self.breaker_failures, self.breaker_cool_down)
+            .policy(policy)
+            .shadow(shadow)
+    }
 }
 
 pub type RuleLimiter = Arc<Limiter<LeaseConn>>;
@@ -61,9 +71,9 @@ pub type RuleLimiter = Arc<Limiter<LeaseConn>>;
 /// One value's requests in its current window.
 #[derive(Clone, Copy, Debug)]
 struct Temp {
-    /// The window's start (ns since the tracker's epoch): the first request after the last one
+    /// The window's start (since the tracker's epoch): the first request after the last one
     /// ended.
-    start: u64,
+    start: Nanos,
     /// Requests in the window.
     count: u32,
     hot: bool,
@@ -83,7 +93,7 @@ const HEAT_SHARDS: usize = 64;
 /// `hot_requests ÷ 2` requests per window, are bounded by the request rate).
 pub struct Heat {
     requests: u32,
-    window: u64,
+    window: Nanos,
     hasher: RandomState,
     shards: Box<[Mutex<HashMap<u64, Temp>>]>,
     epoch: Instant,
@@ -96,7 +106,7 @@ impl Heat {
     pub fn new(requests: u32, window: Duration) -> Heat {
         Heat {
             requests: requests.max(1),
-            window: (window.as_nanos().min(u64::MAX as u128) as u64).max(1),
+            window: Nanos::from(window).max(Nanos::new(1)),
             hasher: RandomState::new(),
             shards: (0..HEAT_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             epoch: Instant::now(),
@@ -107,18 +117,18 @@ impl Heat {
 
     /// Counts a request on `key` and answers whether it leases.
     pub fn observe(&self, key: &str) -> bool {
-        let hot = self.requests <= 1 || self.observe_at(key, self.epoch.elapsed().as_nanos() as u64);
+        let hot = self.requests <= 1 || self.observe_at(key, Nanos::from(self.epoch.elapsed()));
         let c = if hot { &self.hot_checks } else { &self.cold_checks };
         c.fetch_add(1, Ordering::Relaxed);
         hot
     }
 
-    fn observe_at(&self, key: &str, now: u64) -> bool {
+    fn observe_at(&self, key: &str, now: Nanos) -> bool {
         let h = self.hasher.hash_one(key);
         let mut shard = self.shards[(h >> 58) as usize % HEAT_SHARDS].lock().unwrap_or_else(|e| e.into_inner());
         if shard.len() >= HEAT_SHARD_CAP && !shard.contains_key(&h) {
             let w = self.window;
-            shard.retain(|_, t| now.saturating_sub(t.start) < if t.hot { 2 * w } else { w });
+            shard.retain(|_, t| now - t.start < if t.hot { w * 2 } else { w });
             if shard.len() >= HEAT_SHARD_CAP {
                 shard.retain(|_, t| t.hot);
             }
@@ -127,11 +137,11 @@ impl Heat {
             }
         }
         let t = shard.entry(h).or_insert(Temp { start: now, count: 0, hot: false });
-        let age = now.saturating_sub(t.start);
+        let age = now - t.start;
         if age >= self.window {
             // The window ended: it kept the value hot if it saw at least half the threshold
             // (a window after it with no request saw none).
-            let last = if age < 2 * self.window { t.count } else { 0 };
+            let last = if age < self.window * 2 { t.count } else { 0 };
             if last < self.requests.div_ceil(2) {
                 t.hot = false;
             }
@@ -147,13 +157,13 @@ impl Heat {
 
     /// Values hot now (for /metrics).
     pub fn hot_values(&self) -> u64 {
-        let now = self.epoch.elapsed().as_nanos() as u64;
+        let now = Nanos::from(self.epoch.elapsed());
         let w = self.window;
         self.shards
             .iter()
             .map(|s| {
                 let s = s.lock().unwrap_or_else(|e| e.into_inner());
-                s.values().filter(|t| t.hot && now.saturating_sub(t.start) < 2 * w).count() as u64
+                s.values().filter(|t| t.hot && now - t.start < w * 2).count() as u64
             })
             .sum()
     }
@@ -168,9 +178,13 @@ pub struct Leases {
 }
 
 impl Leases {
-    pub fn new(settings: LeaseSettings, conn: LeaseConn) -> Leases {
+    /// The leases of a service; an error names a lease setting the client's limiter refuses.
+    pub fn new(settings: LeaseSettings, conn: LeaseConn) -> Result<Leases, String> {
+        // The settings every rule's limiter takes, checked once here (any limit will do).
+        let any = Limit::fixed(1, Duration::from_secs(1)).map_err(|e| e.to_string())?;
+        settings.limiter_config(any, false, FailurePolicy::FailClosed).engine_config().map_err(|e| e.to_string())?;
         let heat = Heat::new(settings.hot_requests, settings.hot_window);
-        Leases { settings, conn, limiters: Mutex::new(HashMap::new()), heat }
+        Ok(Leases { settings, conn, limiters: Mutex::new(HashMap::new()), heat })
     }
 
     /// The limiter of a rule (made on first use; needs a tokio runtime).
@@ -186,15 +200,8 @@ impl Leases {
             FailureMode::Open => FailurePolicy::FailOpen,
             FailureMode::Local => FailurePolicy::LocalShare,
         };
-        let s = &self.settings;
-        let cfg = LimiterConfig::new(limit)
-            .lease(s.lease)
-            .instances(s.instances)
-            .timeout(s.timeout)
-            .breaker(s.breaker_failures, s.breaker_cool_down)
-            .policy(policy)
-            .shadow(shadow);
-        let l = Arc::new(Limiter::new(self.conn.clone(), cfg));
+        let cfg = self.settings.limiter_config(limit, shadow, policy);
+        let l = Arc::new(Limiter::new(self.conn.clone(), cfg).expect("lease settings checked by Leases::new"));
         map.insert(id, l.clone());
         l
     }
@@ -231,13 +238,17 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    fn ns(raw: u64) -> Nanos {
+        Nanos::new(raw as i64)
+    }
+
     #[test]
     fn a_value_leases_at_the_threshold_within_a_window() {
         let h = Heat::new(4, Duration::from_millis(100));
-        let seen: Vec<bool> = (0..5).map(|i| h.observe_at("k", i * 10 * MS)).collect();
+        let seen: Vec<bool> = (0..5).map(|i| h.observe_at("k", ns(i * 10 * MS))).collect();
         assert_eq!(seen, [false, false, false, true, true]);
         // Another value is its own.
-        assert!(!h.observe_at("other", 50 * MS));
+        assert!(!h.observe_at("other", ns(50 * MS)));
     }
 
     #[test]
@@ -245,7 +256,7 @@ mod tests {
         let h = Heat::new(4, Duration::from_millis(100));
         // 3 per window, forever: below the threshold in every window.
         for i in 0..30u64 {
-            assert!(!h.observe_at("k", i * 34 * MS), "request {i}");
+            assert!(!h.observe_at("k", ns(i * 34 * MS)), "request {i}");
         }
     }
 
@@ -253,23 +264,23 @@ mod tests {
     fn a_hot_value_stays_hot_at_half_the_rate_and_cools_below_it() {
         let h = Heat::new(4, Duration::from_millis(100));
         for i in 0..4 {
-            h.observe_at("k", i * MS);
+            h.observe_at("k", ns(i * MS));
         }
         // Two per window (half of 4): still hot, window after window.
         let mut t = 100 * MS;
         for _ in 0..5 {
-            assert!(h.observe_at("k", t));
-            assert!(h.observe_at("k", t + 50 * MS));
+            assert!(h.observe_at("k", ns(t)));
+            assert!(h.observe_at("k", ns(t + 50 * MS)));
             t += 100 * MS;
         }
         // One request in a window: the next window's first request finds it cooled.
-        assert!(h.observe_at("k", t));
-        assert!(!h.observe_at("k", t + 100 * MS));
+        assert!(h.observe_at("k", ns(t)));
+        assert!(!h.observe_at("k", ns(t + 100 * MS)));
         // A gap of a whole window cools a hot value too.
         let h = Heat::new(2, Duration::from_millis(100));
-        assert!(!h.observe_at("k", 0));
-        assert!(h.observe_at("k", MS));
-        assert!(!h.observe_at("k", 250 * MS));
+        assert!(!h.observe_at("k", ns(0)));
+        assert!(h.observe_at("k", ns(MS)));
+        assert!(!h.observe_at("k", ns(250 * MS)));
     }
 
     #[test]
@@ -282,13 +293,13 @@ mod tests {
     #[test]
     fn memory_is_bounded_and_hot_values_survive_a_flood_of_cold_ones() {
         let h = Heat::new(2, Duration::from_secs(1));
-        h.observe_at("hot", 0);
-        assert!(h.observe_at("hot", MS));
+        h.observe_at("hot", ns(0));
+        assert!(h.observe_at("hot", ns(MS)));
         for i in 0..(HEAT_SHARDS * HEAT_SHARD_CAP * 2) as u64 {
-            h.observe_at(&format!("cold{i}"), 2 * MS);
+            h.observe_at(&format!("cold{i}"), ns(2 * MS));
         }
         let total: usize = h.shards.iter().map(|s| s.lock().unwrap().len()).sum();
         assert!(total <= HEAT_SHARDS * HEAT_SHARD_CAP, "{total} entries");
-        assert!(h.observe_at("hot", 3 * MS), "the hot value is still known");
+        assert!(h.observe_at("hot", ns(3 * MS)), "the hot value is still known");
     }
 }

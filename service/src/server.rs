@@ -210,7 +210,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     )?;
     let mut service = Service::new(backend, metrics.clone(), service_settings);
     if let Some(conn) = lease_conn {
-        service = service.with_leases(Arc::new(Leases::new(settings.lease_settings(), conn)));
+        service = service.with_leases(Arc::new(Leases::new(settings.lease_settings(), conn)?));
     }
     let service = Arc::new(service);
     let reloader = Reloader {

@@ -13,16 +13,16 @@ use redis_ratelimit_client::policy::LocalBucket;
 use redis_ratelimit_client::spec::{Algorithm, Limit};
 use redis_ratelimit_client::Nanos;
 
-use crate::backend::{Backend, BackendError, Check, Outcome, Verdict};
-use crate::config::{algorithm_name, unit_period, Config, FailureMode, Matched, Rule};
+use crate::backend::{Backend, BackendError, CheckResult, DescriptorCheck, RequestResult};
+use crate::config::{unit_period, Config, FailureMode, Matched, Rule};
 use crate::headers::{self, HeaderMode, LimitStatus};
-use crate::leases::{leasable, LeaseConn, Leases};
+use crate::leases::{LeaseConn, Leases};
 use crate::metrics::{Metrics, RuleStats, StatKey};
 use crate::pb::{self, Code, DescriptorStatus, RateLimitRequest, RateLimitResponse, Unit};
 use redis_ratelimit_client::{check_all, Limiter};
 
 /// The largest hits a descriptor may add: the module's largest COST (10^15).
-pub const MAX_HITS_ADDEND: u64 = crate::config::MAX_UNITS;
+pub const MAX_HITS_ADDEND: u64 = redis_ratelimit_core::MAX_COUNT;
 /// At most this many descriptors per request, entries per descriptor, bytes per key or value.
 pub const MAX_DESCRIPTORS: usize = 64;
 pub const MAX_ENTRIES: usize = 32;
@@ -147,9 +147,9 @@ pub fn redis_key(
         k.push('{');
         escape(&mut k, domain);
         k.push('}');
-        k.push_str(algorithm_name(algorithm));
+        k.push_str(algorithm.config_name());
     } else {
-        k.push_str(algorithm_name(algorithm));
+        k.push_str(algorithm.config_name());
         k.push(':');
         escape(&mut k, domain);
     }
@@ -230,21 +230,6 @@ fn duration(d: Duration) -> prost_types::Duration {
     prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
 }
 
-/// The bucket window of the draft headers: the window, or the time to refill a bucket.
-fn policy_window(l: &Limit) -> Duration {
-    if !l.algorithm.is_bucket() || l.limit == 0 {
-        return l.period;
-    }
-    let cap = l.burst.unwrap_or(l.limit);
-    Duration::from_nanos(
-        (l.period.as_nanos().saturating_mul(cap as u128) / l.limit as u128).min(u64::MAX as u128) as u64
-    )
-}
-
-fn client_limit(r: &Rule) -> Limit {
-    Limit { algorithm: r.algorithm, limit: r.requests_per_unit as u64, period: r.period, burst: r.burst }
-}
-
 impl Service {
     pub fn new(backend: Arc<Backend>, metrics: Arc<Metrics>, settings: ServiceSettings) -> Service {
         Service {
@@ -310,7 +295,8 @@ impl Service {
             unit,
             period,
             algorithm: Algorithm::Fixed,
-            burst: None,
+            // (A unit's period, and a u32 count: a valid limit unless 0.)
+            limit: Limit::fixed(u64::from(l.requests_per_unit), period).ok(),
             lease: None,
             stats: stats.clone(),
         });
@@ -387,13 +373,12 @@ impl Service {
                 items.push(Item::Unlimited);
                 continue;
             }
-            // Never admissible: a limit of 0 (a blocklist entry) or more hits than the capacity.
-            let local_refusal = m.rule.requests_per_unit == 0 || cost > m.rule.capacity();
-            let check = if local_refusal {
-                refused_locally |= !m.rule.shadow_mode;
-                None
-            } else {
-                checks.push(Check {
+            // Never admissible: a limit of 0 (a blocklist entry: no limit) or more hits than the
+            // capacity.
+            let limit = m.rule.limit.filter(|l| cost <= l.capacity());
+            let local_refusal = limit.is_none();
+            let check = if let Some(limit) = limit {
+                checks.push(DescriptorCheck {
                     key: redis_key(
                         &self.settings.key_prefix,
                         self.settings.hash_tag_domain && self.backend.cluster,
@@ -402,20 +387,23 @@ impl Service {
                         &entries[i],
                         &m.share_patterns,
                     ),
-                    limit: client_limit(&m.rule),
+                    limit,
                     cost,
                     soft: m.rule.shadow_mode,
                 });
                 // A leased rule's value leases only once hot (crate::leases::Heat); until then
                 // it is decided per request with the request's other per-request checks.
                 let lease = self.leases.as_ref().is_some_and(|l| {
-                    leasable(m.rule.algorithm)
+                    m.rule.algorithm.leasable()
                         && m.rule.lease.unwrap_or(l.settings.default_on)
                         && cost > 0
                         && l.heat.observe(&checks[checks.len() - 1].key)
                 });
                 leased.push(lease.then(|| m.rule.stat_key.full()));
                 Some(checks.len() - 1)
+            } else {
+                refused_locally |= !m.rule.shadow_mode;
+                None
             };
             items.push(Item::Limited { m, cost, check, local_refusal });
         }
@@ -429,7 +417,7 @@ impl Service {
                 .await;
         }
         let outcome = match self.backend.decide(&checks, refused_locally).await {
-            Ok(o) => Outcome { admitted: o.admitted && !refused_locally, verdicts: o.verdicts },
+            Ok(o) => RequestResult { admitted: o.admitted && !refused_locally, verdicts: o.verdicts },
             Err(e) => return self.on_failure(&config, domain, &items, &checks, e),
         };
         Ok(self.respond(&items, &outcome))
@@ -448,7 +436,7 @@ impl Service {
         domain: &str,
         mode: FailureMode,
         items: &[Item],
-        checks: &[Check],
+        checks: &[DescriptorCheck],
         leased: &[Option<String>],
         lease_idx: &[usize],
         refused_locally: bool,
@@ -475,7 +463,7 @@ impl Service {
         }
         let leased_ok = all.allowed && !refused_locally;
         let rest_idx: Vec<usize> = (0..checks.len()).filter(|i| leased[*i].is_none()).collect();
-        let rest: Vec<Check> = rest_idx.iter().map(|&i| checks[i].clone()).collect();
+        let rest: Vec<DescriptorCheck> = rest_idx.iter().map(|&i| checks[i].clone()).collect();
         let rest_outcome = match self.backend.decide(&rest, !leased_ok).await {
             Ok(o) => o,
             Err(e) => {
@@ -487,14 +475,14 @@ impl Service {
         if leased_ok && !admitted {
             refund(&all);
         }
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; checks.len()];
+        let mut verdicts: Vec<Option<CheckResult>> = vec![None; checks.len()];
         for (&i, v) in rest_idx.iter().zip(rest_outcome.verdicts) {
             verdicts[i] = Some(v);
         }
         for (&i, o) in lease_idx.iter().zip(&all.outcomes) {
             let c = &checks[i];
             verdicts[i] = Some(match o {
-                Some(o) => Verdict {
+                Some(o) => CheckResult {
                     decision: redis_ratelimit_client::Decision {
                         allowed: if o.allowed { c.cost } else { 0 },
                         limit: o.limit.unwrap_or(c.limit.capacity()),
@@ -508,14 +496,14 @@ impl Service {
                     consumed: admitted && o.allowed,
                 },
                 // Not consulted: another limit refused first from its local cache.
-                None => fallback_verdict(c, true, 0),
+                None => fallback_verdict(c, true, Nanos::ZERO),
             });
         }
-        let outcome = Outcome { admitted, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() };
+        let outcome = RequestResult { admitted, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() };
         Ok(self.respond(items, &outcome))
     }
 
-    fn respond(&self, items: &[Item], outcome: &Outcome) -> RateLimitResponse {
+    fn respond(&self, items: &[Item], outcome: &RequestResult) -> RateLimitResponse {
         let mut statuses = Vec::with_capacity(items.len());
         let mut header_limits = Vec::new();
         for item in items {
@@ -530,7 +518,7 @@ impl Service {
                     let rule = &m.rule;
                     let (admitted, remaining, reset, retry) = match (check, local_refusal) {
                         (Some(c), _) => {
-                            let v: &Verdict = &outcome.verdicts[*c];
+                            let v: &CheckResult = &outcome.verdicts[*c];
                             (v.admitted, v.decision.remaining, v.decision.reset_after, v.decision.retry_after)
                         }
                         // Refused without asking Redis: nothing remains for this request.
@@ -558,7 +546,7 @@ impl Service {
                         limit: rule.capacity(),
                         remaining,
                         reset,
-                        window: policy_window(&client_limit(rule)),
+                        window: rule.policy_window(),
                         refused,
                         retry_after: if refused { retry } else { None },
                     });
@@ -600,12 +588,12 @@ impl Service {
         config: &Config,
         domain: &str,
         items: &[Item],
-        checks: &[Check],
+        checks: &[DescriptorCheck],
         e: BackendError,
     ) -> Result<RateLimitResponse, RequestError> {
         let mode = config.domains.get(domain).and_then(|d| d.failure_mode).unwrap_or(self.settings.failure_mode);
         tracing::debug!("redis failed ({e}); domain '{domain}' fails {mode:?}");
-        let decided: Vec<Verdict> = match mode {
+        let decided: Vec<CheckResult> = match mode {
             FailureMode::Error => {
                 self.metrics.failure_error.fetch_add(1, Relaxed);
                 return Err(RequestError::Unavailable(e.to_string()));
@@ -614,24 +602,24 @@ impl Service {
                 let admit = mode == FailureMode::Open;
                 let m = if admit { &self.metrics.failure_open } else { &self.metrics.failure_closed };
                 m.fetch_add(1, Relaxed);
-                checks.iter().map(|c| fallback_verdict(c, admit, 0)).collect()
+                checks.iter().map(|c| fallback_verdict(c, admit, Nanos::ZERO)).collect()
             }
             FailureMode::Local => self.local_decide(checks),
         };
         let admitted = decided.iter().zip(checks).all(|(v, c)| v.admitted || c.soft)
             && !items.iter().any(|i| matches!(i, Item::Limited { local_refusal: true, m, .. } if !m.rule.shadow_mode));
-        Ok(self.respond(items, &Outcome { admitted, verdicts: decided }))
+        Ok(self.respond(items, &RequestResult { admitted, verdicts: decided }))
     }
 
     /// The local fallback: a token bucket per key at the limit ÷ instances, all or nothing
     /// over the enforced checks.
-    fn local_decide(&self, checks: &[Check]) -> Vec<Verdict> {
+    fn local_decide(&self, checks: &[DescriptorCheck]) -> Vec<CheckResult> {
         let now = Nanos::from(self.epoch.elapsed());
         let n = self.settings.instances.max(1);
-        let params = |c: &Check| {
-            let limit = (c.limit.limit / n).max(1);
-            let burst = (c.limit.burst.unwrap_or(c.limit.limit) / n).max(1);
-            (limit, Nanos::from(c.limit.period), burst)
+        let params = |c: &DescriptorCheck| {
+            let limit = (c.limit.limit() / n).max(1);
+            let burst = (c.limit.capacity() / n).max(1);
+            (limit, c.limit.period_nanos(), burst)
         };
         // Try every check on a copy; commit the enforced ones only if all admit.
         let mut results = Vec::with_capacity(checks.len());
@@ -663,8 +651,8 @@ impl Service {
             let m = if admitted { &self.metrics.failure_local_admits } else { &self.metrics.failure_local_denials };
             m.fetch_add(1, Relaxed);
             let retry = match r {
-                Err(Some(ns)) => ns.as_u64(),
-                _ => 0,
+                Err(Some(ns)) => *ns,
+                _ => Nanos::ZERO,
             };
             out.push(fallback_verdict(c, admitted, retry));
         }
@@ -673,13 +661,13 @@ impl Service {
 }
 
 /// A verdict made without Redis (nothing known of the shared state).
-fn fallback_verdict(c: &Check, admitted: bool, retry_ns: u64) -> Verdict {
-    Verdict {
+fn fallback_verdict(c: &DescriptorCheck, admitted: bool, retry: Nanos) -> CheckResult {
+    CheckResult {
         decision: redis_ratelimit_client::Decision {
             allowed: if admitted { c.cost } else { 0 },
             limit: c.limit.capacity(),
             remaining: 0,
-            retry_after: (!admitted && retry_ns > 0).then(|| Duration::from_nanos(retry_ns)),
+            retry_after: (!admitted && retry > Nanos::ZERO).then(|| retry.into()),
             reset_after: Duration::ZERO,
             delay: None,
         },

@@ -6,8 +6,8 @@
 
 use std::collections::VecDeque;
 
-use redis_ratelimit::core::sliding_log::Commit;
-use redis_ratelimit::core::Window;
+use redis_ratelimit_core::sliding_log::Commit;
+use redis_ratelimit_core::Window;
 
 const TS_BITS: u32 = 53;
 const TS_MASK: u64 = (1 << TS_BITS) - 1;
@@ -150,7 +150,7 @@ pub fn encode(s: &State) -> Vec<u8> {
     let mut out = vec![1u8, 5];
     let mut put = |v: u64| out.extend_from_slice(&v.to_le_bytes());
     put(s.win.limit);
-    put(s.win.window as u64);
+    put(s.win.window.as_i64() as u64);
     put(s.log.entries.len() as u64);
     s.log.entries.iter().for_each(|&e| put(e));
     put(s.log.big.len() as u64);

@@ -3,9 +3,9 @@
 //! Included with `#[path = "common/robust.rs"] mod robust;` next to `mod common;`.
 #![allow(dead_code)]
 
-use redis_ratelimit::core::codec::State;
-use redis_ratelimit::core::spec::{Spec, Update};
-use redis_ratelimit::core::{ceil_ms, Decision, Nanos, Rate, Request, Window, NANOS_PER_MICRO, NANOS_PER_SEC};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::spec::{Spec, Update};
+use redis_ratelimit_core::{Decision, Nanos, Rate, Request, Window, NANOS_PER_MICRO, NANOS_PER_SEC};
 
 use crate::common::resp::Reply;
 use crate::common::{CellReply, LimiterReply, LIMITER_FIELDS};
@@ -24,8 +24,10 @@ pub fn long() -> bool {
 /// The six limiter commands (CL.THROTTLE is separate: other arguments and reply).
 pub const LIMITERS: [&str; 6] = ["RL.GCRA", "RL.TOKENBUCKET", "RL.LEAKY", "RL.SLIDING", "RL.FIXED", "RL.SLIDINGLOG"];
 
+/// A command of a bucket algorithm (the core's facts; CL.THROTTLE is GCRA).
 pub fn is_bucket(cmd: &str) -> bool {
-    matches!(cmd.to_ascii_uppercase().as_str(), "RL.GCRA" | "RL.TOKENBUCKET" | "RL.LEAKY" | "CL.THROTTLE")
+    cmd.eq_ignore_ascii_case("CL.THROTTLE")
+        || redis_ratelimit_core::Algorithm::ALL.iter().any(|a| a.is_bucket() && a.command().eq_ignore_ascii_case(cmd))
 }
 
 /// A limiter reply (RESP2 array or RESP3 map, see `LimiterReply::from_value`), after checking
@@ -108,7 +110,8 @@ pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
 // The core as the server's exact model.
 
 /// The spec a limiter command builds (period in ns).
-pub fn spec_of(cmd: &str, limit: u64, period: Nanos, burst: Option<u64>) -> Spec {
+pub fn spec_of(cmd: &str, limit: u64, period_ns: i64, burst: Option<u64>) -> Spec {
+    let period = Nanos::new(period_ns);
     let rate = || Rate::new(limit, period, burst.unwrap_or(limit)).unwrap();
     let win = || Window::new(limit, period).unwrap();
     match cmd.to_ascii_uppercase().as_str() {
@@ -133,7 +136,7 @@ pub fn capacity(spec: &Spec) -> u64 {
 
 /// CL.THROTTLE's model: GCRA at `count` per `secs` with a burst of max_burst + 1.
 pub fn throttle_spec(max_burst: u64, count: u64, secs: i64) -> Spec {
-    Spec::Gcra(Rate::new(count, secs * NANOS_PER_SEC, max_burst + 1).unwrap())
+    Spec::Gcra(Rate::new(count, Nanos::new(secs * NANOS_PER_SEC), max_burst + 1).unwrap())
 }
 
 /// One key's model state.
@@ -145,7 +148,8 @@ pub struct Model {
 impl Model {
     /// Runs one check at `now_us` and stores the update unless `dryrun`.
     pub fn check(&mut self, spec: &Spec, now_us: i64, req: Request, dryrun: bool) -> Decision {
-        let (d, u) = spec.check(self.state.as_ref(), now_us * NANOS_PER_MICRO, req).expect("model: algorithm mismatch");
+        let now = Nanos::new(now_us * NANOS_PER_MICRO);
+        let (d, u) = spec.check(self.state.as_ref(), now, req).expect("model: algorithm mismatch");
         if let (Some(u), false) = (u, dryrun) {
             self.apply(&u);
         }
@@ -165,6 +169,7 @@ impl Model {
 
 /// The RESP2 integers the module replies for a decision.
 pub fn decision_ints(d: &Decision, leaky: bool) -> Vec<i64> {
+    let ceil_ms = |x: Nanos| x.as_millis_ceil() as i64;
     let ms = |x: Option<Nanos>| x.map_or(-1, ceil_ms);
     let mut v = vec![d.allowed as i64, d.limit as i64, d.remaining as i64, ms(d.retry_after), ceil_ms(d.reset_after)];
     if leaky {
@@ -177,7 +182,10 @@ pub fn decision_ints(d: &Decision, leaky: bool) -> Vec<i64> {
 pub fn cell_seconds(ns: Option<Nanos>) -> i64 {
     match ns {
         None => -1,
-        Some(ns) => ns / NANOS_PER_SEC + ((ns % NANOS_PER_SEC) / 1_000_000 >= 1) as i64,
+        Some(ns) => {
+            let ns = ns.as_i64();
+            ns / NANOS_PER_SEC + ((ns % NANOS_PER_SEC) / 1_000_000 >= 1) as i64
+        }
     }
 }
 

@@ -5,26 +5,25 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use crate::model::{CallId, CallerId, ClientModel, Effect, Outcome, Verdict};
+use crate::model::{Admission, CallId, CallResult, CallerId, ClientModel, Effect};
 use crate::net::{sample_rtt, Availability, Outages};
 use crate::rng::Rng;
 use crate::server::{Answer, Command, Server};
-use crate::Nanos;
-use redis_ratelimit::core::spec::Spec;
+use redis_ratelimit_core::spec::Spec;
 
 /// The server's clock at virtual time 0 (late 2025, not aligned to any window).
-pub const SERVER_EPOCH: Nanos = 1_764_000_123_456_789_000;
+pub const SERVER_EPOCH: i64 = 1_764_000_123_456_789_000;
 
 /// Demand for one key: a Poisson process whose rate (per second) changes at given instants.
 #[derive(Clone, Debug)]
-pub struct Source {
+pub struct Traffic {
     pub key: usize,
     /// (from, rate per second), sorted by time; rate 0 before the first entry.
-    pub rate: Vec<(Nanos, f64)>,
+    pub rate: Vec<(i64, f64)>,
 }
 
-impl Source {
-    fn rate_at(&self, t: Nanos) -> (f64, Option<Nanos>) {
+impl Traffic {
+    fn rate_at(&self, t: i64) -> (f64, Option<i64>) {
         let i = self.rate.iter().rposition(|(from, _)| *from <= t);
         let rate = i.map_or(0.0, |i| self.rate[i].1);
         let next = self.rate.get(i.map_or(0, |i| i + 1)).map(|(from, _)| *from);
@@ -32,10 +31,10 @@ impl Source {
     }
 
     /// The next arrival after `t` (memoryless: at a rate change, draw again from there).
-    fn next_after(&self, mut t: Nanos, rng: &mut Rng) -> Option<Nanos> {
+    fn next_after(&self, mut t: i64, rng: &mut Rng) -> Option<i64> {
         loop {
             let (rate, change) = self.rate_at(t);
-            let next = if rate > 0.0 { Some(t + (rng.exp(1e9 / rate) as Nanos).max(1)) } else { None };
+            let next = if rate > 0.0 { Some(t + (rng.exp(1e9 / rate) as i64).max(1)) } else { None };
             match (next, change) {
                 (Some(n), Some(c)) if n >= c => t = c,
                 (None, Some(c)) => t = c,
@@ -56,8 +55,8 @@ pub enum Exit {
 
 #[derive(Clone, Debug)]
 pub struct InstancePlan {
-    pub start: Nanos,
-    pub exit: Option<(Nanos, Exit)>,
+    pub start: i64,
+    pub exit: Option<(i64, Exit)>,
     /// Share of the traffic while running (relative to the other running instances).
     pub weight: f64,
 }
@@ -65,13 +64,13 @@ pub struct InstancePlan {
 #[derive(Clone, Debug)]
 pub struct Setup {
     pub specs: Vec<Spec>,
-    pub sources: Vec<Source>,
+    pub sources: Vec<Traffic>,
     pub instances: Vec<InstancePlan>,
-    pub duration: Nanos,
+    pub duration: i64,
     pub outages: Outages,
     /// Named phase starts (sorted); counters are kept per phase.
-    pub phases: Vec<(Nanos, &'static str)>,
-    pub timeout: Nanos,
+    pub phases: Vec<(i64, &'static str)>,
+    pub timeout: i64,
     pub seed: u64,
 }
 
@@ -79,17 +78,17 @@ pub struct Setup {
 /// plus the lease length: every admission against granted units must find one (earliest
 /// expiry first, which serves the most). Returns are ignored, which only makes it lenient.
 #[derive(Default)]
-struct Ledger(BinaryHeap<Reverse<(Nanos, u64)>>);
+struct Ledger(BinaryHeap<Reverse<(i64, u64)>>);
 
 impl Ledger {
-    fn receive(&mut self, usable_until: Nanos, units: u64) {
+    fn receive(&mut self, usable_until: i64, units: u64) {
         if units > 0 {
             self.0.push(Reverse((usable_until, units)));
         }
     }
 
     /// Takes one unit usable at `t`; false when there is none.
-    fn take(&mut self, t: Nanos) -> bool {
+    fn take(&mut self, t: i64) -> bool {
         while let Some(Reverse((until, units))) = self.0.pop() {
             if until < t {
                 continue; // expired
@@ -129,13 +128,13 @@ pub struct InstanceRecord {
 #[derive(Debug, Default)]
 pub struct Record {
     /// Per key: the instants of admissions against granted units, in order.
-    pub enforced_at: Vec<Vec<Nanos>>,
+    pub enforced_at: Vec<Vec<i64>>,
     /// Fallback admissions: (instance, key, instant).
-    pub fallback_at: Vec<(usize, usize, Nanos)>,
+    pub fallback_at: Vec<(usize, usize, i64)>,
     /// Added latency of every request, ns (0 for a local decision).
     pub latency: Vec<u32>,
     pub instances: Vec<InstanceRecord>,
-    pub phases: Vec<(&'static str, Nanos, PhaseCounters)>,
+    pub phases: Vec<(&'static str, i64, PhaseCounters)>,
     pub checks_sent: u64,
     pub returns_sent: u64,
     pub refused: u64,
@@ -145,7 +144,7 @@ pub struct Record {
     /// What a zero-latency central limiter (the core checked at every arrival) admits, per key.
     pub ideal_admitted: Vec<u64>,
     pub demand: Vec<u64>,
-    pub duration: Nanos,
+    pub duration: i64,
     /// Admissions against granted units that no unexpired received unit covers (must be 0).
     pub uncovered: u64,
 }
@@ -164,20 +163,20 @@ struct Call {
     instance: usize,
     generation: u64,
     command: Command,
-    sent: Nanos,
-    outcome: Option<Outcome>,
+    sent: i64,
+    outcome: Option<CallResult>,
 }
 
 struct Instance {
     model: Option<Box<dyn ClientModel>>,
     generation: u64,
     /// The instance's monotonic clock reads virtual time + offset.
-    offset: Nanos,
-    tick_at: Option<Nanos>,
+    offset: i64,
+    tick_at: Option<i64>,
 }
 
 struct Pending {
-    arrival: Nanos,
+    arrival: i64,
     instance: usize,
     key: usize,
 }
@@ -185,9 +184,9 @@ struct Pending {
 pub struct Engine<'a> {
     setup: &'a Setup,
     make_model: &'a dyn Fn(usize) -> Box<dyn ClientModel>,
-    now: Nanos,
+    now: i64,
     seq: u64,
-    queue: BinaryHeap<Reverse<(Nanos, u64, Event)>>,
+    queue: BinaryHeap<Reverse<(i64, u64, Event)>>,
     server: Server,
     ideal: Server,
     instances: Vec<Instance>,
@@ -199,21 +198,21 @@ pub struct Engine<'a> {
     ledgers: HashMap<(usize, usize), Ledger>,
     /// How long after its claim's send a granted unit may be admitted (the lease, or the
     /// timeout for per-request checks).
-    usable_for: Nanos,
+    usable_for: i64,
     routing_rng: Rng,
     net_rng: Rng,
     record: Record,
 }
 
 impl<'a> Engine<'a> {
-    pub fn run(setup: &'a Setup, usable_for: Nanos, make_model: &'a dyn Fn(usize) -> Box<dyn ClientModel>) -> Record {
+    pub fn run(setup: &'a Setup, usable_for: i64, make_model: &'a dyn Fn(usize) -> Box<dyn ClientModel>) -> Record {
         let keys = setup.specs.len();
         let mut clock_rng = Rng::fork(setup.seed, 3);
         let instances = (0..setup.instances.len())
             .map(|_| Instance {
                 model: None,
                 generation: 0,
-                offset: clock_rng.below(1_000_000_000_000) as Nanos,
+                offset: clock_rng.below(1_000_000_000_000) as i64,
                 tick_at: None,
             })
             .collect();
@@ -275,7 +274,7 @@ impl<'a> Engine<'a> {
         e.record
     }
 
-    fn schedule(&mut self, t: Nanos, ev: Event) {
+    fn schedule(&mut self, t: i64, ev: Event) {
         self.seq += 1;
         self.queue.push(Reverse((t, self.seq, ev)));
     }
@@ -284,7 +283,7 @@ impl<'a> Engine<'a> {
         self.phase_at(self.now)
     }
 
-    fn phase_at(&mut self, t: Nanos) -> &mut PhaseCounters {
+    fn phase_at(&mut self, t: i64) -> &mut PhaseCounters {
         let i = self.record.phases.iter().rposition(|(_, from, _)| *from <= t).unwrap_or(0);
         &mut self.record.phases[i].2
     }
@@ -332,7 +331,7 @@ impl<'a> Engine<'a> {
                     return; // lost with the connection: the caller times out
                 }
                 let answer = self.server.execute(command, self.now + SERVER_EPOCH);
-                self.calls.get_mut(&id).unwrap().outcome = Some(Outcome::Answer(answer));
+                self.calls.get_mut(&id).unwrap().outcome = Some(CallResult::Answer(answer));
             }
             Event::Deliver(id) => {
                 let Some(call) = self.calls.remove(&id) else { return };
@@ -342,19 +341,19 @@ impl<'a> Engine<'a> {
                 }
                 let outcome = match call.outcome {
                     Some(o) if self.now - call.sent <= self.setup.timeout => o,
-                    Some(Outcome::Refused) => Outcome::Refused,
-                    _ => Outcome::Timeout,
+                    Some(CallResult::Refused) => CallResult::Refused,
+                    _ => CallResult::Timeout,
                 };
                 match outcome {
-                    Outcome::Refused => self.record.refused += 1,
-                    Outcome::Timeout => self.record.timeouts += 1,
-                    Outcome::Answer(Answer::Decision(d)) => {
+                    CallResult::Refused => self.record.refused += 1,
+                    CallResult::Timeout => self.record.timeouts += 1,
+                    CallResult::Answer(Answer::Decision(d)) => {
                         self.record.instances[i].units_received += d.allowed;
                         if let Command::Check { key, .. } = call.command {
                             self.ledgers.entry((i, key)).or_default().receive(call.sent + self.usable_for, d.allowed);
                         }
                     }
-                    Outcome::Answer(_) => {}
+                    CallResult::Answer(_) => {}
                 }
                 self.drive(i, |m, now, ids, out| m.outcome(now, id, outcome, ids, out));
             }
@@ -375,7 +374,7 @@ impl<'a> Engine<'a> {
     fn drive(
         &mut self,
         i: usize,
-        f: impl FnOnce(&mut dyn ClientModel, Nanos, &mut dyn FnMut() -> CallId, &mut Vec<Effect>),
+        f: impl FnOnce(&mut dyn ClientModel, i64, &mut dyn FnMut() -> CallId, &mut Vec<Effect>),
     ) {
         let now = self.now + self.instances[i].offset;
         let mut out = Vec::new();
@@ -415,7 +414,7 @@ impl<'a> Engine<'a> {
         for effect in out {
             match effect {
                 Effect::Send { call, command } => self.send(i, call, command),
-                Effect::Verdict { caller, verdict } => self.verdict(i, caller, verdict),
+                Effect::Admission { caller, verdict } => self.verdict(i, caller, verdict),
             }
         }
         self.after_model(i);
@@ -454,7 +453,7 @@ impl<'a> Engine<'a> {
                 self.schedule(self.now + rtt.min(self.setup.timeout), Event::Deliver(id));
             }
             Availability::Refusing => {
-                call.outcome = Some(Outcome::Refused);
+                call.outcome = Some(CallResult::Refused);
                 self.schedule(self.now + (rtt / 2).min(self.setup.timeout), Event::Deliver(id));
             }
             Availability::Hanging => self.schedule(self.now + self.setup.timeout, Event::Deliver(id)),
@@ -462,17 +461,17 @@ impl<'a> Engine<'a> {
         self.calls.insert(id, call);
     }
 
-    fn verdict(&mut self, i: usize, caller: CallerId, verdict: Verdict) {
+    fn verdict(&mut self, i: usize, caller: CallerId, verdict: Admission) {
         let Some(p) = self.pending.remove(&caller) else { return };
         debug_assert_eq!(p.instance, i);
-        let waited = (self.now - p.arrival).clamp(0, u32::MAX as Nanos) as u32;
+        let waited = (self.now - p.arrival).clamp(0, u32::MAX as i64) as u32;
         self.record.latency.push(waited);
         let rec = &mut self.record.instances[i];
-        if verdict != Verdict::Limited {
+        if verdict != Admission::Limited {
             rec.admitted += 1;
         }
         match verdict {
-            Verdict::Enforced => {
+            Admission::Enforced => {
                 rec.enforced += 1;
                 self.record.enforced_at[p.key].push(self.now);
                 if !self.ledgers.entry((i, p.key)).or_default().take(self.now) {
@@ -480,12 +479,12 @@ impl<'a> Engine<'a> {
                 }
                 self.phase_at(p.arrival).enforced += 1;
             }
-            Verdict::Open => self.phase_at(p.arrival).open += 1,
-            Verdict::Fallback => {
+            Admission::Open => self.phase_at(p.arrival).open += 1,
+            Admission::Fallback => {
                 self.record.fallback_at.push((i, p.key, self.now));
                 self.phase_at(p.arrival).fallback += 1;
             }
-            Verdict::Limited => self.phase_at(p.arrival).limited += 1,
+            Admission::Limited => self.phase_at(p.arrival).limited += 1,
         }
     }
 }

@@ -7,36 +7,19 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use redis_ratelimit::core::spec::Spec;
-use redis_ratelimit::reply::decision_values;
 use redis_ratelimit_client::engine::{CallError, Claim, Return, Source, Step, Waiter};
-use redis_ratelimit_client::{
-    Decision, Engine, FailurePolicy as ClientPolicy, Limit, LimiterConfig, Nanos as ClientNanos,
-};
+use redis_ratelimit_client::{Decision, Engine, FailurePolicy as ClientPolicy, Limit, LimiterConfig, Nanos};
+use redis_ratelimit_core::spec::Spec;
 
-use crate::model::{CallId, CallerId, ClientModel, Effect, FailurePolicy, ModelCounters, Outcome, Verdict};
+use crate::model::{Admission, CallId, CallResult, CallerId, ClientModel, Effect, FailurePolicy, ModelCounters};
 use crate::scenarios::{LeaseFactory, Scenario};
 use crate::server::{Answer, Command};
-use crate::Nanos;
 
 /// The factory of lease models.
 pub fn factory() -> Option<Box<LeaseFactory>> {
     Some(Box::new(|sc: &Scenario, policy: FailurePolicy, _instance: usize| {
         Box::new(LeaseModel::new(config(sc, policy))) as Box<dyn ClientModel>
     }))
-}
-
-/// The client's limit for a core spec.
-pub fn limit_of(spec: &Spec) -> Limit {
-    let ns = |n: Nanos| Duration::from_nanos(n as u64);
-    match *spec {
-        Spec::Gcra(r) => Limit { burst: Some(r.burst), ..Limit::gcra(r.limit, ns(r.period)) },
-        Spec::TokenBucket(r) => Limit { burst: Some(r.burst), ..Limit::token_bucket(r.limit, ns(r.period)) },
-        Spec::Leaky(r) => Limit { burst: Some(r.burst), ..Limit::leaky(r.limit, ns(r.period)) },
-        Spec::Fixed(w) => Limit::fixed(w.limit, ns(w.window)),
-        Spec::Sliding(w) => Limit::sliding(w.limit, ns(w.window)),
-        Spec::SlidingLog(w) => Limit::new(redis_ratelimit_client::Algorithm::SlidingLog, w.limit, ns(w.window)),
-    }
 }
 
 /// The configuration of a scenario, built as a service would build it for the tokio driver
@@ -47,11 +30,11 @@ pub fn config(sc: &Scenario, policy: FailurePolicy) -> LimiterConfig {
         FailurePolicy::Closed => ClientPolicy::FailClosed,
         FailurePolicy::Open => ClientPolicy::FailOpen,
         FailurePolicy::Fallback(Spec::Gcra(r)) => {
-            ClientPolicy::LocalFallback { limit: r.limit, period: ClientNanos::new(r.period as u64), burst: r.burst }
+            ClientPolicy::LocalFallback { limit: r.limit, period: r.period, burst: r.burst }
         }
         FailurePolicy::Fallback(other) => panic!("the client's local fallback is a bucket, not {other:?}"),
     };
-    LimiterConfig::new(limit_of(&sc.setup.specs[0]))
+    LimiterConfig::new(Limit::from_spec(&sc.setup.specs[0]).expect("a scenario's spec is a valid limit"))
         .lease(Duration::from_nanos(sc.lease as u64))
         .instances(sc.setup.instances.len() as u64)
         .timeout(Duration::from_nanos(sc.setup.timeout as u64))
@@ -64,8 +47,8 @@ enum Flight {
 }
 
 /// The engine's clock: the instance's own (its virtual time plus offset, never negative).
-fn at(now: Nanos) -> ClientNanos {
-    ClientNanos::new(now as u64)
+fn at(now: i64) -> Nanos {
+    Nanos::new(now)
 }
 
 pub struct LeaseModel {
@@ -77,7 +60,11 @@ pub struct LeaseModel {
 
 impl LeaseModel {
     pub fn new(config: LimiterConfig) -> LeaseModel {
-        LeaseModel { engine: Engine::new(config.engine_config()), flights: HashMap::new(), waiting: HashMap::new() }
+        LeaseModel {
+            engine: Engine::new(config.engine_config().expect("a scenario's settings are in range")),
+            flights: HashMap::new(),
+            waiting: HashMap::new(),
+        }
     }
 
     fn step(
@@ -91,13 +78,13 @@ impl LeaseModel {
         match step {
             Step::Done { outcome, refill } => {
                 let verdict = match (outcome.allowed, outcome.source) {
-                    (false, _) => Verdict::Limited,
-                    (true, Source::Local | Source::Redis) => Verdict::Enforced,
-                    (true, Source::FailOpen) => Verdict::Open,
-                    (true, Source::Fallback) => Verdict::Fallback,
+                    (false, _) => Admission::Limited,
+                    (true, Source::Local | Source::Redis) => Admission::Enforced,
+                    (true, Source::FailOpen) => Admission::Open,
+                    (true, Source::Fallback) => Admission::Fallback,
                     (true, other) => panic!("admitted by {other:?}"),
                 };
-                out.push(Effect::Verdict { caller, verdict });
+                out.push(Effect::Admission { caller, verdict });
                 if let Some(c) = refill {
                     self.claim(c, None, calls, out);
                 }
@@ -131,21 +118,21 @@ impl LeaseModel {
     fn send_return(&mut self, r: Return<usize>, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
         let call = calls();
         self.flights.insert(call, Flight::Return);
-        let age = (r.age().as_millis_ceil() * 1_000_000) as Nanos;
+        let age = (r.age().as_millis_ceil() * 1_000_000) as i64;
         out.push(Effect::Send { call, command: Command::Return { key: *r.key(), units: r.units(), age } });
     }
 }
 
 /// The core's decision as the module replies it, then parsed as the client parses a reply.
-fn as_reply(d: &redis_ratelimit::core::Decision) -> Decision {
-    let (v, _) = decision_values(d, true);
+fn as_reply(d: &redis_ratelimit_core::Decision) -> Decision {
+    let (v, _) = d.reply_values(true);
     Decision::from_fields(v[0], v[1], v[2], v[3], v[4], if d.delay.is_some() { Some(v[5]) } else { None })
 }
 
 impl ClientModel for LeaseModel {
     fn request(
         &mut self,
-        now: Nanos,
+        now: i64,
         key: usize,
         caller: CallerId,
         calls: &mut dyn FnMut() -> CallId,
@@ -158,9 +145,9 @@ impl ClientModel for LeaseModel {
 
     fn outcome(
         &mut self,
-        now: Nanos,
+        now: i64,
         call: CallId,
-        outcome: Outcome,
+        outcome: CallResult,
         calls: &mut dyn FnMut() -> CallId,
         out: &mut Vec<Effect>,
     ) {
@@ -168,12 +155,12 @@ impl ClientModel for LeaseModel {
         match self.flights.remove(&call) {
             None => {}
             Some(Flight::Return) => match outcome {
-                Outcome::Answer(Answer::Credited(n)) => self.engine.on_return(t, Ok(n)),
+                CallResult::Answer(Answer::Credited(n)) => self.engine.on_return(t, Ok(n)),
                 _ => self.engine.on_return(t, Err(CallError::Unavailable)),
             },
             Some(Flight::Claim { claim, caller }) => {
                 let step = match outcome {
-                    Outcome::Answer(Answer::Decision(d)) => self.engine.on_reply(t, &claim, &as_reply(&d)),
+                    CallResult::Answer(Answer::Decision(d)) => self.engine.on_reply(t, &claim, &as_reply(&d)),
                     _ => self.engine.on_error(t, &claim, CallError::Unavailable),
                 };
                 let key = *claim.key();
@@ -191,16 +178,16 @@ impl ClientModel for LeaseModel {
         self.transmit(calls, out);
     }
 
-    fn tick(&mut self, now: Nanos, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+    fn tick(&mut self, now: i64, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
         self.engine.handle_timeout(at(now));
         self.transmit(calls, out);
     }
 
-    fn next_tick(&self) -> Option<Nanos> {
-        self.engine.poll_timeout().map(|t| t.as_u64().min(i64::MAX as u64) as Nanos)
+    fn next_tick(&self) -> Option<i64> {
+        self.engine.poll_timeout().map(Nanos::as_i64)
     }
 
-    fn shutdown(&mut self, now: Nanos, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
+    fn shutdown(&mut self, now: i64, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>) {
         for r in self.engine.drain(at(now)) {
             self.send_return(r, calls, out);
         }

@@ -2,12 +2,11 @@
 //! utilisation, fairness, added latency, expiry) and the bounds themselves.
 
 use crate::engine::Record;
-use crate::Nanos;
-use redis_ratelimit::core::spec::Spec;
+use redis_ratelimit_core::spec::Spec;
 
 /// Most instants of `ts` (sorted) inside any closed interval of length `w`: an exact sliding
 /// two-pointer sweep.
-pub fn max_in_window(ts: &[Nanos], w: Nanos) -> u64 {
+pub fn max_in_window(ts: &[i64], w: i64) -> u64 {
     let (mut best, mut lo) = (0, 0);
     for hi in 0..ts.len() {
         while ts[hi] - ts[lo] > w {
@@ -43,22 +42,22 @@ pub fn percentile(v: &mut [u32], p: f64) -> u32 {
 pub enum Lag {
     /// Reserve first with expiry: a unit is served at most `L` after its claim was sent (for a
     /// window limiter never past the end of the window it was counted in).
-    Lease(Nanos),
+    Lease(i64),
     /// Per-request checking: the caller is let through when the answer arrives, at most the
     /// call timeout after the server counted it.
-    Answer(Nanos),
+    Answer(i64),
 }
 
 /// The most units that can be admitted in any closed interval of length `w` (see
 /// docs/local-reservations.md for the proofs).
-pub fn bound(spec: &Spec, w: Nanos, lag: Lag) -> u64 {
+pub fn bound(spec: &Spec, w: i64, lag: Lag) -> u64 {
     match spec {
         Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => {
             let l = match lag {
                 Lag::Lease(l) | Lag::Answer(l) => l,
             };
             // c + r·(W + L), floored: whole units.
-            r.burst + (r.limit as i128 * (w as i128 + l as i128) / r.period as i128) as u64
+            r.burst + (r.limit as i128 * (w as i128 + l as i128) / r.period.as_i128()) as u64
         }
         Spec::Fixed(win) => {
             // Units are counted in one window and served in it (a lease never outlives its
@@ -67,22 +66,22 @@ pub fn bound(spec: &Spec, w: Nanos, lag: Lag) -> u64 {
                 Lag::Lease(_) => 0,
                 Lag::Answer(t) => t,
             };
-            let touched = (w as i128 + lag as i128 + win.window as i128 - 1) / win.window as i128 + 1;
+            let touched = (w as i128 + lag as i128 + win.window.as_i128() - 1) / win.window.as_i128() + 1;
             win.limit * touched as u64
         }
         Spec::Sliding(win) | Spec::SlidingLog(win) => {
             // Not used by the scenarios: the weaker window bound, 2·limit per window touched.
-            let touched = (w as i128 + win.window as i128 - 1) / win.window as i128 + 1;
+            let touched = (w as i128 + win.window.as_i128() - 1) / win.window.as_i128() + 1;
             win.limit * touched as u64
         }
     }
 }
 
 /// The period of a spec (W = period and W = period ÷ 10 are reported).
-pub fn period(spec: &Spec) -> Nanos {
+pub fn period(spec: &Spec) -> i64 {
     match spec {
-        Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => r.period,
-        Spec::Fixed(w) | Spec::Sliding(w) | Spec::SlidingLog(w) => w.window,
+        Spec::Gcra(r) | Spec::TokenBucket(r) | Spec::Leaky(r) => r.period.as_i64(),
+        Spec::Fixed(w) | Spec::Sliding(w) | Spec::SlidingLog(w) => w.window.as_i64(),
     }
 }
 
@@ -120,9 +119,11 @@ pub struct Summary {
 pub fn summarize(scenario: &str, mode: &str, specs: &[Spec], lag: Lag, rec: &mut Record) -> Summary {
     let mut s = Summary { scenario: scenario.into(), mode: mode.into(), ..Default::default() };
     s.algorithm = match specs[0] {
-        Spec::Gcra(r) => format!("GCRA {}/{}s burst {}", r.limit, r.period / 1_000_000_000, r.burst),
-        Spec::TokenBucket(r) => format!("token bucket {}/{}s burst {}", r.limit, r.period / 1_000_000_000, r.burst),
-        Spec::Fixed(w) => format!("fixed window {}/{}s", w.limit, w.window / 1_000_000_000),
+        Spec::Gcra(r) => format!("GCRA {}/{}s burst {}", r.limit, r.period.as_i64() / 1_000_000_000, r.burst),
+        Spec::TokenBucket(r) => {
+            format!("token bucket {}/{}s burst {}", r.limit, r.period.as_i64() / 1_000_000_000, r.burst)
+        }
+        Spec::Fixed(w) => format!("fixed window {}/{}s", w.limit, w.window.as_i64() / 1_000_000_000),
         other => format!("{:?}", other.algorithm()),
     };
     s.requests = rec.demand.iter().sum();
@@ -175,7 +176,7 @@ pub fn ratio(a: u64, b: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redis_ratelimit::core::{Rate, Window};
+    use redis_ratelimit_core::{Nanos, Rate, Window};
 
     #[test]
     fn window_sweep() {
@@ -193,9 +194,9 @@ mod tests {
 
     #[test]
     fn bounds() {
-        let g = Spec::Gcra(Rate::new(10_000, 1_000_000_000, 1_000).unwrap());
+        let g = Spec::Gcra(Rate::new(10_000, Nanos::from_secs(1), 1_000).unwrap());
         assert_eq!(bound(&g, 1_000_000_000, Lag::Lease(100_000_000)), 1_000 + 11_000);
-        let f = Spec::Fixed(Window::new(100, 60_000_000_000).unwrap());
+        let f = Spec::Fixed(Window::new(100, Nanos::from_secs(60)).unwrap());
         assert_eq!(bound(&f, 60_000_000_000, Lag::Lease(1)), 200);
         assert_eq!(bound(&f, 6_000_000_000, Lag::Lease(1)), 200);
         assert_eq!(bound(&f, 60_000_000_000, Lag::Answer(50_000_000)), 300);

@@ -4,10 +4,9 @@
 //! commands to the server, enforces the call timeout, and tells them the answers.
 
 use crate::server::{Answer, Command};
-use crate::Nanos;
-use redis_ratelimit::core::codec::State;
-use redis_ratelimit::core::spec::Spec;
-use redis_ratelimit::core::Request;
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::spec::Spec;
+use redis_ratelimit_core::{Nanos, Request};
 
 /// A request waiting for its verdict, named by the simulator.
 pub type CallerId = u64;
@@ -16,7 +15,7 @@ pub type CallId = u64;
 
 /// How a request was let through, or not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Admission {
     /// Admitted against units the server granted (a lease, or a per-request check).
     Enforced,
     /// Admitted because Redis is unavailable and the policy is fail open.
@@ -29,7 +28,7 @@ pub enum Verdict {
 
 /// What a call came back with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum CallResult {
     Answer(Answer),
     /// The connection was refused (or reset).
     Refused,
@@ -40,7 +39,7 @@ pub enum Outcome {
 /// Effects a model asks its driver for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Effect {
-    Verdict { caller: CallerId, verdict: Verdict },
+    Admission { caller: CallerId, verdict: Admission },
     Send { call: CallId, command: Command },
 }
 
@@ -77,7 +76,7 @@ pub trait ClientModel {
     /// A request for one unit of `key` arrives.
     fn request(
         &mut self,
-        now: Nanos,
+        now: i64,
         key: usize,
         caller: CallerId,
         calls: &mut dyn FnMut() -> CallId,
@@ -86,18 +85,18 @@ pub trait ClientModel {
     /// The outcome of call `call`.
     fn outcome(
         &mut self,
-        now: Nanos,
+        now: i64,
         call: CallId,
-        outcome: Outcome,
+        outcome: CallResult,
         calls: &mut dyn FnMut() -> CallId,
         out: &mut Vec<Effect>,
     );
     /// Time passes (lease expiry, background claims, returns of idle units).
-    fn tick(&mut self, now: Nanos, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>);
+    fn tick(&mut self, now: i64, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>);
     /// When `tick` next has something to do.
-    fn next_tick(&self) -> Option<Nanos>;
+    fn next_tick(&self) -> Option<i64>;
     /// Graceful shutdown: give back what is held.
-    fn shutdown(&mut self, now: Nanos, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>);
+    fn shutdown(&mut self, now: i64, calls: &mut dyn FnMut() -> CallId, out: &mut Vec<Effect>);
     fn counters(&self) -> ModelCounters;
 }
 
@@ -112,8 +111,8 @@ impl LocalLimiter {
         LocalLimiter { spec, states: Default::default() }
     }
 
-    pub fn admit(&mut self, key: usize, now: Nanos) -> bool {
-        let Ok((d, update)) = self.spec.check(self.states.get(&key), now, Request::new(1)) else {
+    pub fn admit(&mut self, key: usize, now: i64) -> bool {
+        let Ok((d, update)) = self.spec.check(self.states.get(&key), Nanos::new(now), Request::new(1)) else {
             return false;
         };
         if let Some(u) = update {
@@ -146,7 +145,7 @@ impl PerRequest {
 impl ClientModel for PerRequest {
     fn request(
         &mut self,
-        _now: Nanos,
+        _now: i64,
         key: usize,
         caller: CallerId,
         calls: &mut dyn FnMut() -> CallId,
@@ -159,42 +158,42 @@ impl ClientModel for PerRequest {
 
     fn outcome(
         &mut self,
-        now: Nanos,
+        now: i64,
         call: CallId,
-        outcome: Outcome,
+        outcome: CallResult,
         _calls: &mut dyn FnMut() -> CallId,
         out: &mut Vec<Effect>,
     ) {
         let Some((caller, key)) = self.pending.remove(&call) else { return };
         let verdict = match outcome {
-            Outcome::Answer(Answer::Decision(d)) if d.allowed > 0 => {
+            CallResult::Answer(Answer::Decision(d)) if d.allowed > 0 => {
                 self.counters.units_claimed += d.allowed;
                 self.counters.units_served += d.allowed;
-                Verdict::Enforced
+                Admission::Enforced
             }
-            Outcome::Answer(_) => Verdict::Limited,
-            Outcome::Refused | Outcome::Timeout => match self.policy {
-                FailurePolicy::Closed => Verdict::Limited,
-                FailurePolicy::Open => Verdict::Open,
+            CallResult::Answer(_) => Admission::Limited,
+            CallResult::Refused | CallResult::Timeout => match self.policy {
+                FailurePolicy::Closed => Admission::Limited,
+                FailurePolicy::Open => Admission::Open,
                 FailurePolicy::Fallback(_) => {
                     if self.fallback.as_mut().is_some_and(|f| f.admit(key, now)) {
-                        Verdict::Fallback
+                        Admission::Fallback
                     } else {
-                        Verdict::Limited
+                        Admission::Limited
                     }
                 }
             },
         };
-        out.push(Effect::Verdict { caller, verdict });
+        out.push(Effect::Admission { caller, verdict });
     }
 
-    fn tick(&mut self, _now: Nanos, _calls: &mut dyn FnMut() -> CallId, _out: &mut Vec<Effect>) {}
+    fn tick(&mut self, _now: i64, _calls: &mut dyn FnMut() -> CallId, _out: &mut Vec<Effect>) {}
 
-    fn next_tick(&self) -> Option<Nanos> {
+    fn next_tick(&self) -> Option<i64> {
         None
     }
 
-    fn shutdown(&mut self, _now: Nanos, _calls: &mut dyn FnMut() -> CallId, _out: &mut Vec<Effect>) {}
+    fn shutdown(&mut self, _now: i64, _calls: &mut dyn FnMut() -> CallId, _out: &mut Vec<Effect>) {}
 
     fn counters(&self) -> ModelCounters {
         self.counters

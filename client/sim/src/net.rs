@@ -8,22 +8,21 @@
 //! exceeds a 50 ms timeout. The command reaches the server after half the round trip.
 
 use crate::rng::Rng;
-use crate::Nanos;
 
-pub const RTT_MEDIAN: Nanos = 200_000;
+pub const RTT_MEDIAN: i64 = 200_000;
 const RTT_SIGMA: f64 = 0.3;
 const TAIL_PROBABILITY: f64 = 0.02;
-const TAIL_SCALE: Nanos = 400_000;
+const TAIL_SCALE: i64 = 400_000;
 const TAIL_SHAPE: f64 = 1.2;
-const RTT_CAP: Nanos = 200_000_000;
+const RTT_CAP: i64 = 200_000_000;
 
-pub fn sample_rtt(rng: &mut Rng) -> Nanos {
+pub fn sample_rtt(rng: &mut Rng) -> i64 {
     let x = if rng.unit() < TAIL_PROBABILITY {
         TAIL_SCALE as f64 / rng.unit().powf(1.0 / TAIL_SHAPE)
     } else {
         RTT_MEDIAN as f64 * (RTT_SIGMA * rng.normal()).exp()
     };
-    (x as Nanos).clamp(10_000, RTT_CAP)
+    (x as i64).clamp(10_000, RTT_CAP)
 }
 
 /// What the server does with a command at a given instant.
@@ -38,10 +37,10 @@ pub enum Availability {
 
 /// The server's availability as a list of (from, state), sorted by time; Up before the first.
 #[derive(Clone, Debug, Default)]
-pub struct Outages(pub Vec<(Nanos, Availability)>);
+pub struct Outages(pub Vec<(i64, Availability)>);
 
 impl Outages {
-    pub fn at(&self, t: Nanos) -> Availability {
+    pub fn at(&self, t: i64) -> Availability {
         self.0.iter().rev().find(|(from, _)| *from <= t).map_or(Availability::Up, |(_, a)| *a)
     }
 }
@@ -53,7 +52,7 @@ mod tests {
     #[test]
     fn rtt_median_and_tail() {
         let mut rng = Rng::new(42);
-        let mut v: Vec<Nanos> = (0..200_000).map(|_| sample_rtt(&mut rng)).collect();
+        let mut v: Vec<i64> = (0..200_000).map(|_| sample_rtt(&mut rng)).collect();
         v.sort_unstable();
         let median = v[v.len() / 2];
         assert!((180_000..220_000).contains(&median), "median {median}");

@@ -1,17 +1,16 @@
 //! The scenarios (S1–S5), the modes each runs in, and the invariants checked on every run.
 
-use crate::engine::{Engine, Exit, InstancePlan, Record, Setup, Source};
+use crate::engine::{Engine, Exit, InstancePlan, Record, Setup, Traffic};
 use crate::metrics::{bound, max_in_window, summarize, Lag, Summary};
 use crate::model::{ClientModel, FailurePolicy, PerRequest};
 use crate::net::{Availability, Outages};
-use crate::Nanos;
-use redis_ratelimit::core::spec::Spec;
-use redis_ratelimit::core::{Rate, Window, NANOS_PER_MILLI, NANOS_PER_SEC};
+use redis_ratelimit_core::spec::Spec;
+use redis_ratelimit_core::{Nanos, Rate, Window, NANOS_PER_MILLI, NANOS_PER_SEC};
 
-const SEC: Nanos = NANOS_PER_SEC;
-const MS: Nanos = NANOS_PER_MILLI;
+const SEC: i64 = NANOS_PER_SEC;
+const MS: i64 = NANOS_PER_MILLI;
 /// The call timeout of every mode.
-pub const TIMEOUT: Nanos = 50 * MS;
+pub const TIMEOUT: i64 = 50 * MS;
 
 /// How long the runs are: `Full` for `make simulate`, `Quick` for the tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,23 +48,23 @@ pub struct Scenario {
     pub name: String,
     pub setup: Setup,
     /// The lease length the lease mode is configured with (and the bound uses).
-    pub lease: Nanos,
+    pub lease: i64,
     pub modes: Vec<Mode>,
     /// For outage scenarios: the phases in which Redis is unavailable and every lease taken
     /// before has expired.
     pub down_phases: Vec<&'static str>,
 }
 
-fn gcra(limit: u64, period: Nanos, burst: u64) -> Spec {
-    Spec::Gcra(Rate::new(limit, period, burst).expect("valid rate"))
+fn gcra(limit: u64, period: i64, burst: u64) -> Spec {
+    Spec::Gcra(Rate::new(limit, Nanos::new(period), burst).expect("valid rate"))
 }
 
 fn instances(n: usize, weight: impl Fn(usize) -> f64) -> Vec<InstancePlan> {
     (0..n).map(|i| InstancePlan { start: 0, exit: None, weight: weight(i) }).collect()
 }
 
-fn steady(key: usize, rate: f64) -> Source {
-    Source { key, rate: vec![(0, rate)] }
+fn steady(key: usize, rate: f64) -> Traffic {
+    Traffic { key, rate: vec![(0, rate)] }
 }
 
 fn closed_modes() -> Vec<Mode> {
@@ -79,7 +78,8 @@ pub fn s1(scale: Scale, m: f64, fixed: bool) -> Scenario {
         Scale::Full => (1_000, 120 * SEC),
         Scale::Quick => (100, 60 * SEC),
     };
-    let spec = if fixed { Spec::Fixed(Window::new(100, 60 * SEC).unwrap()) } else { gcra(100, 60 * SEC, 10) };
+    let spec =
+        if fixed { Spec::Fixed(Window::new(100, Nanos::new(60 * SEC)).unwrap()) } else { gcra(100, 60 * SEC, 10) };
     let rate = m * 100.0 / 60.0;
     let alg = if fixed { "fixed" } else { "gcra" };
     Scenario {
@@ -109,7 +109,7 @@ pub fn s2(scale: Scale) -> Scenario {
 }
 
 /// S2 with another lease length (the dial between Redis calls and the bound).
-pub fn s2_with_lease(scale: Scale, lease: Nanos) -> Scenario {
+pub fn s2_with_lease(scale: Scale, lease: i64) -> Scenario {
     let step = match scale {
         Scale::Full => 10 * SEC,
         Scale::Quick => 2 * SEC,
@@ -118,7 +118,7 @@ pub fn s2_with_lease(scale: Scale, lease: Nanos) -> Scenario {
         name: format!("S2 hot key L={}ms", lease / MS),
         setup: Setup {
             specs: vec![gcra(10_000, SEC, 1_000)],
-            sources: vec![Source { key: 0, rate: vec![(0, 20_000.0), (step, 5_000.0), (2 * step, 20_000.0)] }],
+            sources: vec![Traffic { key: 0, rate: vec![(0, 20_000.0), (step, 5_000.0), (2 * step, 20_000.0)] }],
             instances: instances(40, |i| (i + 1) as f64),
             duration: 3 * step,
             outages: Outages::default(),
@@ -326,7 +326,7 @@ pub fn invariants(sc: &Scenario, mode: Mode, lag: Lag, rec: &Record, s: &Summary
     }
     if let FailurePolicy::Fallback(spec) = policy {
         // Each instance's fallback admissions stay within the fallback limit (no lag: local).
-        let mut per: std::collections::BTreeMap<(usize, usize), Vec<Nanos>> = Default::default();
+        let mut per: std::collections::BTreeMap<(usize, usize), Vec<i64>> = Default::default();
         for &(i, k, t) in &rec.fallback_at {
             per.entry((i, k)).or_default().push(t);
         }

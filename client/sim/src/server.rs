@@ -2,10 +2,10 @@
 //! calls it per command (`Spec::check`, then `Update::apply` when there is something to store;
 //! `give_back` for RL.RETURN). Time is the server's clock: virtual time plus an epoch offset.
 
-use redis_ratelimit::core::codec::State;
-use redis_ratelimit::core::give_back::give_back;
-use redis_ratelimit::core::spec::Spec;
-use redis_ratelimit::core::{Decision, Nanos, Request};
+use redis_ratelimit_core::codec::State;
+use redis_ratelimit_core::give_back::give_back;
+use redis_ratelimit_core::spec::Spec;
+use redis_ratelimit_core::{Decision, Nanos, Request};
 
 /// A command as an instance sends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -13,7 +13,7 @@ pub enum Command {
     /// RL.<ALGORITHM> key … COST cost [PARTIAL].
     Check { key: usize, cost: u64, partial: bool },
     /// RL.RETURN key units [AGE age]: `age` is the time since the claim was sent.
-    Return { key: usize, units: u64, age: Nanos },
+    Return { key: usize, units: u64, age: i64 },
 }
 
 /// The server's answer.
@@ -47,12 +47,12 @@ impl Server {
     }
 
     /// Runs one command at server time `now`.
-    pub fn execute(&mut self, cmd: Command, now: Nanos) -> Answer {
+    pub fn execute(&mut self, cmd: Command, now: i64) -> Answer {
         self.commands += 1;
         match cmd {
             Command::Check { key, cost, partial } => {
                 let req = Request { cost, partial };
-                let Ok((d, update)) = self.specs[key].check(self.states[key].as_ref(), now, req) else {
+                let Ok((d, update)) = self.specs[key].check(self.states[key].as_ref(), Nanos::new(now), req) else {
                     return Answer::Error;
                 };
                 if let Some(u) = update {
@@ -71,7 +71,7 @@ impl Server {
                 let Some(state) = self.states[key].as_ref() else {
                     return Answer::Credited(0);
                 };
-                match give_back(state, units, Some(age), now) {
+                match give_back(state, units, Some(Nanos::new(age)), Nanos::new(now)) {
                     Ok(credit) => {
                         if let Some(s) = credit.state {
                             self.states[key] = Some(s);

@@ -26,29 +26,28 @@ fn runs_are_deterministic() {
 #[test]
 fn a_client_that_admits_without_claiming_is_caught() {
     use redis_ratelimit_sim::model::{
-        CallId, CallerId, ClientModel, Effect, FailurePolicy, ModelCounters, Outcome, Verdict,
+        Admission, CallId, CallResult, CallerId, ClientModel, Effect, FailurePolicy, ModelCounters,
     };
     use redis_ratelimit_sim::scenarios::{run, s2, LeaseFactory, Mode};
-    use redis_ratelimit_sim::Nanos;
 
     struct AdmitsEverything;
     impl ClientModel for AdmitsEverything {
         fn request(
             &mut self,
-            _: Nanos,
+            _: i64,
             _: usize,
             caller: CallerId,
             _: &mut dyn FnMut() -> CallId,
             out: &mut Vec<Effect>,
         ) {
-            out.push(Effect::Verdict { caller, verdict: Verdict::Enforced });
+            out.push(Effect::Admission { caller, verdict: Admission::Enforced });
         }
-        fn outcome(&mut self, _: Nanos, _: CallId, _: Outcome, _: &mut dyn FnMut() -> CallId, _: &mut Vec<Effect>) {}
-        fn tick(&mut self, _: Nanos, _: &mut dyn FnMut() -> CallId, _: &mut Vec<Effect>) {}
-        fn next_tick(&self) -> Option<Nanos> {
+        fn outcome(&mut self, _: i64, _: CallId, _: CallResult, _: &mut dyn FnMut() -> CallId, _: &mut Vec<Effect>) {}
+        fn tick(&mut self, _: i64, _: &mut dyn FnMut() -> CallId, _: &mut Vec<Effect>) {}
+        fn next_tick(&self) -> Option<i64> {
             None
         }
-        fn shutdown(&mut self, _: Nanos, _: &mut dyn FnMut() -> CallId, _: &mut Vec<Effect>) {}
+        fn shutdown(&mut self, _: i64, _: &mut dyn FnMut() -> CallId, _: &mut Vec<Effect>) {}
         fn counters(&self) -> ModelCounters {
             ModelCounters::default()
         }

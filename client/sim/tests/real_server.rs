@@ -20,9 +20,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
-use redis_ratelimit::core::spec::Spec;
-use redis_ratelimit::core::{Rate, NANOS_PER_SEC};
 use redis_ratelimit_client::{Limit, Limiter, LimiterConfig, Source};
+use redis_ratelimit_core::spec::Spec;
+use redis_ratelimit_core::{Nanos, Rate, NANOS_PER_SEC};
 use redis_ratelimit_sim::metrics::{bound, Lag};
 
 const INSTANCES: usize = 8;
@@ -49,9 +49,9 @@ async fn instance(
     run: Duration,
 ) -> (Vec<(u64, u64)>, redis_ratelimit_client::MetricsSnapshot) {
     let conn = ConnectionManager::new(redis::Client::open(url).unwrap()).await.unwrap();
-    let limit = Limit { burst: Some(BURST), ..Limit::gcra(LIMIT, Duration::from_secs(1)) };
+    let limit = Limit::gcra(LIMIT, Duration::from_secs(1)).unwrap().with_burst(BURST).unwrap();
     let config = LimiterConfig::new(limit).lease(LEASE).instances(INSTANCES as u64).timeout(Duration::from_secs(2));
-    let limiter = Limiter::new(conn, config);
+    let limiter = Limiter::new(conn, config).unwrap();
     // About twice the limit in total: one request every 2 ms per instance, catching up after
     // any stall so the demand stays.
     let per_tick = (2 * LIMIT as usize * 2 / 1000).div_ceil(INSTANCES).max(1);
@@ -94,7 +94,7 @@ async fn instances_sharing_a_key_stay_within_the_bound() {
         calls += m.redis_calls;
     }
     spans.sort_unstable();
-    let spec = Spec::Gcra(Rate::new(LIMIT, NANOS_PER_SEC, BURST).unwrap());
+    let spec = Spec::Gcra(Rate::new(LIMIT, Nanos::from_secs(1), BURST).unwrap());
     let lease = LEASE.as_nanos() as i64;
     let mut report = Vec::new();
     for w in [NANOS_PER_SEC, NANOS_PER_SEC / 10] {

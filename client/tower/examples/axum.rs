@@ -21,7 +21,7 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::Router;
 use redis_ratelimit_tower::client::redis::aio::ConnectionLike;
-use redis_ratelimit_tower::client::{ConnectionConfig, FailurePolicy, Limit, Limiter, LimiterConfig};
+use redis_ratelimit_tower::client::{ConnectionConfig, FailurePolicy, Limit, LimitError, Limiter, LimiterConfig};
 use redis_ratelimit_tower::{Forwarded, Key, RateLimitLayer, Rule};
 
 /// The service's limits and settings.
@@ -39,10 +39,11 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         let minute = Duration::from_secs(60);
+        let bucket = |l: Result<Limit, LimitError>, burst| l.and_then(|l| l.with_burst(burst)).expect("a valid limit");
         Settings {
-            per_key: Limit::token_bucket(1000, minute).with_burst(150),
-            per_ip: Limit::gcra(300, minute).with_burst(50),
-            anonymous: Limit::gcra(60, minute).with_burst(10),
+            per_key: bucket(Limit::token_bucket(1000, minute), 150),
+            per_ip: bucket(Limit::gcra(300, minute), 50),
+            anonymous: bucket(Limit::gcra(60, minute), 10),
             trusted_proxies: vec!["127.0.0.1".into(), "::1".into()],
             policy: FailurePolicy::FailClosed,
             shadow: false,
@@ -58,7 +59,7 @@ where
     let limiter = |limit: Limit| {
         // A short timeout: a request never waits long on a Redis that is gone.
         let config = LimiterConfig::new(limit).timeout(Duration::from_millis(100)).policy(s.policy);
-        Limiter::new(conn.clone(), config)
+        Limiter::new(conn.clone(), config).expect("valid limiter settings")
     };
     let ip = || Key::client_ip(Forwarded::XForwardedFor, &s.trusted_proxies);
     let layer = RateLimitLayer::builder()

@@ -315,7 +315,7 @@ pub struct RateLimited {
 }
 
 /// How a request is answered.
-enum Verdict {
+enum Disposition {
     Pass(Vec<LimitStatus>),
     Refuse(Vec<LimitStatus>),
     Unavailable(Vec<LimitStatus>),
@@ -350,16 +350,16 @@ where
             let (tier, verdict) = config.decide(&parts).await;
             let formats = &config.formats;
             match verdict {
-                Verdict::Pass(statuses) => {
+                Disposition::Pass(statuses) => {
                     let mut res = inner.call(Request::from_parts(parts, body)).await?;
                     if !statuses.is_empty() {
                         render_into(res.headers_mut(), &statuses, formats, None);
                     }
                     Ok(res)
                 }
-                Verdict::Refuse(limits) => Ok(refusal(&config, tier, limits, true, grpc)),
-                Verdict::Unavailable(limits) => Ok(refusal(&config, tier, limits, false, grpc)),
-                Verdict::Status(s) => {
+                Disposition::Refuse(limits) => Ok(refusal(&config, tier, limits, true, grpc)),
+                Disposition::Unavailable(limits) => Ok(refusal(&config, tier, limits, false, grpc)),
+                Disposition::Status(s) => {
                     let mut res = Response::new(ResBody::default());
                     *res.status_mut() = s;
                     Ok(res)
@@ -408,12 +408,12 @@ impl Config {
         self.tiers.iter().find(|t| t.name == name).or(self.tiers.first())
     }
 
-    async fn decide(&self, parts: &Parts) -> (&str, Verdict) {
+    async fn decide(&self, parts: &Parts) -> (&str, Disposition) {
         let stats = &self.stats;
         stats.requests.fetch_add(1, Relaxed);
         let Some(tier) = self.tier(parts) else {
             stats.unlimited.fetch_add(1, Relaxed);
-            return ("", Verdict::Pass(Vec::new()));
+            return ("", Disposition::Pass(Vec::new()));
         };
         let cost = self.cost.as_ref().map_or(1, |f| f(parts));
         let mut rules = Vec::with_capacity(tier.rules.len());
@@ -426,7 +426,7 @@ impl Config {
                     Missing::Shared(k) => k,
                     Missing::Refuse(status) => {
                         stats.missing_key.fetch_add(1, Relaxed);
-                        return (&tier.name, Verdict::Status(status));
+                        return (&tier.name, Disposition::Status(status));
                     }
                 },
             };
@@ -443,16 +443,16 @@ impl Config {
         let statuses = decided().map(|(rule, o)| status(rule, o, cost, shadow)).collect();
         let verdict = if shadow {
             stats.shadow_passed.fetch_add(1, Relaxed);
-            Verdict::Pass(statuses)
+            Disposition::Pass(statuses)
         } else if unavailable {
             stats.unavailable.fetch_add(1, Relaxed);
-            Verdict::Unavailable(statuses)
+            Disposition::Unavailable(statuses)
         } else if refused {
             stats.refused.fetch_add(1, Relaxed);
-            Verdict::Refuse(statuses)
+            Disposition::Refuse(statuses)
         } else {
             stats.admitted.fetch_add(1, Relaxed);
-            Verdict::Pass(statuses)
+            Disposition::Pass(statuses)
         };
         (&tier.name, verdict)
     }

@@ -24,13 +24,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A token per 20 s, bursts of 3 (`w` = 3 × 20 s = 60): nothing refills during a test.
 fn slow() -> Limit {
-    Limit::gcra(1, Duration::from_secs(20)).with_burst(3)
+    Limit::gcra(1, Duration::from_secs(20)).unwrap().with_burst(3).unwrap()
 }
 
 fn settings() -> Settings {
     Settings {
         per_key: slow(),
-        per_ip: Limit::gcra(1, Duration::from_secs(20)).with_burst(4),
+        per_ip: Limit::gcra(1, Duration::from_secs(20)).unwrap().with_burst(4).unwrap(),
         anonymous: slow(),
         ..Settings::default()
     }

@@ -20,9 +20,9 @@ use tonic_health::pb::HealthCheckRequest;
 async fn serve(server: &Server) -> (u16, RateLimitLayer) {
     let conn = ConnectionConfig::single(&server.url()).connect().unwrap();
     conn.ready(tokio::time::Instant::now() + Duration::from_secs(5)).await.unwrap();
-    let limit = Limit::gcra(1, Duration::from_secs(20)).with_burst(3);
+    let limit = Limit::gcra(1, Duration::from_secs(20)).unwrap().with_burst(3).unwrap();
     let config = LimiterConfig::new(limit).timeout(Duration::from_millis(200)).breaker(1, Duration::from_secs(1));
-    let layer = RateLimitLayer::new(Limiter::new(conn, config), Key::header("x-api-key"));
+    let layer = RateLimitLayer::new(Limiter::new(conn, config).unwrap(), Key::header("x-api-key"));
     let (_reporter, health) = tonic_health::server::health_reporter();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();

@@ -29,27 +29,23 @@ pub use redis_ratelimit_client::Decision;
 /// `"1m"`), at most `burst` at once.
 #[derive(Clone, Debug)]
 pub struct Policy {
-    pub limit: u64,
-    pub period: Duration,
-    pub burst: u64,
+    /// The limit as the client crate describes it (validated by the module's rules).
+    pub limit: Limit,
 }
 
 impl Policy {
-    /// Panics on a malformed `period` (configuration read at start-up).
+    /// Panics on a malformed `period` or a limit the module would refuse (configuration read
+    /// at start-up).
     pub fn new(limit: u64, period: &str, burst: u64) -> Self {
         let period = parse_duration(period).unwrap_or_else(|e| panic!("{e}"));
-        Policy { limit, period, burst }
-    }
-
-    /// The limit as the client crate describes it.
-    pub fn as_limit(&self) -> Limit {
-        Limit::token_bucket(self.limit, self.period).with_burst(self.burst)
+        let limit = Limit::token_bucket(limit, period).and_then(|l| l.with_burst(burst));
+        Policy { limit: limit.unwrap_or_else(|e| panic!("{e}")) }
     }
 }
 
 /// `RL.TOKENBUCKET key limit period BURST burst`, on any async connection.
 pub async fn check<C: ConnectionLike>(conn: &mut C, key: &str, policy: &Policy) -> RedisResult<Decision> {
-    commands::check(conn, key, &policy.as_limit(), Options::default()).await
+    commands::check(conn, key, &policy.limit, Options::default()).await
 }
 
 /// An HTTP response, before it is written to a socket.

@@ -4,10 +4,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use redis_ratelimit_client::spec::{Algorithm, Limit};
+use redis_ratelimit_client::spec::Limit;
+use redis_ratelimit_core::{Algorithm, Refill};
 
 use super::plan::Rate;
-use crate::config::{Config, FailureMode, Rule};
+use crate::config::{Config, FailureMode};
 use crate::metrics::{Metrics, RuleStats};
 use crate::service::{redis_key, MAX_ENTRIES, MAX_ENTRY_BYTES};
 
@@ -57,13 +58,10 @@ pub struct KeySettings {
     pub failure_mode: FailureMode,
 }
 
-/// The limit a rule's leases claim from.
-fn rate_of(r: &Rule) -> Rate {
-    Rate {
-        units: r.requests_per_unit as u64,
-        period: r.period.as_nanos().min(u64::MAX as u128) as u64,
-        capacity: r.capacity(),
-    }
+/// The limit as leases see it: its rate, and its capacity by the one rule
+/// ([`Limit::capacity`]).
+fn rate_of(l: &Limit) -> Rate {
+    Rate { units: l.limit(), period: l.period_nanos().as_u64(), capacity: l.capacity() }
 }
 
 /// A bucket of `domain`, resolved against `config` with `ShouldRateLimit`'s rules: the entries
@@ -99,18 +97,11 @@ pub fn resolve(
     let rule = &m.rule;
     let target = if rule.unlimited {
         Target::Unlimited(m.stats)
-    } else if rule.requests_per_unit == 0 {
-        Target::Refused(m.stats)
-    } else {
+    } else if let Some(limit) = rule.limit {
         let leased = Leased {
             key: redis_key(&keys.prefix, keys.hash_tag_domain, rule.algorithm, domain, &entries, &m.share_patterns),
-            limit: Limit {
-                algorithm: rule.algorithm,
-                limit: rule.requests_per_unit as u64,
-                period: rule.period,
-                burst: rule.burst,
-            },
-            rate: rate_of(rule),
+            limit,
+            rate: rate_of(&limit),
             mode: config.domains.get(domain).and_then(|d| d.failure_mode).unwrap_or(keys.failure_mode),
             stats: m.stats,
         };
@@ -119,14 +110,20 @@ pub fn resolve(
         } else {
             Target::Leased(leased)
         }
+    } else {
+        // No limit and not unlimited: `requests_per_unit: 0`, a blocklist entry.
+        Target::Refused(m.stats)
     };
     (target, ordered.ambiguous)
 }
 
-/// Whether a lease's units end with a window (fixed, sliding): the next lease is then due at
-/// the window's end.
+/// Whether a lease's units end with a window (fixed, sliding: [`Refill`] at or by the window's
+/// end): the next lease is then due at the window's end.
 pub fn is_window(a: Algorithm) -> bool {
-    matches!(a, Algorithm::Fixed | Algorithm::Sliding)
+    match a.refill() {
+        Refill::AtWindowEnd | Refill::WindowWeight => true,
+        Refill::Continuous | Refill::PerUnit => false,
+    }
 }
 
 /// The buckets a replica tracks, counted against a cap: a [`Slot`] per tracked bucket, given
@@ -195,15 +192,7 @@ mod tests {
         assert!(!ambiguous);
         let Target::Leased(l) = t else { panic!("{t:?}") };
         assert_eq!(l.key, "rls:gcra:edge|api=public|user=a%7Bb%7D");
-        assert_eq!(
-            l.limit,
-            Limit {
-                algorithm: Algorithm::Gcra,
-                limit: 100,
-                period: std::time::Duration::from_secs(1),
-                burst: Some(20)
-            }
-        );
+        assert_eq!(l.limit, Limit::gcra(100, std::time::Duration::from_secs(1)).unwrap().with_burst(20).unwrap());
         assert_eq!(l.rate, Rate { units: 100, period: 1_000_000_000, capacity: 20 });
         assert_eq!(l.mode, FailureMode::Local);
         assert!(matches!(resolve(Some(&c), "edge", &key(&[("vip", "x")]), &keys(), &m).0, Target::Unlimited(_)));

@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use redis::FromRedisValue;
 use redis_ratelimit_client::commands::{give_back_cmd, limit_cmd, Options};
 use redis_ratelimit_client::spec::Limit;
-use redis_ratelimit_client::Decision;
+use redis_ratelimit_client::{Decision, Nanos};
 
 use crate::backend::{Backend, BackendError};
 use crate::metrics::RedisOp;
@@ -26,13 +26,13 @@ pub trait QuotaStore: Send + Sync + 'static {
         deadline: Duration,
     ) -> BoxFuture<'a, Result<Decision, BackendError>>;
 
-    /// Gives `units` back, claimed at least `age` ago; returns the units credited (0 for a key
-    /// that is gone).
+    /// Gives `units` back, claimed at most `age` ago (`commands::return_age`); returns the
+    /// units credited (0 for a key that is gone).
     fn give_back<'a>(
         &'a self,
         key: &'a str,
         units: u64,
-        age: Duration,
+        age: Nanos,
         deadline: Duration,
     ) -> BoxFuture<'a, Result<u64, BackendError>>;
 }
@@ -63,7 +63,7 @@ impl QuotaStore for Backend {
         &'a self,
         key: &'a str,
         units: u64,
-        age: Duration,
+        age: Nanos,
         deadline: Duration,
     ) -> BoxFuture<'a, Result<u64, BackendError>> {
         Box::pin(async move {

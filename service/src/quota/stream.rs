@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
-use redis_ratelimit_client::Decision;
+use redis_ratelimit_client::commands::return_age;
+use redis_ratelimit_client::{Decision, Nanos};
+use redis_ratelimit_core::MAX_COUNT;
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -24,7 +26,7 @@ use super::plan::{lease_life, local_share, Ledger};
 use super::settings::{QuotaSettings, UnknownBuckets};
 use super::store::QuotaStore;
 use crate::backend::BackendError;
-use crate::config::{Config, FailureMode, MAX_UNITS};
+use crate::config::{Config, FailureMode};
 use crate::metrics::RuleStats;
 use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
@@ -383,15 +385,17 @@ impl StreamState {
                     count_stats(&l.stats, allowed, denied);
                     let s = b.ledger.report(&params, now, allowed, denied);
                     idle = s.idle;
-                    if s.give_back > 0 && l.limit.algorithm.supports_return() {
-                        after.push(AfterReport::GiveBack { key: l.key.clone(), units: s.give_back, age: s.age });
+                    if s.give_back > 0 && l.limit.algorithm().returnable() {
+                        // The oldest claim's send time (the age at the report counts from it).
+                        let claimed = now.saturating_sub(s.age);
+                        after.push(AfterReport::GiveBack { key: l.key.clone(), units: s.give_back, claimed });
                     }
                 }
                 Target::Shadow(l) => {
                     add(&l.stats.total_hits, allowed.saturating_add(denied));
                     idle = b.ledger.report(&params, now, allowed, denied).idle;
                     if allowed > 0 {
-                        after.push(AfterReport::Charge { leased: l.clone(), units: allowed.min(MAX_UNITS) });
+                        after.push(AfterReport::Charge { leased: l.clone(), units: allowed.min(MAX_COUNT) });
                     }
                 }
                 Target::Unlimited(st) | Target::Refused(st) => {
@@ -500,7 +504,7 @@ impl StreamState {
             if allowed > 0 {
                 tokio::spawn(settle(
                     q.clone(),
-                    vec![AfterReport::Charge { leased: l.clone(), units: allowed.min(MAX_UNITS) }],
+                    vec![AfterReport::Charge { leased: l.clone(), units: allowed.min(MAX_COUNT) }],
                 ));
             }
         }
@@ -618,7 +622,7 @@ impl StreamState {
                     let granted = d.allowed.min(want);
                     add(&q.metrics.units_claimed, want);
                     add(&q.metrics.units_granted, granted);
-                    let window_end = is_window(l.limit.algorithm)
+                    let window_end = is_window(l.limit.algorithm())
                         .then(|| pushed.saturating_add(d.reset_after.as_nanos().min(u64::MAX as u128) as u64));
                     b.ledger.pushed(&params, &l.rate, sent, pushed, granted, window_end);
                     let m = if granted > 0 { &q.metrics.lease_assignments } else { &q.metrics.deny_assignments };
@@ -663,8 +667,9 @@ type Claimed = (BucketKey, Leased, u64, u64, Result<Decision, BackendError>);
 
 /// Redis work a report leads to that Envoy does not wait for.
 enum AfterReport {
-    /// Units of ended, unused leases given back.
-    GiveBack { key: String, units: u64, age: u64 },
+    /// Units of ended, unused leases given back; `claimed`: when the oldest of their claims
+    /// was sent.
+    GiveBack { key: String, units: u64, claimed: u64 },
     /// A shadow-mode bucket's admitted requests, charged to its limit afterwards; what the
     /// limit refuses is counted as shadow-mode breaches.
     Charge { leased: Leased, units: u64 },
@@ -677,8 +682,12 @@ async fn settle(q: Arc<QuotaService>, work: Vec<AfterReport>) {
             let q = q.clone();
             async move {
                 match w {
-                    AfterReport::GiveBack { key, units, age } => {
-                        match q.store.give_back(&key, units, Duration::from_nanos(age), deadline).await {
+                    AfterReport::GiveBack { key, units, claimed } => {
+                        // AGE by the one rule: since the claim was sent, plus this return's
+                        // transit (at most the deadline).
+                        let at = |t: u64| Nanos::from(Duration::from_nanos(t));
+                        let age = return_age(at(claimed), at(q.now()), Nanos::from(deadline));
+                        match q.store.give_back(&key, units, age, deadline).await {
                             Ok(credited) => add(&q.metrics.units_returned, credited),
                             Err(e) => tracing::debug!("quota: RL.RETURN {key} {units} failed: {e}"),
                         }

@@ -12,51 +12,11 @@
 //! identity, so its encoding is unchanged byte for byte.
 
 use super::spec::Update;
-use super::{fixed, gcra, leaky, sliding, sliding_log, token_bucket, Nanos, Rate, Window};
+use super::{fixed, gcra, leaky, sliding, sliding_log, token_bucket, Algorithm, LimitError, Nanos, Rate, Window};
 
 /// Version of the encoding, stored in every payload (and given to Redis as the type's
 /// encoding version).
 pub const ENCODING_VERSION: u8 = 1;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Algorithm {
-    Gcra,
-    TokenBucket,
-    Sliding,
-    Fixed,
-    SlidingLog,
-    Leaky,
-}
-
-impl Algorithm {
-    pub const ALL: [Algorithm; 6] = [
-        Algorithm::Gcra,
-        Algorithm::TokenBucket,
-        Algorithm::Sliding,
-        Algorithm::Fixed,
-        Algorithm::SlidingLog,
-        Algorithm::Leaky,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::Gcra => "gcra",
-            Algorithm::TokenBucket => "tokenbucket",
-            Algorithm::Sliding => "sliding",
-            Algorithm::Fixed => "fixed",
-            Algorithm::SlidingLog => "slidinglog",
-            Algorithm::Leaky => "leaky",
-        }
-    }
-
-    fn tag(self) -> u8 {
-        self as u8 + 1
-    }
-
-    fn from_tag(t: u8) -> Option<Algorithm> {
-        Algorithm::ALL.get((t as usize).checked_sub(1)?).copied()
-    }
-}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum State {
@@ -106,7 +66,7 @@ impl State {
             State::TokenBucket(s) => {
                 put_rate(out, &s.rate);
                 out.extend_from_slice(&s.tokens.to_le_bytes());
-                out.extend_from_slice(&s.last.to_le_bytes());
+                out.extend_from_slice(&s.last.as_i64().to_le_bytes());
             }
             State::Sliding(s) => {
                 put_window(out, &s.win);
@@ -155,7 +115,7 @@ impl State {
                 if tokens > rate.capacity_scaled() {
                     return Err("tokens above capacity");
                 }
-                State::TokenBucket(token_bucket::State { rate, tokens, last: r.i64()? }.normalised())
+                State::TokenBucket(token_bucket::State { rate, tokens, last: Nanos::new(r.i64()?) }.normalised())
             }
             Algorithm::Sliding => State::Sliding(
                 sliding::State { win: r.window()?, index: r.i64()?, prev: r.units()?, curr: r.units()? }.normalised(),
@@ -251,13 +211,23 @@ fn put_u64(out: &mut Vec<u8>, v: u64) {
 
 fn put_rate(out: &mut Vec<u8>, r: &Rate) {
     put_u64(out, r.limit);
-    put_u64(out, r.period as u64);
+    put_u64(out, r.period.as_i64() as u64);
     put_u64(out, r.burst);
 }
 
 fn put_window(out: &mut Vec<u8>, w: &Window) {
     put_u64(out, w.limit);
-    put_u64(out, w.window as u64);
+    put_u64(out, w.window.as_i64() as u64);
+}
+
+/// A payload's parameters the module would refuse, as the decoder reports them.
+fn decode_error(e: LimitError) -> &'static str {
+    match e {
+        LimitError::Limit(_) | LimitError::Burst(_) => "count out of range",
+        LimitError::Period(_) => "period out of range",
+        LimitError::Refill => super::limit::REFILL_MESSAGE,
+        LimitError::BurstNotAllowed(_) => "BURST on a window",
+    }
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -304,18 +274,18 @@ impl Reader<'_> {
         Ok(v)
     }
     fn period(&mut self) -> Result<Nanos, &'static str> {
-        let p = self.i64()?;
-        super::check_period(p)?;
+        let p = Nanos::new(self.i64()?);
+        super::check_period(p).map_err(decode_error)?;
         Ok(p)
     }
     fn rate(&mut self) -> Result<Rate, &'static str> {
         let limit = self.u64()?;
         let period = self.period()?;
-        Rate::new(limit, period, self.u64()?)
+        Rate::new(limit, period, self.u64()?).map_err(decode_error)
     }
     fn window(&mut self) -> Result<Window, &'static str> {
         let limit = self.u64()?;
-        Window::new(limit, self.period()?)
+        Window::new(limit, self.period()?).map_err(decode_error)
     }
 }
 

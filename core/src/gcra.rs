@@ -20,7 +20,7 @@ impl State {
     /// The token balance at `now`, in units of 1/period (may be negative after the clock
     /// stepped backwards: the debt then exceeds the capacity).
     pub fn tokens_scaled(&self, now: Nanos) -> i128 {
-        let n = now as i128 * self.rate.limit as i128;
+        let n = now.as_i128() * self.rate.limit as i128;
         self.rate.capacity_scaled() - (self.tat - n).max(0)
     }
 
@@ -43,7 +43,7 @@ impl State {
 
 /// Decides one request. Returns the decision and, when units were granted, the state to store.
 pub fn check(state: Option<&State>, rate: &Rate, now: Nanos, req: Request) -> (Decision, Option<State>) {
-    let n = now as i128 * rate.limit as i128;
+    let n = now.as_i128() * rate.limit as i128;
     let cap = rate.capacity_scaled();
     let tat = match state {
         None => n,
@@ -68,7 +68,7 @@ pub fn check(state: Option<&State>, rate: &Rate, now: Nanos, req: Request) -> (D
 #[inline]
 pub(crate) fn decide_at(tat: i128, rate: &Rate, now: Nanos, req: Request) -> (Decision, Option<State>) {
     let l = rate.limit as i128;
-    let n = now as i128 * l;
+    let n = now.as_i128() * l;
     let cap = rate.capacity_scaled();
     let debt = (tat - n).max(0);
     let (mut decision, left) = bucket_decision(rate, cap - debt, req);

@@ -21,7 +21,7 @@ impl State {
     /// The balance at `now`, refilled up to the capacity (negative elapsed time drains it, so
     /// a clock stepping backwards never creates tokens).
     pub fn tokens_scaled(&self, now: Nanos) -> i128 {
-        let refill = (now as i128 - self.last as i128) * self.rate.limit as i128;
+        let refill = (now.as_i128() - self.last.as_i128()) * self.rate.limit as i128;
         (self.tokens + refill).min(self.rate.capacity_scaled())
     }
 
@@ -38,8 +38,8 @@ impl State {
         }
         let l = rate.limit as i128;
         let k = div_ceil_i128(-tokens, l);
-        match i64::try_from(last as i128 + k) {
-            Ok(last) => State { rate, tokens: (tokens + k * l).min(rate.capacity_scaled()), last },
+        match i64::try_from(last.as_i128() + k) {
+            Ok(last) => State { rate, tokens: (tokens + k * l).min(rate.capacity_scaled()), last: Nanos::new(last) },
             Err(_) => State { rate, tokens: 0, last: Nanos::MAX },
         }
     }

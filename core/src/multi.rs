@@ -8,7 +8,7 @@ use super::{Decision, Nanos, Request};
 
 /// What a call decides.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Outcome {
+pub struct MultiDecision {
     /// Units every limit granted (all of COST, or with PARTIAL the least any limit had); 0
     /// when refused or peeking (COST 0).
     pub allowed: u64,
@@ -19,12 +19,12 @@ pub struct Outcome {
     /// admit it (COST above its capacity).
     pub retry_after: Option<Nanos>,
     /// Each limit's part, in the order given.
-    pub limits: Vec<Limit>,
+    pub limits: Vec<LimitPart>,
 }
 
 /// One limit's part of an outcome.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Limit {
+pub struct LimitPart {
     /// Its reply. Refused: nothing is consumed, and each limit shows its own state unchanged
     /// (`remaining` and `reset_after` of a peek) with its own `retry_after`.
     pub decision: Decision,
@@ -49,17 +49,17 @@ pub fn check<'a>(
     states: impl Iterator<Item = Option<&'a State>> + Clone,
     now: Nanos,
     req: Request,
-) -> Result<Outcome, AlgorithmMismatch> {
+) -> Result<MultiDecision, AlgorithmMismatch> {
     // Each limit's part is decided straight into the outcome's own vector (one allocation);
     // a store is kept only where the rule below allows it.
-    let decide = |req: Request| -> Result<Vec<Limit>, AlgorithmMismatch> {
+    let decide = |req: Request| -> Result<Vec<LimitPart>, AlgorithmMismatch> {
         specs
             .iter()
             .zip(states.clone())
             .map(|(spec, st)| {
                 let (decision, update) = spec.check(st, now, req)?;
                 let store = update.map(|update| Store { update, reset_after: decision.reset_after });
-                Ok(Limit { decision, store })
+                Ok(LimitPart { decision, store })
             })
             .collect()
     };
@@ -108,7 +108,7 @@ pub fn check<'a>(
             };
         }
     }
-    Ok(Outcome {
+    Ok(MultiDecision {
         allowed: if admitted && req.cost > 0 { grant } else { 0 },
         limited,
         retry_after: if never || !limited { None } else { retry },

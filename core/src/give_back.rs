@@ -15,7 +15,8 @@
 use super::codec::State;
 use super::spec::Spec;
 use super::{
-    bucket_reset_after, clamp_units, div_floor_i128, fixed, gcra, sliding, token_bucket, Nanos, Rate, Request,
+    bucket_reset_after, clamp_units, div_floor_i128, fixed, gcra, sliding, token_bucket, window_index, Nanos, Rate,
+    Request,
 };
 
 /// Why units cannot be given back to this key at all.
@@ -43,7 +44,7 @@ pub struct Credit {
 }
 
 impl Credit {
-    const NOTHING: Credit = Credit { credited: 0, state: None, reset_after: 0 };
+    const NOTHING: Credit = Credit { credited: 0, state: None, reset_after: Nanos::ZERO };
 }
 
 /// Gives `n` units back to `state` at `now`. `age` is how long ago the caller sent the claim the
@@ -51,9 +52,9 @@ impl Credit {
 /// buckets None counts as 0 (the claim was just made).
 pub fn give_back(state: &State, n: u64, age: Option<Nanos>, now: Nanos) -> Result<Credit, Refusal> {
     let (credited, new) = match state {
-        State::Gcra(s) => wrap(credit_gcra(s, n, age.unwrap_or(0), now), State::Gcra),
+        State::Gcra(s) => wrap(credit_gcra(s, n, age.unwrap_or(Nanos::ZERO), now), State::Gcra),
         State::Leaky(_) => return Err(Refusal::Leaky),
-        State::TokenBucket(s) => wrap(credit_token_bucket(s, n, age.unwrap_or(0), now), State::TokenBucket),
+        State::TokenBucket(s) => wrap(credit_token_bucket(s, n, age.unwrap_or(Nanos::ZERO), now), State::TokenBucket),
         State::Fixed(s) => wrap(credit_fixed(s, n, age.ok_or(Refusal::AgeRequired)?, now), State::Fixed),
         State::Sliding(s) => wrap(credit_sliding(s, n, age.ok_or(Refusal::AgeRequired)?, now), State::Sliding),
         State::SlidingLog(_) => return Err(Refusal::SlidingLog),
@@ -81,7 +82,7 @@ fn reset_after(state: &State, now: Nanos) -> Nanos {
         State::SlidingLog(s) => Spec::SlidingLog(s.win),
     };
     // Same parameters and cost 0: never a mismatch, never a conversion.
-    spec.check(Some(state), now, Request::new(0)).map_or(0, |(d, _)| d.reset_after)
+    spec.check(Some(state), now, Request::new(0)).map_or(Nanos::ZERO, |(d, _)| d.reset_after)
 }
 
 /// A bucket's balance (scaled, at most the capacity) after `n` units held for `age` come back:
@@ -95,8 +96,8 @@ fn reset_after(state: &State, now: Nanos) -> Nanos {
 /// deduction, the balance never exceeds that of a key that never saw the returned units, so
 /// the units served (dated at their claim) always conform to the bucket (docs/commands.md).
 fn credit_balance(rate: &Rate, tokens: i128, n: u64, age: Nanos) -> Option<(u64, i128)> {
-    let p = rate.period as i128;
-    let refilled_meanwhile = age.max(0) as i128 * rate.limit as i128;
+    let p = rate.period.as_i128();
+    let refilled_meanwhile = age.max(Nanos::ZERO).as_i128() * rate.limit as i128;
     let added = (n as i128 * p - refilled_meanwhile).clamp(0, (rate.capacity_scaled() - tokens).max(0));
     let remaining = |t: i128| clamp_units(div_floor_i128(t, p), rate.burst);
     let credited = remaining(tokens + added) - remaining(tokens);
@@ -109,7 +110,7 @@ pub fn credit_gcra(s: &gcra::State, n: u64, age: Nanos, now: Nanos) -> (u64, Opt
     match credit_balance(&s.rate, s.tokens_scaled(now), n, age) {
         // tat = now + (capacity − balance), in scaled time.
         Some((credited, tokens)) => {
-            let tat = now as i128 * s.rate.limit as i128 + cap - tokens;
+            let tat = now.as_i128() * s.rate.limit as i128 + cap - tokens;
             (credited, Some(gcra::State { rate: s.rate, tat }))
         }
         None => (0, None),
@@ -133,9 +134,9 @@ pub fn credit_token_bucket(
 /// was made in it too (windows are epoch-aligned: `now − age` ≤ the true claim instant ≤ now,
 /// so both in one window puts the claim there).
 fn claimed_in_current_window(stored_index: i64, window: Nanos, age: Nanos, now: Nanos) -> bool {
-    let index = now.div_euclid(window);
-    let earliest_claim = now as i128 - age.max(0) as i128;
-    stored_index == index && earliest_claim.div_euclid(window as i128) == index as i128
+    let index = window_index(now, window);
+    let earliest_claim = now.as_i128() - age.max(Nanos::ZERO).as_i128();
+    stored_index == index && earliest_claim.div_euclid(window.as_i128()) == index as i128
 }
 
 /// Fixed window: the current window's count drops by up to n.

@@ -2,7 +2,7 @@
 //! caps; it lets up to twice the limit through around a window edge (the harness shows it).
 //! Limited requests are not counted.
 
-use super::{to_nanos, Decision, Nanos, Request, Window, MAX_COUNT};
+use super::{to_nanos, window_index, Decision, Nanos, Request, Window, MAX_COUNT};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct State {
@@ -16,7 +16,7 @@ impl State {
     /// The count as seen at `now`: zero in a later window; a clock stepped back into an
     /// earlier window keeps the stored one (never hands out capacity).
     pub fn at(&self, now: Nanos) -> State {
-        let index = now.div_euclid(self.win.window);
+        let index = window_index(now, self.win.window);
         if index > self.index {
             State { index, count: 0, ..*self }
         } else {
@@ -33,30 +33,30 @@ impl State {
     }
 
     fn end(&self) -> i128 {
-        (self.index as i128 + 1) * self.win.window as i128
+        (self.index as i128 + 1) * self.win.window.as_i128()
     }
 }
 
 pub fn check(state: Option<&State>, win: &Window, now: Nanos, req: Request) -> (Decision, Option<State>) {
     let s = match state {
-        None => State { win: *win, index: now.div_euclid(win.window), count: 0 },
+        None => State { win: *win, index: window_index(now, win.window), count: 0 },
         Some(old) if old.win.window == win.window => State { win: *win, ..old.at(now) },
         // A new window length: what the old window counted is carried into the new one.
-        Some(old) => State { win: *win, index: now.div_euclid(win.window), count: old.at(now).count },
+        Some(old) => State { win: *win, index: window_index(now, win.window), count: old.at(now).count },
     };
     let available = win.limit.saturating_sub(s.count);
     let granted = req.grant(available);
     let after = State { count: s.count.saturating_add(granted), ..s };
-    let to_end = to_nanos(s.end() - now as i128);
+    let to_end = to_nanos(s.end() - now.as_i128());
     let decision = Decision {
         allowed: granted,
         limit: win.limit,
         remaining: win.limit.saturating_sub(after.count),
         retry_after: if granted > 0 || req.cost == 0 || req.needed() > win.limit { None } else { Some(to_end) },
-        reset_after: if after.count > 0 { to_end } else { 0 },
+        reset_after: if after.count > 0 { to_end } else { Nanos::ZERO },
         delay: None,
     };
     // New parameters are kept even when nothing is granted (see gcra).
-    let converted = state.is_some_and(|s| s.win != *win) && req.cost > 0 && decision.reset_after > 0;
+    let converted = state.is_some_and(|s| s.win != *win) && req.cost > 0 && decision.reset_after > Nanos::ZERO;
     (decision, if granted > 0 || converted { Some(after) } else { None })
 }

@@ -1,26 +1,29 @@
 //! The pure core: every algorithm is a function of (stored state, parameters, now, request).
-//! No Redis types, no clock reads, no floating point. Time is integer nanoseconds since the
-//! Unix epoch; rates are kept exact by scaling time by the limit where a division would
-//! otherwise round (see `gcra`).
+//! No Redis types, no clock reads, no floating point, no IO. Time is [`Nanos`], integer
+//! nanoseconds (the module's instants count from the Unix epoch); rates are kept exact by
+//! scaling time by the limit where a division would otherwise round (see `gcra`).
+//!
+//! Used by every crate of the workspace (the module, the client, the service, the simulator),
+//! so that each fact they share is written once here.
 
+pub mod algorithm;
 pub mod codec;
 pub mod fixed;
 pub mod gcra;
 pub mod give_back;
 pub mod info;
 pub mod leaky;
+pub mod limit;
 pub mod multi;
 pub mod sliding;
 pub mod sliding_log;
 pub mod spec;
+pub mod time;
 pub mod token_bucket;
 
-/// Nanoseconds (an instant since the Unix epoch, or a duration).
-pub type Nanos = i64;
-
-pub const NANOS_PER_MICRO: Nanos = 1_000;
-pub const NANOS_PER_MILLI: Nanos = 1_000_000;
-pub const NANOS_PER_SEC: Nanos = 1_000_000_000;
+pub use algorithm::{Algorithm, PolicyWindow, Refill};
+pub use limit::{Limit, LimitError};
+pub use time::{AtomicNanos, Nanos, NANOS_PER_MICRO, NANOS_PER_MILLI, NANOS_PER_SEC};
 
 /// Largest limit, burst or cost accepted: large enough for any real quota, small enough that
 /// every scaled product (now × limit, burst × period) fits an i128 with room to spare.
@@ -30,10 +33,10 @@ pub const MAX_COUNT: u64 = 1_000_000_000_000_000;
 /// window change saturates the carried estimate here, so no call can store more.
 pub const MAX_STORED_COUNT: u64 = 2 * MAX_COUNT;
 /// Longest period or window: 100 Julian years.
-pub const MAX_PERIOD: Nanos = 36_525 * 86_400 * NANOS_PER_SEC;
+pub const MAX_PERIOD: Nanos = Nanos::from_secs(36_525 * 86_400);
 /// Longest time a bucket may take to refill from empty (burst × period / limit): 200 years.
 /// Keeps every TTL and retry time a sane i64 of milliseconds.
-pub const MAX_HORIZON: Nanos = 2 * MAX_PERIOD;
+pub const MAX_HORIZON: Nanos = Nanos::from_secs(2 * 36_525 * 86_400);
 
 /// One check: how many units the caller asks for, and whether a partial grant is acceptable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +48,7 @@ pub struct Request {
 }
 
 impl Request {
+    #[inline]
     pub const fn new(cost: u64) -> Self {
         Request { cost, partial: false }
     }
@@ -90,9 +94,36 @@ pub struct Decision {
 
 impl Decision {
     /// True when the request asked for units and got none.
+    #[inline]
     pub fn limited(&self, req: &Request) -> bool {
         req.cost > 0 && self.allowed == 0
     }
+
+    /// The integers of a limiter command's reply, named by [`DECISION_FIELDS`]: the first five,
+    /// or all six with `delay_ms` (RL.LEAKY). Durations in milliseconds rounded up (never early),
+    /// -1 for none.
+    #[inline]
+    pub fn reply_values(&self, with_delay: bool) -> ([i64; 6], usize) {
+        let values = [
+            self.allowed as i64,
+            self.limit as i64,
+            self.remaining as i64,
+            ms_or_minus_one(self.retry_after),
+            self.reset_after.as_millis_ceil() as i64,
+            ms_or_minus_one(self.delay),
+        ];
+        (values, if with_delay { 6 } else { 5 })
+    }
+}
+
+/// Field names of a limiter command's reply, in order ([`Decision::reply_values`]).
+pub const DECISION_FIELDS: [&str; 6] =
+    ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "delay_ms"];
+
+/// Milliseconds rounded up, or -1 for "none" (a reply's optional durations).
+#[inline]
+pub fn ms_or_minus_one(ns: Option<Nanos>) -> i64 {
+    ns.map_or(-1, |ns| ns.as_millis_ceil() as i64)
 }
 
 /// Sustained rate `limit` per `period` with a capacity of `burst` units (GCRA, token bucket,
@@ -105,21 +136,23 @@ pub struct Rate {
 }
 
 impl Rate {
-    /// Validates a rate; the message names the offending argument.
-    pub fn new(limit: u64, period: Nanos, burst: u64) -> Result<Rate, &'static str> {
-        check_count(limit, "limit")?;
-        check_count(burst, "BURST")?;
+    /// Validates a rate; the error names the setting at fault.
+    #[inline]
+    pub fn new(limit: u64, period: Nanos, burst: u64) -> Result<Rate, LimitError> {
+        check_count(limit).map_err(LimitError::Limit)?;
+        check_count(burst).map_err(LimitError::Burst)?;
         check_period(period)?;
         let r = Rate { limit, period, burst };
-        if div_trunc_i128(r.capacity_scaled(), limit as i128) > MAX_HORIZON as i128 {
-            return Err("BURST too large for this rate: refilling it would take more than 200 years");
+        if div_trunc_i128(r.capacity_scaled(), limit as i128) > MAX_HORIZON.as_i128() {
+            return Err(LimitError::Refill);
         }
         Ok(r)
     }
 
     /// Capacity in scaled time units (ns × limit): burst × period.
-    pub(crate) fn capacity_scaled(&self) -> i128 {
-        self.burst as i128 * self.period as i128
+    #[inline]
+    pub fn capacity_scaled(&self) -> i128 {
+        self.burst as i128 * self.period.as_i128()
     }
 }
 
@@ -131,24 +164,29 @@ pub struct Window {
 }
 
 impl Window {
-    pub fn new(limit: u64, window: Nanos) -> Result<Window, &'static str> {
-        check_count(limit, "limit")?;
+    /// Validates a window; the error names the setting at fault.
+    #[inline]
+    pub fn new(limit: u64, window: Nanos) -> Result<Window, LimitError> {
+        check_count(limit).map_err(LimitError::Limit)?;
         check_period(window)?;
         Ok(Window { limit, window })
     }
 }
 
-pub(crate) fn check_count(n: u64, _name: &str) -> Result<(), &'static str> {
+/// A limit or BURST from 1 to MAX_COUNT (the value back as the error).
+#[inline]
+fn check_count(n: u64) -> Result<(), u64> {
     if n == 0 || n > MAX_COUNT {
-        // The caller's parser names the argument; this is the core's own guard.
-        return Err("count out of range");
+        return Err(n);
     }
     Ok(())
 }
 
-pub(crate) fn check_period(p: Nanos) -> Result<(), &'static str> {
-    if p <= 0 || p > MAX_PERIOD {
-        return Err("period out of range");
+/// A period or window from 1 ns to MAX_PERIOD (a `Limit` also asks for whole microseconds).
+#[inline]
+pub(crate) fn check_period(p: Nanos) -> Result<(), LimitError> {
+    if p <= Nanos::ZERO || p > MAX_PERIOD {
+        return Err(LimitError::Period(p));
     }
     Ok(())
 }
@@ -219,32 +257,28 @@ pub fn div_trunc_i128(n: i128, d: i128) -> i128 {
     }
 }
 
-/// A window index as calls store it: that of some i64 instant (`now.div_euclid(window)`).
+/// The index of the window of `window` that holds `now`: `now ÷ window`, rounded down.
+#[inline]
+pub fn window_index(now: Nanos, window: Nanos) -> i64 {
+    now.as_i64().div_euclid(window.as_i64())
+}
+
+/// A window index as calls store it: that of some i64 instant ([`window_index`]).
 pub(crate) fn clamp_index(index: i64, window: Nanos) -> i64 {
-    index.clamp(Nanos::MIN.div_euclid(window), Nanos::MAX.div_euclid(window))
+    index.clamp(window_index(Nanos::MIN, window), window_index(Nanos::MAX, window))
 }
 
 /// Narrows a non-negative i128 duration to Nanos, saturating (validated parameters keep every
 /// real value far below the bound).
 #[inline]
 pub(crate) fn to_nanos(x: i128) -> Nanos {
-    x.clamp(0, Nanos::MAX as i128) as Nanos
+    Nanos::new(x.clamp(0, i64::MAX as i128) as i64)
 }
 
 /// Narrows an i128 count to u64, clamped to [0, max].
 #[inline]
 pub(crate) fn clamp_units(x: i128, max: u64) -> u64 {
     x.clamp(0, max as i128) as u64
-}
-
-/// Milliseconds, rounded up: a client told to retry after this many ms is never early.
-#[inline]
-pub fn ceil_ms(ns: Nanos) -> i64 {
-    if ns <= 0 {
-        0
-    } else {
-        (ns - 1) / NANOS_PER_MILLI + 1
-    }
 }
 
 /// The lowest rescaled balance kept: −2^120 scaled units is a wait of at least
@@ -256,7 +290,7 @@ const DEEPEST_DEBT: i128 = -(1 << 120);
 /// rounding down so a change of parameters never hands out a fraction of a token, and capping
 /// at the new capacity.
 pub(crate) fn rescale_tokens(tokens: i128, from: &Rate, to: &Rate) -> i128 {
-    let (pf, pt) = (from.period as i128, to.period as i128);
+    let (pf, pt) = (from.period.as_i128(), to.period.as_i128());
     let rescaled = if pf == pt {
         tokens
     } else {
@@ -280,7 +314,7 @@ pub(crate) fn rescale_tokens(tokens: i128, from: &Rate, to: &Rate) -> i128 {
 /// balance left after it.
 pub(crate) fn bucket_decision(rate: &Rate, tokens: i128, req: Request) -> (Decision, i128) {
     let l = rate.limit as i128;
-    let p = rate.period as i128;
+    let p = rate.period.as_i128();
     let cap = rate.capacity_scaled();
     let available = clamp_units(div_floor_i128(tokens, p), rate.burst);
     let granted = req.grant(available);

@@ -34,7 +34,7 @@ pub fn check(state: Option<&State>, rate: &Rate, now: Nanos, req: Request) -> (D
     // the queue found on arrival, which gcra reports as `delay`. A limited call stores nothing,
     // also under new parameters: the drain instant does not depend on them, so retry_after and
     // the key's TTL (set for the drain instant by the last admitted call) hold as they are.
-    let tat = state.map_or(now as i128 * rate.limit as i128, |s| s.drain_for(rate));
+    let tat = state.map_or(now.as_i128() * rate.limit as i128, |s| s.drain_for(rate));
     let (decision, new) = gcra::decide_at(tat, rate, now, req);
     (decision, new.map(State))
 }

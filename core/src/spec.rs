@@ -1,8 +1,11 @@
 //! One limit as the caller states it (algorithm and parameters), and the dispatch of a check
 //! to the algorithm's core against whatever a key holds.
 
-use super::codec::{Algorithm, State};
-use super::{fixed, gcra, leaky, sliding, sliding_log, token_bucket, Decision, Nanos, Rate, Request, Window};
+use super::codec::State;
+use super::{
+    fixed, gcra, leaky, sliding, sliding_log, token_bucket, Algorithm, Decision, LimitError, Nanos, Rate, Request,
+    Window,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Spec {
@@ -30,6 +33,22 @@ pub struct AlgorithmMismatch {
 }
 
 impl Spec {
+    /// `algorithm` at `limit` per `period` (the window of a window algorithm), with a capacity
+    /// of `burst` for a bucket (a window ignores it), validated ([`Rate::new`], [`Window::new`]).
+    #[inline]
+    pub fn new(algorithm: Algorithm, limit: u64, period: Nanos, burst: u64) -> Result<Spec, LimitError> {
+        let rate = || Rate::new(limit, period, burst);
+        let window = || Window::new(limit, period);
+        Ok(match algorithm {
+            Algorithm::Gcra => Spec::Gcra(rate()?),
+            Algorithm::TokenBucket => Spec::TokenBucket(rate()?),
+            Algorithm::Leaky => Spec::Leaky(rate()?),
+            Algorithm::Sliding => Spec::Sliding(window()?),
+            Algorithm::Fixed => Spec::Fixed(window()?),
+            Algorithm::SlidingLog => Spec::SlidingLog(window()?),
+        })
+    }
+
     pub fn algorithm(&self) -> Algorithm {
         match self {
             Spec::Gcra(_) => Algorithm::Gcra,

@@ -71,11 +71,11 @@ pub fn stored_entry(ts: i64, count: u64) -> u64 {
 }
 
 fn micros(now: Nanos) -> i64 {
-    now.div_euclid(NANOS_PER_MICRO).clamp(0, MAX_TS)
+    now.as_i64().div_euclid(NANOS_PER_MICRO).clamp(0, MAX_TS)
 }
 
 fn window_us(win: &Window) -> i64 {
-    (win.window / NANOS_PER_MICRO).max(1)
+    (win.window.as_i64() / NANOS_PER_MICRO).max(1)
 }
 
 const LEN_MASK: u64 = (1 << 56) - 1;
@@ -370,7 +370,7 @@ pub fn check(state: Option<&State>, win: &Window, now: Nanos, req: Request) -> (
         } else {
             retry_after(log, win, now, counted, req.needed())
         },
-        reset_after: newest.map_or(0, |n| until(n + w, now)),
+        reset_after: newest.map_or(Nanos::ZERO, |n| until(n + w, now)),
         delay: None,
     };
     let commit = (granted > 0).then_some(Commit { win: *win, cutoff, ts, units: granted });
@@ -389,7 +389,7 @@ fn retry_after(log: &Log, win: &Window, now: Nanos, counted: u64, need: u64) -> 
     for (ts, units) in log.iter().skip_while(|&(ts, _)| ts <= cutoff) {
         freed += units;
         if freed >= excess {
-            return Some(until(ts + w, now).max(1));
+            return Some(until(ts + w, now).max(Nanos::new(1)));
         }
     }
     None
@@ -397,5 +397,5 @@ fn retry_after(log: &Log, win: &Window, now: Nanos, counted: u64, need: u64) -> 
 
 /// Nanoseconds from `now` until the instant `at_us`.
 fn until(at_us: i64, now: Nanos) -> Nanos {
-    to_nanos(at_us as i128 * NANOS_PER_MICRO as i128 - now as i128)
+    to_nanos(at_us as i128 * NANOS_PER_MICRO as i128 - now.as_i128())
 }

@@ -21,43 +21,43 @@ pub fn fields(state: &State, now: Nanos) -> Vec<(&'static str, Field)> {
     f.push(("algorithm", Field::Text(state.algorithm().name())));
     match state {
         State::Gcra(s) | State::Leaky(super::leaky::State(s)) => {
-            let tokens = s.tokens_scaled(now).max(0) / s.rate.period as i128;
+            let tokens = s.tokens_scaled(now).max(0) / s.rate.period.as_i128();
             f.extend([
                 ("limit", int(s.rate.limit)),
-                ("period_us", us(s.rate.period as i128)),
+                ("period_us", us(s.rate.period.as_i128())),
                 ("burst", int(s.rate.burst)),
                 ("tat_us", us(s.tat_nanos())),
                 ("available", int(tokens as u64)),
             ]);
         }
         State::TokenBucket(s) => {
-            let tokens = s.tokens_scaled(now).max(0) / s.rate.period as i128;
+            let tokens = s.tokens_scaled(now).max(0) / s.rate.period.as_i128();
             f.extend([
                 ("limit", int(s.rate.limit)),
-                ("period_us", us(s.rate.period as i128)),
+                ("period_us", us(s.rate.period.as_i128())),
                 ("burst", int(s.rate.burst)),
-                ("tokens", int((s.tokens.max(0) / s.rate.period as i128) as u64)),
-                ("last_us", us(s.last as i128)),
+                ("tokens", int((s.tokens.max(0) / s.rate.period.as_i128()) as u64)),
+                ("last_us", us(s.last.as_i128())),
                 ("available", int(tokens as u64)),
             ]);
         }
         State::Sliding(s) => f.extend([
             ("limit", int(s.win.limit)),
-            ("window_us", us(s.win.window as i128)),
-            ("window_start_us", us(s.index as i128 * s.win.window as i128)),
+            ("window_us", us(s.win.window.as_i128())),
+            ("window_start_us", us(s.index as i128 * s.win.window.as_i128())),
             ("previous", int(s.prev)),
             ("current", int(s.curr)),
             ("estimate", int(s.estimate(now))),
         ]),
         State::Fixed(s) => f.extend([
             ("limit", int(s.win.limit)),
-            ("window_us", us(s.win.window as i128)),
-            ("window_start_us", us(s.index as i128 * s.win.window as i128)),
+            ("window_us", us(s.win.window.as_i128())),
+            ("window_start_us", us(s.index as i128 * s.win.window.as_i128())),
             ("count", int(s.count)),
         ]),
         State::SlidingLog(s) => f.extend([
             ("limit", int(s.win.limit)),
-            ("window_us", us(s.win.window as i128)),
+            ("window_us", us(s.win.window.as_i128())),
             ("entries", int(s.log.len() as u64)),
             ("units", int(s.log.total)),
             ("in_window", int(s.in_window(now))),
