@@ -1,10 +1,9 @@
 //! The service over Redis Sentinel (issue 35.1), with envoyproxy/ratelimit's settings
-//! (`REDIS_TYPE=sentinel`, `REDIS_URL=<master name>,<sentinel>,...`): a primary with the module,
-//! two replicas, three sentinels; the primary killed under load. Every request is answered
+//! (`REDIS_TYPE=sentinel`, `REDIS_URL=<master name>,<sentinel>,...`, `REDIS_SENTINEL_AUTH`: the
+//! sentinels ask for a password of their own): a primary with the module, two replicas, three sentinels; the primary killed under load. Every request is answered
 //! within REDIS_TIMEOUT (+ slack) through the gap, with the domain's failure mode (`closed`);
 //! the first request decided by the new primary is answered ≤ 100 ms after the sentinels'
-//! `+switch-master` (though the breaker opened in the gap); /healthcheck names the new primary
-//! and the switch.
+//! `+switch-master` (though the breaker opened in the gap); /healthcheck names the new primary.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -26,13 +25,19 @@ const SLACK: Duration = Duration::from_millis(100);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_under_load_through_the_service() {
     let (mut primary, _replicas) = replicated(2);
-    let sentinels = Sentinels::start(&primary, 3);
+    // The sentinels ask for a password of their own (REDIS_SENTINEL_AUTH).
+    let sentinels = Sentinels::start_with_password(&primary, 3, Some("s3ntinel"));
     let dir = failure_mode_configs("sentinel", "p", "hour");
     let url = format!("{MASTER},{}", sentinels.addrs().join(","));
     let svc = ServiceProc::start_in_env(
         dir.path(),
         &[],
-        &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", &url), ("REDIS_TIMEOUT", "100ms")],
+        &[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", &url),
+            ("REDIS_TIMEOUT", "100ms"),
+            ("REDIS_SENTINEL_AUTH", "s3ntinel"),
+        ],
     );
     svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
     let mut c = svc.client().await;
@@ -45,6 +50,18 @@ async fn a_failover_under_load_through_the_service() {
     });
     let (_, body) = svc.http("GET", "/healthcheck", "");
     assert!(body.contains(&format!("redis connected to 127.0.0.1:{}", primary.port)), "{body}");
+
+    // Without REDIS_SENTINEL_AUTH the sentinels refuse to name the primary.
+    let no_auth = ServiceProc::start_in_env(
+        dir.path(),
+        &[],
+        &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", &url), ("REDIS_TIMEOUT", "100ms")],
+    );
+    wait_until(Duration::from_secs(5), "the sentinels' refusal named", || {
+        let (_, body) = no_auth.http("GET", "/healthcheck", "");
+        body.contains("redis unavailable") && body.contains("no sentinel named the master")
+    });
+    drop(no_auth);
 
     let watch = sentinels.watch_switch();
     // A request for a fresh key every 5 ms: (started, ended, decided by Redis).
@@ -89,5 +106,5 @@ async fn a_failover_under_load_through_the_service() {
     );
     let (_, body) = svc.http("GET", "/healthcheck", "");
     assert!(body.contains(&format!("redis connected to 127.0.0.1:{new_port}")), "{body}");
-    assert!(body.contains("+switch-master"), "{body}");
+    assert!(body.contains(&format!("sentinel master '{MASTER}' at 127.0.0.1:{new_port}")), "{body}");
 }

@@ -18,6 +18,8 @@ pub const MASTER: &str = "mymaster";
 
 pub struct Sentinels {
     pub ports: Vec<u16>,
+    /// The sentinels' own password (`requirepass`), if any.
+    password: Option<String>,
     children: Vec<Child>,
     dir: PathBuf,
 }
@@ -25,6 +27,12 @@ pub struct Sentinels {
 impl Sentinels {
     /// `n` sentinels watching `primary` (quorum 2), ready when each names the primary.
     pub fn start(primary: &Server, n: usize) -> Sentinels {
+        Self::start_with_password(primary, n, None)
+    }
+
+    /// [`Sentinels::start`], the sentinels asking for `password` (`requirepass`; they give it
+    /// to each other with `sentinel sentinel-pass`).
+    pub fn start_with_password(primary: &Server, n: usize, password: Option<&str>) -> Sentinels {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
         let dir = std::env::temp_dir().join(format!("rl-sentinel-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -33,9 +41,13 @@ impl Sentinels {
         for _ in 0..n {
             let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
             let conf = dir.join(format!("sentinel-{port}.conf"));
+            let auth = match password {
+                Some(p) => format!("requirepass {p}\nsentinel sentinel-pass {p}\n"),
+                None => String::new(),
+            };
             std::fs::write(
                 &conf,
-                format!(
+                auth + &format!(
                     "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/sentinel-{port}.log\n\
                      sentinel monitor {MASTER} 127.0.0.1 {p} 2\n\
                      sentinel down-after-milliseconds {MASTER} 500\n\
@@ -51,7 +63,7 @@ impl Sentinels {
             children.push(spawn_owned(cmd).expect("start redis-server --sentinel"));
             ports.push(port);
         }
-        let s = Sentinels { ports, children, dir };
+        let s = Sentinels { ports, password: password.map(str::to_string), children, dir };
         for &p in &s.ports {
             wait_until(Duration::from_secs(10), "a sentinel names the primary", || {
                 s.master_addr(p).is_some_and(|(_, port)| port == primary.port)
@@ -61,23 +73,27 @@ impl Sentinels {
         wait_until(Duration::from_secs(15), "the sentinels know each other", || {
             s.ports.iter().all(|&p| {
                 let v: redis::RedisResult<Vec<redis::Value>> =
-                    redis::cmd("SENTINEL").arg("sentinels").arg(MASTER).query(&mut Self::conn(p));
+                    redis::cmd("SENTINEL").arg("sentinels").arg(MASTER).query(&mut s.conn(p));
                 v.is_ok_and(|v| v.len() + 1 == n)
             })
         });
         s
     }
 
-    fn conn(port: u16) -> redis::Connection {
-        redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-            .unwrap()
-            .get_connection_with_timeout(Duration::from_secs(2))
-            .unwrap()
+    fn url(&self, port: u16) -> String {
+        match &self.password {
+            Some(p) => format!("redis://:{p}@127.0.0.1:{port}/"),
+            None => format!("redis://127.0.0.1:{port}/"),
+        }
+    }
+
+    fn conn(&self, port: u16) -> redis::Connection {
+        redis::Client::open(self.url(port)).unwrap().get_connection_with_timeout(Duration::from_secs(2)).unwrap()
     }
 
     /// What sentinel `port` says the primary is.
     pub fn master_addr(&self, port: u16) -> Option<(String, u16)> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+        let client = redis::Client::open(self.url(port)).ok()?;
         let mut c = client.get_connection_with_timeout(Duration::from_secs(1)).ok()?;
         redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(MASTER).query(&mut c).ok()?
     }
@@ -95,8 +111,8 @@ impl Sentinels {
         for &port in &self.ports {
             let out = seen.clone();
             let ready = ready_tx.clone();
+            let mut c = self.conn(port);
             std::thread::spawn(move || {
-                let mut c = Self::conn(port);
                 let mut ps = c.as_pubsub();
                 ps.subscribe("+switch-master").unwrap();
                 ready.send(()).unwrap();
