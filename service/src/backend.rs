@@ -34,7 +34,7 @@ use redis_ratelimit_client::commands::{each_limit_arg, give_back_cmd, limit_cmd,
 use redis_ratelimit_client::spec::Limit;
 use redis_ratelimit_client::{Decision, MultiDecision, Nanos};
 
-use crate::connection::{classify, Conn, Conns};
+use crate::connection::Conns;
 pub use crate::connection::{BackendError, Target};
 use crate::metrics::{Metrics, RedisOp};
 
@@ -143,7 +143,7 @@ pub struct Backend {
 impl Backend {
     pub fn new(cfg: &BackendConfig, metrics: Arc<Metrics>) -> Result<Backend, String> {
         let conns = Conns::new(&cfg.target, cfg.pool_size, cfg.timeout)?;
-        let cluster = matches!(conns, Conns::Cluster { .. });
+        let cluster = conns.is_cluster();
         Ok(Backend {
             conns,
             timeout: cfg.timeout,
@@ -160,6 +160,11 @@ impl Backend {
         Nanos::from(self.epoch.elapsed())
     }
 
+    /// The connection layer (shared with the leases; its status for /healthcheck).
+    pub fn connection(&self) -> &redis_ratelimit_client::Connection {
+        self.conns.connection()
+    }
+
     /// Is the breaker letting calls through (for /healthcheck)?
     pub fn healthy(&self) -> bool {
         !self.breaker.is_open()
@@ -168,26 +173,21 @@ impl Backend {
     /// One command, with the timeout, the breaker and the metrics.
     pub(crate) async fn call(&self, op: RedisOp, cmd: &Cmd, slot: Option<Slot>) -> Result<Value, BackendError> {
         if let Permit::Reject { .. } = self.breaker.permit(self.now_ns()) {
-            self.metrics.breaker_rejects.fetch_add(1, Ordering::Relaxed);
-            return Err(BackendError::Unavailable("circuit breaker open".into()));
-        }
-        let started = Instant::now();
-        let result = async {
-            let mut c = self.conns.get().await?;
-            self.metrics.redis_call(op, 1);
-            match tokio::time::timeout(self.timeout, c.query(cmd, slot)).await {
-                Ok(Ok(v)) => v.extract_error().map_err(classify),
-                Ok(Err(e)) => Err(classify(e)),
-                Err(_) => Err(BackendError::Unavailable(format!("timed out after {:?}", self.timeout))),
+            if !self.conns.reconnected_since_breaker_opened() {
+                self.metrics.breaker_rejects.fetch_add(1, Ordering::Relaxed);
+                return Err(BackendError::Unavailable("circuit breaker open".into()));
             }
         }
-        .await;
+        let started = Instant::now();
+        self.metrics.redis_call(op, 1);
+        let result = self.conns.call(cmd, slot, tokio::time::Instant::now() + self.timeout).await;
         self.metrics.redis_latency.observe(started.elapsed());
         match &result {
             Ok(_) | Err(BackendError::Reply(_)) => self.breaker.on_success(),
             Err(BackendError::Unavailable(_)) => {
                 self.metrics.redis_failures.fetch_add(1, Ordering::Relaxed);
                 if self.breaker.on_failure(self.now_ns()) {
+                    self.conns.breaker_opened();
                     self.metrics.breaker_opens.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
                         "redis circuit breaker opened: {}",
@@ -240,15 +240,13 @@ impl Backend {
             let key = format!("{}_{}", c.key, (now_s / div) * div);
             pipe.cmd("INCRBY").arg(&key).arg(c.cost).cmd("EXPIRE").arg(&key).arg(div).ignore();
         }
-        let mut conn = self.conns.get().await?;
         self.metrics.redis_call(RedisOp::Check, 2 * checks.len() as u64);
         let started = Instant::now();
-        let counts: Vec<u64> = match &mut conn {
-            Conn::Single(c) => tokio::time::timeout(self.timeout, pipe.query_async(c)).await,
-            Conn::Cluster(c) => tokio::time::timeout(self.timeout, pipe.query_async(c)).await,
-        }
-        .map_err(|_| BackendError::Unavailable("timed out".into()))?
-        .map_err(classify)?;
+        let replies = self.conns.pipeline(&pipe, tokio::time::Instant::now() + self.timeout).await?;
+        let counts: Vec<u64> = replies
+            .into_iter()
+            .map(|v| u64::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string())))
+            .collect::<Result<_, _>>()?;
         self.metrics.redis_latency.observe(started.elapsed());
         let mut admitted = true;
         let verdicts = checks
