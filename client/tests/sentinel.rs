@@ -158,3 +158,82 @@ async fn nothing_is_written_to_a_stopped_primary_after_the_switch() {
     }
     assert!(late > 100, "{late} writes after the switch");
 }
+
+/// The most admissions certainly inside any closed window of length `w` (spans sorted by start).
+fn certain_max_in_window(spans: &[(u64, u64)], w: u64) -> u64 {
+    let mut best = 0;
+    for (i, &(start, _)) in spans.iter().enumerate() {
+        let end = start + w;
+        let n = spans[i..].iter().take_while(|(b, _)| *b <= end).filter(|(_, a)| *a <= end).count();
+        best = best.max(n as u64);
+    }
+    best
+}
+
+/// A `Limiter` with leases over Sentinel, traffic at twice its rate, the primary killed: the gap
+/// is refused (fail-closed), decisions resume from the new primary, and the bound
+/// `c + r·(W + L)` holds over the whole run, plus at most one claim's units: the claim in flight at the kill, which
+/// replication may not have carried (docs/operations.md, "High availability with Redis
+/// Sentinel").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limiter_with_leases_keeps_its_bound_across_a_failover() {
+    use redis_ratelimit_client::{FailurePolicy, Limit, Limiter, LimiterConfig, Source};
+    const RATE: u64 = 200;
+    const BURST: u64 = 40;
+    const LEASE: Duration = Duration::from_millis(200);
+    let (mut primary, _replicas) = sentinel::replicated(2);
+    let sentinels = Sentinels::start(&primary, 3);
+    let conn = ConnectionConfig::sentinel(MASTER, &sentinels.addrs()).connect().unwrap();
+    conn.ready(tokio::time::Instant::now() + Duration::from_secs(5)).await.unwrap();
+    let limit = Limit::gcra(RATE, Duration::from_secs(1)).unwrap().with_burst(BURST).unwrap();
+    let config = LimiterConfig::new(limit)
+        .lease(LEASE)
+        .timeout(DEADLINE)
+        .breaker(3, Duration::from_millis(500))
+        .policy(FailurePolicy::FailClosed);
+    let limiter = Limiter::new(conn, config).unwrap();
+    let watch = sentinels.watch_switch();
+    let t0 = Instant::now();
+    let spans = Arc::new(Mutex::new(Vec::new()));
+    let sources = Arc::new(Mutex::new(Vec::<(Instant, Source)>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = {
+        let (limiter, spans, sources, stop) = (limiter.clone(), spans.clone(), sources.clone(), stop.clone());
+        tokio::spawn(async move {
+            let ns = |t: Instant| t.duration_since(t0).as_nanos() as u64;
+            let mut every = tokio::time::interval(Duration::from_micros(1_000_000 / (2 * RATE)));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            while !stop.load(Ordering::Relaxed) {
+                every.tick().await;
+                let before = Instant::now();
+                let o = limiter.check("tenant", 1).await;
+                let after = Instant::now();
+                if o.allowed && matches!(o.source, Source::Local | Source::Redis) {
+                    spans.lock().unwrap().push((ns(before), ns(after)));
+                }
+                sources.lock().unwrap().push((after, o.source));
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let killed = Instant::now();
+    primary.kill9();
+    let (switched, _) = tokio::task::block_in_place(|| watch.wait(Duration::from_secs(20)));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    traffic.await.unwrap();
+    let sources = sources.lock().unwrap().clone();
+    let normal = |s: &Source| matches!(s, Source::Local | Source::Redis);
+    assert!(sources.iter().any(|(t, s)| *t > switched && *s == Source::Redis), "no claim from the new primary");
+    assert!(sources.iter().any(|(t, s)| *t > killed && *t < switched && !normal(s)), "the gap was never refused");
+    let mut spans = spans.lock().unwrap().clone();
+    spans.sort();
+    let one_claim = BURST;
+    for w in [Duration::from_secs(1), Duration::from_millis(100)] {
+        let (w_ns, l_ns) = (w.as_nanos() as u64, LEASE.as_nanos() as u64);
+        let bound = BURST + RATE * (w_ns + l_ns) / 1_000_000_000 + one_claim;
+        let max = certain_max_in_window(&spans, w_ns);
+        assert!(max <= bound, "{max} enforced admissions in {w:?} > {bound}");
+    }
+    limiter.shutdown().await;
+}
