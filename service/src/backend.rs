@@ -314,12 +314,25 @@ impl Backend {
 
     /// One command, with the timeout, the breaker and the metrics.
     async fn call(&self, op: RedisOp, cmd: &Cmd, slot: Option<u16>) -> Result<Value, BackendError> {
+        self.call_by(op, cmd, slot, None).await
+    }
+
+    /// [`Backend::call`] ending by `deadline` too (the request's: see `Service::deadline`),
+    /// getting a connection included. A call cut by the deadline is no verdict on Redis: the
+    /// breaker does not count it (a deadline shorter than Redis's usual answer would open it).
+    async fn call_by(
+        &self,
+        op: RedisOp,
+        cmd: &Cmd,
+        slot: Option<u16>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Value, BackendError> {
         if let Permit::Reject { .. } = self.breaker.permit(self.now_ns()) {
             self.metrics.breaker_rejects.fetch_add(1, Ordering::Relaxed);
             return Err(BackendError::Unavailable("circuit breaker open".into()));
         }
         let started = Instant::now();
-        let result = async {
+        let call = async {
             let mut c = self.conn().await?;
             self.metrics.redis_call(op, 1);
             match tokio::time::timeout(self.timeout, c.query(cmd, slot)).await {
@@ -327,8 +340,18 @@ impl Backend {
                 Ok(Err(e)) => Err(classify(e)),
                 Err(_) => Err(BackendError::Unavailable(format!("timed out after {:?}", self.timeout))),
             }
-        }
-        .await;
+        };
+        let result = match deadline {
+            None => call.await,
+            Some(d) => match tokio::time::timeout_at(d, call).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.metrics.redis_latency.observe(started.elapsed());
+                    self.metrics.deadline_exceeded.fetch_add(1, Ordering::Relaxed);
+                    return Err(BackendError::Unavailable("no answer before the caller's deadline".into()));
+                }
+            },
+        };
         self.metrics.redis_latency.observe(started.elapsed());
         match &result {
             Ok(_) | Err(BackendError::Reply(_)) => self.breaker.on_success(),
@@ -350,8 +373,14 @@ impl Backend {
         self.cluster.then(|| get_slot(key.as_bytes()))
     }
 
-    /// Decides `checks` (see the module docs): one command when they share a slot.
-    pub async fn decide(&self, checks: &[DescriptorCheck], dry_run: bool) -> Result<RequestResult, BackendError> {
+    /// Decides `checks` (see the module docs): one command when they share a slot; every call
+    /// ends by `deadline` (a cross-slot give-back goes on after it, in the background).
+    pub async fn decide(
+        self: &Arc<Self>,
+        checks: &[DescriptorCheck],
+        dry_run: bool,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<RequestResult, BackendError> {
         if checks.is_empty() {
             return Ok(RequestResult { admitted: true, verdicts: Vec::new() });
         }
@@ -369,10 +398,10 @@ impl Backend {
         }
         if groups.len() == 1 {
             let (slot, idx) = &groups[0];
-            let (ok, verdicts) = self.exec_group(checks, idx, *slot, dry_run).await?;
+            let (ok, verdicts) = self.exec_group(checks, idx, *slot, dry_run, deadline).await?;
             return Ok(RequestResult { admitted: ok, verdicts });
         }
-        self.decide_across_slots(checks, &groups, dry_run).await
+        self.decide_across_slots(checks, &groups, dry_run, deadline).await
     }
 
     /// The benchmark baseline: envoyproxy/ratelimit's Redis traffic, a pipeline of `INCRBY key
@@ -423,14 +452,15 @@ impl Backend {
     }
 
     async fn decide_across_slots(
-        &self,
+        self: &Arc<Self>,
         checks: &[DescriptorCheck],
         groups: &[(Option<u16>, Vec<usize>)],
         dry_run: bool,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<RequestResult, BackendError> {
         let mut verdicts: Vec<Option<CheckResult>> = vec![None; checks.len()];
         // Phase 1: dry-run every group.
-        let phase1 = join_all(groups.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, true))).await;
+        let phase1 = join_all(groups.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, true, deadline))).await;
         let mut all_ok = true;
         for ((_, idx), r) in groups.iter().zip(phase1) {
             let (ok, vs) = r?;
@@ -457,7 +487,8 @@ impl Backend {
                 continue;
             }
             let sent = self.now_ns();
-            let results = join_all(batch.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, false))).await;
+            let results =
+                join_all(batch.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, false, deadline))).await;
             for ((_, idx), r) in batch.iter().zip(results) {
                 match r {
                     Ok((ok, vs)) => {
@@ -478,7 +509,7 @@ impl Backend {
             }
         }
         if refused || failure.is_some() {
-            self.compensate(checks, &committed, &mut verdicts).await;
+            self.compensate(checks, &committed, &mut verdicts, deadline).await;
             if let Some(e) = failure {
                 return Err(e);
             }
@@ -490,12 +521,14 @@ impl Backend {
         Ok(RequestResult { admitted: true, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() })
     }
 
-    /// Gives back what the committed groups of a refused request took (`RL.RETURN … AGE`).
+    /// Gives back what the committed groups of a refused request took (`RL.RETURN … AGE`),
+    /// waiting for it until `deadline`; past it the returns go on in the background.
     async fn compensate(
-        &self,
+        self: &Arc<Self>,
         checks: &[DescriptorCheck],
         committed: &[(Nanos, &Vec<usize>)],
         verdicts: &mut [Option<CheckResult>],
+        deadline: Option<tokio::time::Instant>,
     ) {
         if committed.is_empty() {
             return;
@@ -515,13 +548,20 @@ impl Backend {
                 calls.push((cmd, self.slot_of(&checks[*i].key)));
             }
         }
-        let results = join_all(calls.iter().map(|(c, s)| self.call(RedisOp::Return, c, *s))).await;
-        for r in results {
-            if let Err(e) = r {
-                if !e.to_string().contains("no limiter at this key") {
-                    tracing::warn!("RL.RETURN after a cross-slot refusal failed: {e}");
+        let me = self.clone();
+        let returns = tokio::spawn(async move {
+            let results = join_all(calls.iter().map(|(c, s)| me.call(RedisOp::Return, c, *s))).await;
+            for r in results {
+                if let Err(e) = r {
+                    if !e.to_string().contains("no limiter at this key") {
+                        tracing::warn!("RL.RETURN after a cross-slot refusal failed: {e}");
+                    }
                 }
             }
+        });
+        match deadline {
+            None => drop(returns.await),
+            Some(d) => drop(tokio::time::timeout_at(d, returns).await),
         }
     }
 
@@ -532,6 +572,7 @@ impl Backend {
         idx: &[usize],
         slot: Option<u16>,
         dry: bool,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<(bool, Vec<CheckResult>), BackendError> {
         let group: Vec<&DescriptorCheck> = idx.iter().map(|i| &checks[*i]).collect();
         let cost = group[0].cost;
@@ -539,7 +580,7 @@ impl Backend {
         if simple && group.len() == 1 {
             let c = group[0];
             let opts = Options { cost: Some(c.cost), dry_run: dry, partial: false };
-            let v = self.call(RedisOp::Check, &limit_cmd(&c.key, &c.limit, opts), slot).await?;
+            let v = self.call_by(RedisOp::Check, &limit_cmd(&c.key, &c.limit, opts), slot, deadline).await?;
             let d = Decision::from_redis_value(&v).map_err(|e| BackendError::Reply(e.to_string()))?;
             let admitted = d.allowed == c.cost;
             return Ok((admitted, vec![verdict(d, c.cost, admitted, admitted && !dry)]));
@@ -547,7 +588,7 @@ impl Backend {
         if simple {
             let opts = Options { cost: Some(cost), dry_run: dry, partial: false };
             let cmd = multi_cmd(group.iter().map(|c| (c.key.as_str(), &c.limit)), opts);
-            let v = self.call(RedisOp::Multi, &cmd, slot).await?;
+            let v = self.call_by(RedisOp::Multi, &cmd, slot, deadline).await?;
             let m = MultiDecision::from_redis_value(&v).map_err(|e| BackendError::Reply(e.to_string()))?;
             if m.limits.len() != group.len() {
                 return Err(BackendError::Reply(format!(
@@ -589,11 +630,11 @@ impl Backend {
         }
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&self.sha).arg(&args);
-        let v = match self.call(RedisOp::Script, &cmd, slot).await {
+        let v = match self.call_by(RedisOp::Script, &cmd, slot, deadline).await {
             Err(BackendError::Reply(m)) if m.contains("NOSCRIPT") => {
                 let mut eval = redis::cmd("EVAL");
                 eval.arg(SCRIPT).arg(&args);
-                self.call(RedisOp::Script, &eval, slot).await?
+                self.call_by(RedisOp::Script, &eval, slot, deadline).await?
             }
             r => r?,
         };

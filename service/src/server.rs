@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -118,8 +119,32 @@ impl RateLimitService for Grpc {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, Status> {
-        self.0.should_rate_limit(request.get_ref()).await.map(tonic::Response::new).map_err(status_of)
+        let deadline = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| grpc_timeout(v.to_str().ok()?))
+            .map(|t| self.0.deadline(t));
+        self.0.should_rate_limit(request.get_ref(), deadline).await.map(tonic::Response::new).map_err(status_of)
     }
+}
+
+/// A `grpc-timeout` value (gRPC over HTTP/2: at most 8 digits and a unit, `H M S m u n`); None
+/// when malformed (the call then has no deadline of its own, as gRPC servers treat it).
+pub fn grpc_timeout(v: &str) -> Option<Duration> {
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 async fn json(State(app): State<App>, body: Bytes) -> Response {
@@ -128,7 +153,7 @@ async fn json(State(app): State<App>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
     };
-    match app.service.should_rate_limit(&req).await {
+    match app.service.should_rate_limit(&req, None).await {
         Ok(r) => {
             let status =
                 if r.overall_code == Code::OverLimit as i32 { StatusCode::TOO_MANY_REQUESTS } else { StatusCode::OK };
@@ -383,6 +408,24 @@ impl Signals {
         {
             let _ = tokio::signal::ctrl_c().await;
             "Ctrl-C"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_spec_says() {
+        assert_eq!(grpc_timeout("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(grpc_timeout("250000u"), Some(Duration::from_millis(250)));
+        assert_eq!(grpc_timeout("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(grpc_timeout("99999999n"), Some(Duration::from_nanos(99_999_999)));
+        for bad in ["", "m", "20", "20x", "123456789m", "-1m", "1.5S", "+1m"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad}");
         }
     }
 }

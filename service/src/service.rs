@@ -44,7 +44,13 @@ pub struct ServiceSettings {
     pub failure_mode: FailureMode,
     /// Service instances sharing the limits (the local fallback admits limit ÷ instances).
     pub instances: u64,
+    /// `DEADLINE_MARGIN`: a gRPC call is answered this long before its `grpc-timeout` ends.
+    pub deadline_margin: Duration,
 }
+
+/// `DEADLINE_MARGIN`'s default (settings.rs has the flag's; docs/service.md, Failures, the
+/// measurement).
+pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_millis(5);
 
 impl Default for ServiceSettings {
     fn default() -> Self {
@@ -56,6 +62,7 @@ impl Default for ServiceSettings {
             hash_tag_domain: false,
             failure_mode: FailureMode::Error,
             instances: 1,
+            deadline_margin: DEFAULT_DEADLINE_MARGIN,
         }
     }
 }
@@ -318,11 +325,17 @@ impl Service {
         Some(Matched { rule, stats, share_patterns: Vec::new() })
     }
 
-    /// Decides one request.
-    pub async fn should_rate_limit(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, RequestError> {
+    /// Decides one request, answering before `deadline` (the caller's, less the margin; see
+    /// [`Service::deadline`]): Redis not done by then is Redis unable to answer, decided by the
+    /// domain's failure mode. Without one, each Redis call has `REDIS_TIMEOUT`.
+    pub async fn should_rate_limit(
+        &self,
+        req: &RateLimitRequest,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<RateLimitResponse, RequestError> {
         let started = Instant::now();
         self.metrics.total_requests.fetch_add(1, Relaxed);
-        let r = self.decide(req).await;
+        let r = self.decide(req, deadline).await;
         match &r {
             Err(RequestError::Invalid(_)) => self.metrics.invalid_argument.fetch_add(1, Relaxed),
             Err(RequestError::Unavailable(_)) => self.metrics.redis_error.fetch_add(1, Relaxed),
@@ -333,7 +346,18 @@ impl Service {
         r
     }
 
-    async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, RequestError> {
+    /// The deadline of a call received now whose caller gives up after `timeout` (gRPC's
+    /// `grpc-timeout`, which Envoy sets to its filter's `timeout`): `DEADLINE_MARGIN` earlier,
+    /// for the answer's way back.
+    pub fn deadline(&self, timeout: Duration) -> tokio::time::Instant {
+        tokio::time::Instant::now() + timeout.saturating_sub(self.settings.deadline_margin)
+    }
+
+    async fn decide(
+        &self,
+        req: &RateLimitRequest,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<RateLimitResponse, RequestError> {
         validate(req).map_err(RequestError::Invalid)?;
         let config =
             self.config().ok_or_else(|| RequestError::Internal("no rate limit configuration loaded".into()))?;
@@ -460,9 +484,11 @@ impl Service {
         let lease_idx: Vec<usize> = (0..checks.len()).filter(|&i| leased[i].is_some()).collect();
         let same_cost = lease_idx.windows(2).all(|w| checks[w[0]].cost == checks[w[1]].cost);
         if let (Some(leases), false, true) = (&self.leases, lease_idx.is_empty(), same_cost) {
-            return self.decide_leased(leases, &config, domain, mode, &items, &checks, &leased, &lease_idx).await;
+            return self
+                .decide_leased(leases, &config, domain, mode, &items, &checks, &leased, &lease_idx, deadline)
+                .await;
         }
-        let outcome = match self.backend.decide(&checks, refused_locally).await {
+        let outcome = match self.backend.decide(&checks, refused_locally, deadline).await {
             Ok(o) => RequestResult { admitted: o.admitted && !refused_locally, verdicts: o.verdicts },
             Err(e) => return self.on_failure(&config, domain, &items, &checks, e),
         };
@@ -485,6 +511,7 @@ impl Service {
         checks: &[DescriptorCheck],
         leased: &[Option<String>],
         lease_idx: &[usize],
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<RateLimitResponse, RequestError> {
         let cost = checks[lease_idx[0]].cost;
         let limiters: Vec<_> = lease_idx
@@ -493,7 +520,23 @@ impl Service {
             .collect();
         let pairs: Vec<(&Limiter<LeaseConn>, &str)> =
             lease_idx.iter().zip(&limiters).map(|(&i, l)| (l.as_ref(), checks[i].key.as_str())).collect();
-        let all = check_all(&pairs, cost).await;
+        // The limiters' calls have the lease timeout; the request's deadline bounds the wait
+        // (a claim cut short lands in the local pool or expires with its lease).
+        let all = match deadline {
+            None => check_all(&pairs, cost).await,
+            Some(d) => match tokio::time::timeout_at(d, check_all(&pairs, cost)).await {
+                Ok(all) => all,
+                Err(_) => {
+                    return self.on_failure(
+                        config,
+                        domain,
+                        items,
+                        checks,
+                        BackendError::Unavailable("no answer before the caller's deadline".into()),
+                    )
+                }
+            },
+        };
         let refund = |all: &redis_ratelimit_client::AllOutcome| {
             for ((l, k), o) in pairs.iter().zip(&all.outcomes) {
                 if let Some(o) = o.filter(|o| o.enforced && o.allowed) {
@@ -509,7 +552,7 @@ impl Service {
         let leased_ok = all.allowed;
         let rest_idx: Vec<usize> = (0..checks.len()).filter(|i| leased[*i].is_none()).collect();
         let rest: Vec<DescriptorCheck> = rest_idx.iter().map(|&i| checks[i].clone()).collect();
-        let rest_outcome = match self.backend.decide(&rest, !leased_ok).await {
+        let rest_outcome = match self.backend.decide(&rest, !leased_ok, deadline).await {
             Ok(o) => o,
             Err(e) => {
                 refund(&all);

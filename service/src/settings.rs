@@ -168,6 +168,11 @@ pub struct Settings {
     /// Service instances sharing the limits: the `local` failure mode admits limit ÷ this.
     #[arg(long, env = "INSTANCES", default_value_t = 1)]
     pub instances: u64,
+    /// A gRPC call is answered this long before the deadline its caller sent (`grpc-timeout`;
+    /// Envoy sends its filter's `timeout`), by the domain's failure mode if Redis has not
+    /// answered by then: the time the answer needs to get back through Envoy.
+    #[arg(long, env = "DEADLINE_MARGIN", default_value = "5ms", value_parser = duration_or_zero)]
+    pub deadline_margin: Duration,
 
     /// Response headers: `draft` (RateLimit-Policy and RateLimit, IETF draft -08 onwards),
     /// `legacy` (RateLimit-Limit, -Remaining, -Reset) or `off`. Retry-After when over the limit.
@@ -306,6 +311,7 @@ impl Settings {
             hash_tag_domain,
             failure_mode: FailureMode::parse(&self.failure_mode)?,
             instances: self.instances.max(1),
+            deadline_margin: self.deadline_margin,
         })
     }
 }

@@ -314,6 +314,56 @@ async fn a_stalled_redis_times_out_into_each_failure_mode() {
     }
 }
 
+/// Issue 31.3: a call carrying `grpc-timeout` (as Envoy's carries its filter's `timeout`, 20 ms
+/// by default) is answered before it, by the domain's failure mode when Redis cannot answer in
+/// time: Redis stalled (SIGSTOP), then killed, with REDIS_TIMEOUT (100 ms) far longer than the
+/// caller's 20 ms. An answer after the deadline would be tonic's own `CANCELLED` ("Timeout
+/// expired"), which Envoy takes as a failure and lets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_is_answered_before_its_grpc_timeout_by_the_failure_mode() {
+    let mut redis = Server::start();
+    set_clock(&mut redis.conn(), (T0_S + 1) * 1_000_000);
+    let pid = redis.pid().unwrap();
+    let dir = failure_mode_configs("deadline", "p", "minute");
+    let url = format!("127.0.0.1:{}", redis.port);
+    let svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--instances", "2"]);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    let call = |m: &str, v: &str| {
+        let mut r = tonic::Request::new(request(&format!("p_{m}"), vec![desc(&[("k", v)])]));
+        r.set_timeout(Duration::from_millis(20));
+        r
+    };
+    for m in ["error", "open", "closed", "local"] {
+        let r = c.should_rate_limit(call(m, "up")).await.unwrap().into_inner();
+        assert_eq!(remaining(&r), [3], "{m} with Redis up");
+    }
+    for (how, stalled) in [("stalled", true), ("killed", false)] {
+        if stalled {
+            signal(pid, "-STOP");
+        } else {
+            signal(pid, "-CONT");
+            redis.kill9();
+        }
+        for i in 0..10 {
+            let v = format!("{how}{i}");
+            let e = c.should_rate_limit(call("error", &v)).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unavailable, "Redis {how}, error: {e:?}");
+            let r = c.should_rate_limit(call("open", &v)).await.unwrap().into_inner();
+            assert!(ok(&r), "Redis {how}, open: {r:?}");
+            let r = c.should_rate_limit(call("closed", &v)).await.unwrap().into_inner();
+            assert_eq!(codes(&r), [Code::OverLimit], "Redis {how}, closed");
+        }
+        // local: the limit ÷ INSTANCES, 2 of 4 per minute.
+        let mut local = Vec::new();
+        for _ in 0..4 {
+            local.push(ok(&c.should_rate_limit(call("local", how)).await.unwrap().into_inner()));
+        }
+        assert_eq!(local, [true, true, false, false], "Redis {how}, local");
+    }
+    assert!(svc.metric("ratelimit_service_redis_deadline_exceeded") >= 1, "the stalled calls were cut");
+}
+
 /// With DRAIN_PERIOD: from SIGTERM on /healthcheck answers 500 and grpc.health.v1 NOT_SERVING,
 /// while ShouldRateLimit (on a connection opened before, and on a new one) and /json are still
 /// answered; the process exits 0 once the drain is over, not before.
