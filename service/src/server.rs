@@ -243,9 +243,10 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         ignore_dotfiles: settings.runtime_ignore_dotfiles,
         opts: LoadOptions { merge_domains: settings.merge_domain_config },
         interval: settings.config_poll_interval,
+        allow_empty: settings.allow_empty_config,
     };
     tracing::info!("reading the rate limit configuration from {}", reloader.path.display());
-    let first = reloader.check(&service, &None);
+    let first = reloader.first(&service)?;
     tokio::spawn(reloader.run(service.clone(), first));
 
     let health = Arc::new(Health {

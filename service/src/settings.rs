@@ -86,6 +86,11 @@ pub struct Settings {
     /// Several files may define one domain (their descriptors are merged).
     #[arg(long, env = "MERGE_DOMAIN_CONFIG", default_value = "false", value_parser = bool_flag, action = clap::ArgAction::Set)]
     pub merge_domain_config: bool,
+    /// A reload may remove every domain (an emptied configuration directory). Off: such a
+    /// reload is refused (logged at WARN, counted in config_load_error) and the last
+    /// configuration keeps serving.
+    #[arg(long, env = "ALLOW_EMPTY_CONFIG", default_value = "false", value_parser = bool_flag, action = clap::ArgAction::Set)]
+    pub allow_empty_config: bool,
     /// /healthcheck (and grpc.health.v1) fails until a configuration with at least one domain
     /// is loaded.
     #[arg(long, env = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", default_value = "false", value_parser = bool_flag, action = clap::ArgAction::Set)]
