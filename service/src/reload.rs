@@ -82,8 +82,8 @@ impl Reloader {
         if !self.path.exists() {
             return Ok(self.check(service, &None));
         }
-        let texts =
-            read(&self.path, self.ignore_dotfiles).map_err(|e| format!("cannot read the rate limit configuration: {e}"))?;
+        let texts = read(&self.path, self.ignore_dotfiles)
+            .map_err(|e| format!("cannot read the rate limit configuration: {e}"))?;
         let c = load(&texts, self.opts, &service.metrics)
             .map_err(|e| format!("invalid rate limit configuration ({e}); not starting without it"))?;
         self.install(service, Ok(c));

@@ -176,7 +176,7 @@ pub struct Settings {
     /// A gRPC call is answered this long before the deadline its caller sent (`grpc-timeout`;
     /// Envoy sends its filter's `timeout`), by the domain's failure mode if Redis has not
     /// answered by then: the time the answer needs to get back through Envoy.
-    #[arg(long, env = "DEADLINE_MARGIN", default_value = "5ms", value_parser = duration_or_zero)]
+    #[arg(long, env = "DEADLINE_MARGIN", default_value = "10ms", value_parser = duration_or_zero)]
     pub deadline_margin: Duration,
 
     /// Response headers: `draft` (RateLimit-Policy and RateLimit, IETF draft -08 onwards),

@@ -163,6 +163,74 @@ async fn redis_killed_and_restarted_under_each_failure_mode() {
     }
 }
 
+/// Issue 31.9: a configuration that is there but wrong at start stops the process (non-zero,
+/// naming the file and the problem) instead of serving with no limits and /healthcheck 200.
+#[test]
+fn a_bad_configuration_at_start_exits_naming_the_file_and_the_problem() {
+    for (text, problem) in [
+        (
+            "domain: start\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+            "bad.yaml: domain 'start': descriptor 'k': invalid rate limit unit 'fortnight'",
+        ),
+        ("domain: [start\n", "bad.yaml"),
+    ] {
+        let dir = TempDir::new("bad-start");
+        dir.write("good.yaml", &limit_yaml("good", 1));
+        dir.write("bad.yaml", text);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_redis-ratelimit-service"))
+            .args(["--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0"])
+            .args(["--redis-url", "127.0.0.1:1"])
+            .arg("--config")
+            .arg(dir.path())
+            .env_remove("PORT")
+            .env_remove("HOST")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        let line = err.lines().find(|l| l.starts_with("redis-ratelimit-service: ")).unwrap_or_else(|| panic!("{err}"));
+        assert!(line.contains("invalid rate limit configuration") && line.contains(problem), "{line}");
+    }
+}
+
+/// Issue 31.10: emptying the configuration directory does not drop every limit: the reload is
+/// refused (WARN, counted in config_load_error) and the last configuration keeps serving,
+/// unless ALLOW_EMPTY_CONFIG; a configuration with a domain loads again as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_removes_every_domain_is_refused_unless_allowed() {
+    let redis = Server::start();
+    set_clock(&mut redis.conn(), (T0_S + 1) * 1_000_000);
+    let url = format!("127.0.0.1:{}", redis.port);
+    for allow in [false, true] {
+        let dir = TempDir::new("emptied");
+        dir.write("a.yaml", &limit_yaml(&format!("emptied{allow}"), 1));
+        let svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--allow-empty-config", &allow.to_string()]);
+        svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+        let mut c = svc.client().await;
+        let req = || request(&format!("emptied{allow}"), vec![desc(&[("k", "v")])]);
+        assert!(ok(&ask(&mut c, req()).await));
+        std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
+        if allow {
+            svc.wait_log("loaded rate limit configuration: 0 file(s), domains []", Duration::from_secs(10));
+            assert!(ok(&ask(&mut c, req()).await), "no limit any more, as allowed");
+            assert_eq!(svc.metric("ratelimit_service_config_load_error"), 0);
+            continue;
+        }
+        svc.wait_log("it has no domain", Duration::from_secs(10));
+        let log = svc.log();
+        let line = log.lines().find(|l| l.contains("it has no domain")).unwrap();
+        assert!(line.contains("WARN") && line.contains("ALLOW_EMPTY_CONFIG"), "{line}");
+        assert_eq!(svc.metric("ratelimit_service_config_load_error"), 1);
+        assert_eq!(codes(&ask(&mut c, req()).await), [Code::OverLimit], "the last configuration still limits");
+        // Refused once, not at every poll; a configuration with a domain loads.
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(svc.metric("ratelimit_service_config_load_error"), 1);
+        dir.write("b.yaml", &limit_yaml("other", 1));
+        wait_until(Duration::from_secs(10), "b.yaml", || svc.log_count("domains [other]") == 1);
+        assert!(ok(&ask(&mut c, req()).await), "the new configuration has no such domain");
+    }
+}
+
 fn futures_block<F: std::future::Future>(rt: &tokio::runtime::Handle, f: F) -> F::Output {
     tokio::task::block_in_place(|| rt.block_on(f))
 }
