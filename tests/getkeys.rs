@@ -20,7 +20,7 @@ fn getkeys_of_a_malformed_rl_multi_names_no_option_words() {
     let s = Server::start();
     let mut c = s.conn();
     let valid = ["RL.MULTI", "2", "{t}a", "{t}b", "GCRA", "1", "1s", "FIXED", "1", "1s", "COST", "1", "DRYRUN"];
-    let got: Vec<String> = redis::from_redis_value(&getkeys(&mut c, "GETKEYS", &valid).unwrap()).unwrap();
+    let got: Vec<String> = redis::from_redis_value(getkeys(&mut c, "GETKEYS", &valid).unwrap()).unwrap();
     assert_eq!(got, vec!["{t}a", "{t}b"]);
     let flags = getkeys(&mut c, "GETKEYSANDFLAGS", &valid).unwrap();
     assert_eq!(format!("{flags:?}").matches("RW").count(), 2, "{flags:?}");

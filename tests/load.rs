@@ -478,6 +478,7 @@ fn mem_usage_of(state: &State) -> i64 {
 #[test]
 fn memory_usage_matches_native_type() {
     let server = Server::start();
+    let slack = server.memory_usage_slack();
     let mut c = Resp::connect(server.port);
     c.clock_set(T0_US);
     let size = std::mem::size_of::<State>() as i64;
@@ -498,7 +499,8 @@ fn memory_usage_matches_native_type() {
         assert!(mu >= ours, "{cmd}: MEMORY USAGE {mu} < the type's own mem_usage {ours}");
         overheads.push(mu - ours);
     }
-    assert!(overheads.windows(2).all(|w| w[0] == w[1]), "Redis overhead differs between algorithms: {overheads:?}");
+    let spread = overheads.iter().max().unwrap() - overheads.iter().min().unwrap();
+    assert!(spread <= slack, "Redis overhead differs between algorithms: {overheads:?} (allocator slack {slack})");
     let overhead = overheads[0];
     assert!(overhead > 0 && overhead < 256, "implausible per-key overhead {overhead}");
 
@@ -535,10 +537,10 @@ fn memory_usage_matches_native_type() {
             "memory: slidinglog entries {cp:>6} MEMORY USAGE {mu:>8} mem_usage {ours:>8} ({:.2} bytes/entry)",
             (mu - overhead - size) as f64 / cp as f64
         );
-        assert_eq!(
-            mu - ours,
-            overhead,
-            "sliding log with {cp} entries: MEMORY USAGE {mu} ≠ mem_usage {ours} + overhead {overhead}"
+        assert!(
+            (mu - ours - overhead).abs() <= slack,
+            "sliding log with {cp} entries: MEMORY USAGE {mu} ≠ mem_usage {ours} + overhead {overhead} \
+             (allocator slack {slack})"
         );
         samples.push((cp, mu));
     }
@@ -555,7 +557,7 @@ fn memory_usage_matches_native_type() {
     let mu = memory_usage(&mut c, &key);
     let ours = mem_usage_of(model.state.as_ref().unwrap());
     println!("memory: slidinglog after the window passed: MEMORY USAGE {mu} mem_usage {ours}");
-    assert_eq!(mu - ours, overhead);
+    assert!((mu - ours - overhead).abs() <= slack, "{mu} - {ours} vs {overhead} (allocator slack {slack})");
     assert!(mu < m2 / 4, "memory not given back: {mu} vs peak {m2}");
 }
 
@@ -565,6 +567,7 @@ fn memory_usage_matches_native_type() {
 #[test]
 fn token_bucket_compact_and_general_forms() {
     let server = Server::start();
+    let slack = server.memory_usage_slack();
     let mut c = Resp::connect(server.port);
     c.clock_set(T0_US);
     // An inline GCRA state adds nothing to Redis' own cost of a key of the same name length.
@@ -600,18 +603,24 @@ fn token_bucket_compact_and_general_forms() {
             contains(dump.bulk().expect("DUMP"), &model.encoded().unwrap()),
             "step {i}: DUMP does not hold the model's state"
         );
-        assert_eq!(memory_usage(&mut c, "f:tokb") - base, bytes, "step {i}: {limit} per {period}");
+        let extra = memory_usage(&mut c, "f:tokb") - base;
+        assert!(
+            (extra - bytes).abs() <= slack,
+            "step {i}: {limit} per {period}: {extra} B, not {bytes} (allocator slack {slack})"
+        );
     }
     // A new full bucket of 10^6 per day: 8.64 × 10^19 ≥ 2^63, the general box.
     limiter_ints(&c.c(&["RL.TOKENBUCKET", "f:full", "1000000", "1d"]), false).unwrap();
-    assert_eq!(memory_usage(&mut c, "f:full") - base, general);
+    let extra = memory_usage(&mut c, "f:full") - base;
+    assert!((extra - general).abs() <= slack, "a full bucket: {extra} B, not {general} (allocator slack {slack})");
     // A copy and a restored dump decode to the same state, compact again.
     assert_eq!(c.c(&["COPY", "f:tokb", "f:copy"]).int(), Some(1));
     let dump = c.c(&["DUMP", "f:tokb"]).bulk().unwrap().to_vec();
     assert_eq!(c.cmd(&[b"RESTORE", b"f:rest", b"0", &dump]), Reply::Status(b"OK".to_vec()));
     for key in ["f:copy", "f:rest"] {
         assert_eq!(c.c(&["DUMP", key]).bulk().map(dump_body), Some(dump_body(&dump)), "{key}");
-        assert_eq!(memory_usage(&mut c, key) - base, 16, "{key}");
+        let extra = memory_usage(&mut c, key) - base;
+        assert!((extra - 16).abs() <= slack, "{key}: {extra} B, not 16 (allocator slack {slack})");
     }
 }
 
@@ -624,6 +633,10 @@ fn token_bucket_compact_and_general_forms() {
 fn compact_forms_hold_ordinary_rates_for_decades() {
     const YEAR_US: i64 = 31_557_600_000_000;
     let server = Server::start();
+    let slack = server.memory_usage_slack();
+    // Inline (0 B above the inline key `d:bb`) or the compact box (16 B), give or take the
+    // allocator's slack.
+    let inline_or_compact = |extra: i64| [0, 16].iter().any(|want| (extra - want).abs() <= slack);
     let mut c = Resp::connect(server.port);
     let t0 = now_us();
     c.clock_set(t0);
@@ -669,15 +682,15 @@ fn compact_forms_hold_ordinary_rates_for_decades() {
             let dump = c.c(&["DUMP", &key]);
             assert!(contains(dump.bulk().expect("DUMP"), &models[i].encoded().unwrap()), "{cmd} {limit}/{period}");
             let extra = memory_usage(&mut c, &key) - base;
-            assert!(extra == 0 || extra == 16, "{cmd} {limit}/{period} at +{years} y: {extra} B more than inline");
+            assert!(inline_or_compact(extra), "{cmd} {limit}/{period} at +{years} y: {extra} B more than inline");
             if years == 0 {
-                assert_eq!(extra, 0, "{cmd} {limit}/{period}: inline at its first use");
+                assert!(extra.abs() <= slack, "{cmd} {limit}/{period}: {extra} B, not inline at its first use");
             }
             forms.push(format!("{cmd} {limit}/{period} +{years}y: +{extra}"));
         }
     }
-    // 11/1s has 6.5 inline years: compact 30 years on.
-    assert!(forms.contains(&"RL.GCRA 11/1s +30y: +16".to_string()), "{forms:?}");
+    // 11/1s has 6.5 inline years: compact 30 years on (the allocator's slack can hide it).
+    assert!(slack > 0 || forms.contains(&"RL.GCRA 11/1s +30y: +16".to_string()), "{forms:?}");
     println!("memory: compact forms over decades (B above an inline key): {}", forms.join(", "));
     assert_eq!(c.c(&["DEBUG", "RELOAD"]), Reply::Status(b"OK".to_vec()));
     // (Valkey lays a loaded key out differently from a written one: the inline key again.)
@@ -687,7 +700,7 @@ fn compact_forms_hold_ordinary_rates_for_decades() {
         let dump = c.c(&["DUMP", &key]);
         assert!(contains(dump.bulk().expect("DUMP"), &models[i].encoded().unwrap()), "{cmd} after DEBUG RELOAD");
         let extra = memory_usage(&mut c, &key) - base;
-        assert!(extra == 0 || extra == 16, "{cmd} {limit}/{period} after DEBUG RELOAD: {extra} B more than inline");
+        assert!(inline_or_compact(extra), "{cmd} {limit}/{period} after DEBUG RELOAD: {extra} B more than inline");
     }
 }
 

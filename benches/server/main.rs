@@ -121,6 +121,8 @@ pub struct Settings {
     pub server_cpu: usize,
     pub client_cpu: usize,
     pub cell_src: PathBuf,
+    /// The report's stamp line (commit and machine), taken as the run starts.
+    pub stamp: String,
 }
 
 impl Settings {
@@ -168,6 +170,7 @@ impl Settings {
             server_cpu: env_or("BENCH_SERVER_CPU", 0)?,
             client_cpu: env_or("BENCH_CLIENT_CPU", 1)?,
             cell_src,
+            stamp: machine::stamp(root),
         })
     }
 

@@ -491,6 +491,7 @@ fn header(run: &Run, results: &Results) -> Report {
     let s = run.settings;
     let mut h = Report::new();
     h.line("## redis-ratelimit benchmark report").blank();
+    h.line(&s.stamp);
     h.line(format!(
         "- Command: `cargo bench --bench server` (what `make bench` runs, before `cargo bench --bench core`), in {}",
         s.root.display()
@@ -536,9 +537,6 @@ fn header(run: &Run, results: &Results) -> Report {
             run.load_start[0], s.rounds
         ));
     }
-    let (rev, dirty) = machine::git_revision(&s.root, &["src", "Cargo.toml", "Cargo.lock"]);
-    let dirty = if dirty > 0 { format!(" with {dirty} uncommitted change(s) in src/, Cargo.*") } else { String::new() };
-    h.line(format!("- Source: git {rev}{dirty}"));
     let version = machine::command_output(&run.server_binary, &["--version"], None).unwrap_or_default();
     h.line(format!("- `{} --version`: {version}", run.server_binary));
     h.line(format!("- `nproc`: {}", machine::cpus()));

@@ -222,22 +222,16 @@ pub async fn info<C: ConnectionLike>(conn: &mut C, key: &str) -> RedisResult<Opt
     Ok(match v {
         Value::Nil => None,
         Value::Map(pairs) => {
-            Some(pairs.into_iter().map(|(k, v)| Ok((redis::from_redis_value(&k)?, v))).collect::<RedisResult<_>>()?)
+            Some(pairs.into_iter().map(|(k, v)| Ok((redis::from_redis_value(k)?, v))).collect::<RedisResult<_>>()?)
         }
         Value::Array(items) => Some(
             items
                 .chunks(2)
                 .filter(|p| p.len() == 2)
-                .map(|p| Ok((redis::from_redis_value(&p[0])?, p[1].clone())))
+                .map(|p| Ok((redis::from_redis_value_ref(&p[0])?, p[1].clone())))
                 .collect::<RedisResult<_>>()?,
         ),
-        other => {
-            return Err(redis::RedisError::from((
-                redis::ErrorKind::TypeError,
-                "unexpected RL.INFO reply",
-                format!("{other:?}"),
-            )))
-        }
+        other => return Err(redis::ParsingError::from(format!("unexpected RL.INFO reply: {other:?}")).into()),
     })
 }
 
@@ -315,7 +309,7 @@ mod tests {
         c.args_iter()
             .map(|a| match a {
                 redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                redis::Arg::Cursor => "<cursor>".into(),
+                _ => "<cursor>".into(),
             })
             .collect()
     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, Value};
+use redis::{FromRedisValue, ParsingError, Value};
 
 /// One limiter decision: the reply of `RL.GCRA`, `RL.TOKENBUCKET`, `RL.LEAKY`, `RL.SLIDING`,
 /// `RL.FIXED`, `RL.SLIDINGLOG` (and each limit of `RL.MULTI`).
@@ -40,8 +40,8 @@ pub fn ceil_secs(d: Duration) -> u64 {
     ms.div_ceil(1000)
 }
 
-fn parse_error(msg: String) -> RedisError {
-    RedisError::from((ErrorKind::TypeError, "not a limiter reply", msg))
+fn parse_error(msg: String) -> ParsingError {
+    ParsingError::from(format!("not a limiter reply: {msg}"))
 }
 
 impl Decision {
@@ -76,16 +76,16 @@ impl Decision {
     }
 }
 
-fn int(v: &Value) -> RedisResult<i64> {
-    i64::from_redis_value(v)
+fn int(v: &Value) -> Result<i64, ParsingError> {
+    i64::from_redis_value_ref(v)
 }
 
-fn field_name(v: &Value) -> RedisResult<String> {
-    String::from_redis_value(v)
+fn field_name(v: &Value) -> Result<String, ParsingError> {
+    String::from_redis_value_ref(v)
 }
 
 /// The fields of a limiter reply by position (RESP2) or name (RESP3); `None` for absent ones.
-fn fields(v: &Value) -> RedisResult<[Option<i64>; 6]> {
+fn fields(v: &Value) -> Result<[Option<i64>; 6], ParsingError> {
     let mut f = [None; 6];
     match v {
         Value::Array(items) if items.len() == 5 || items.len() == 6 => {
@@ -106,8 +106,13 @@ fn fields(v: &Value) -> RedisResult<[Option<i64>; 6]> {
     Ok(f)
 }
 
+// Parsed from a reference (the fields are read in place); the owned form borrows it.
 impl FromRedisValue for Decision {
-    fn from_redis_value(v: &Value) -> RedisResult<Decision> {
+    fn from_redis_value(v: Value) -> Result<Decision, ParsingError> {
+        Decision::from_redis_value_ref(&v)
+    }
+
+    fn from_redis_value_ref(v: &Value) -> Result<Decision, ParsingError> {
         let f = fields(v)?;
         let get = |i: usize| f[i].ok_or_else(|| parse_error(format!("the reply lacks {}", FIELDS[i])));
         Ok(Decision::from_fields(get(0)?, get(1)?, get(2)?, get(3)?, get(4)?, f[5]))
@@ -139,20 +144,22 @@ impl MultiDecision {
 }
 
 impl FromRedisValue for MultiDecision {
-    fn from_redis_value(v: &Value) -> RedisResult<MultiDecision> {
+    fn from_redis_value(v: Value) -> Result<MultiDecision, ParsingError> {
+        MultiDecision::from_redis_value_ref(&v)
+    }
+
+    fn from_redis_value_ref(v: &Value) -> Result<MultiDecision, ParsingError> {
         let (allowed, retry, limits) = match v {
-            Value::Array(items) if items.len() >= 3 => (
-                int(&items[0])?,
-                int(&items[1])?,
-                items[2..].iter().map(Decision::from_redis_value).collect::<RedisResult<Vec<_>>>()?,
-            ),
+            Value::Array(items) if items.len() >= 3 => {
+                (int(&items[0])?, int(&items[1])?, Decision::from_redis_value_refs(&items[2..])?)
+            }
             Value::Map(pairs) => {
                 let (mut a, mut r, mut l) = (None, None, None);
                 for (k, v) in pairs {
                     match field_name(k)?.as_str() {
                         "allowed" => a = Some(int(v)?),
                         "retry_after_ms" => r = Some(int(v)?),
-                        "limits" => l = Some(Vec::<Decision>::from_redis_value(v)?),
+                        "limits" => l = Some(Vec::<Decision>::from_redis_value_ref(v)?),
                         _ => {}
                     }
                 }
@@ -180,9 +187,13 @@ pub struct ThrottleDecision {
 }
 
 impl FromRedisValue for ThrottleDecision {
-    fn from_redis_value(v: &Value) -> RedisResult<ThrottleDecision> {
+    fn from_redis_value(v: Value) -> Result<ThrottleDecision, ParsingError> {
+        ThrottleDecision::from_redis_value_ref(&v)
+    }
+
+    fn from_redis_value_ref(v: &Value) -> Result<ThrottleDecision, ParsingError> {
         let f: Vec<i64> = match v {
-            Value::Array(items) if items.len() == 5 => items.iter().map(int).collect::<RedisResult<_>>()?,
+            Value::Array(items) if items.len() == 5 => items.iter().map(int).collect::<Result<_, _>>()?,
             other => return Err(parse_error(format!("{other:?}"))),
         };
         Ok(ThrottleDecision {
@@ -209,8 +220,9 @@ mod tests {
 
     #[test]
     fn resp2_and_resp3_agree() {
-        let a: Decision = redis::from_redis_value(&ints(&[0, 5, 0, 1001, 5000])).unwrap();
-        let m: Decision = redis::from_redis_value(&map(&[
+        let a: Decision = redis::from_redis_value_ref(&ints(&[0, 5, 0, 1001, 5000])).unwrap();
+        // The owned form (what query_async uses) parses as the borrowed one.
+        let m: Decision = redis::from_redis_value(map(&[
             ("reset_after_ms", 5000),
             ("allowed", 0),
             ("limit", 5),
@@ -221,16 +233,16 @@ mod tests {
         assert_eq!(a, m);
         assert_eq!(a.retry_after, Some(Duration::from_millis(1001)));
         assert!(!a.admitted() && !a.never());
-        let leaky: Decision = redis::from_redis_value(&ints(&[1, 10, 8, -1, 200, 100])).unwrap();
+        let leaky: Decision = redis::from_redis_value_ref(&ints(&[1, 10, 8, -1, 200, 100])).unwrap();
         assert_eq!(leaky.delay, Some(Duration::from_millis(100)));
         assert_eq!(leaky.retry_after, None);
     }
 
     #[test]
     fn rejects_other_shapes() {
-        assert!(redis::from_redis_value::<Decision>(&ints(&[1, 2, 3])).is_err());
-        assert!(redis::from_redis_value::<Decision>(&Value::Nil).is_err());
-        assert!(redis::from_redis_value::<Decision>(&Value::Map(vec![])).is_err());
+        assert!(redis::from_redis_value_ref::<Decision>(&ints(&[1, 2, 3])).is_err());
+        assert!(redis::from_redis_value_ref::<Decision>(&Value::Nil).is_err());
+        assert!(redis::from_redis_value_ref::<Decision>(&Value::Map(vec![])).is_err());
     }
 
     #[test]
@@ -249,7 +261,7 @@ mod tests {
             ([0, 3, 0, 1968, 5968], "6", Some("2")),
         ];
         for (r, reset, retry) in rows {
-            let d: Decision = redis::from_redis_value(&ints(&r)).unwrap();
+            let d: Decision = redis::from_redis_value_ref(&ints(&r)).unwrap();
             let h = d.headers();
             assert_eq!(h["ratelimit-reset"], reset);
             assert_eq!(h.get("retry-after").map(|v| v.to_str().unwrap()), retry);
@@ -267,7 +279,7 @@ mod tests {
             ints(&[0, 2, 0, 5000, 10000]),
             ints(&[0, 3, 1, -1, 120000]),
         ]);
-        let m: MultiDecision = redis::from_redis_value(&v).unwrap();
+        let m: MultiDecision = redis::from_redis_value_ref(&v).unwrap();
         assert_eq!(m.binding().unwrap().limit, 2);
         let h = m.headers();
         assert_eq!(h["retry-after"], "5");
@@ -279,13 +291,13 @@ mod tests {
             ints(&[1, 2, 0, -1, 10000]),
             ints(&[1, 3, 0, -1, 115000]),
         ]);
-        let m: MultiDecision = redis::from_redis_value(&v).unwrap();
+        let m: MultiDecision = redis::from_redis_value_ref(&v).unwrap();
         assert_eq!(m.binding().unwrap().limit, 3);
         assert!(!m.headers().contains_key("retry-after"));
         // Refused for good by the second limit (capacity 3 below COST 5): the first would have
         // admitted (both report -1); no retry-after, the headers of a limit without a retry.
         let v = Value::Array(vec![Value::Int(0), Value::Int(-1), ints(&[0, 10, 9, -1, 0]), ints(&[0, 3, 3, -1, 0])]);
-        let m: MultiDecision = redis::from_redis_value(&v).unwrap();
+        let m: MultiDecision = redis::from_redis_value_ref(&v).unwrap();
         assert_eq!(m.binding().unwrap().limit, 3);
         assert!(!m.headers().contains_key("retry-after"));
         let r3 = Value::Map(vec![
@@ -302,13 +314,14 @@ mod tests {
                 ])]),
             ),
         ]);
-        let m3: MultiDecision = redis::from_redis_value(&r3).unwrap();
+        let m3: MultiDecision = redis::from_redis_value_ref(&r3).unwrap();
         assert_eq!(m3.limits.len(), 1);
+        assert_eq!(redis::from_redis_value::<MultiDecision>(r3).unwrap(), m3);
     }
 
     #[test]
     fn throttle_reply() {
-        let t: ThrottleDecision = redis::from_redis_value(&ints(&[1, 3, 0, 2, 6])).unwrap();
+        let t: ThrottleDecision = redis::from_redis_value_ref(&ints(&[1, 3, 0, 2, 6])).unwrap();
         assert!(t.limited);
         let h = t.headers();
         assert_eq!(h["retry-after"], "2");

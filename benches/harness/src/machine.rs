@@ -1,4 +1,4 @@
-//! What a report says about the machine and the source: load, CPUs, `lscpu`, git revision.
+//! What a report says about the machine and the source: load, CPUs, `lscpu`, the stamp line.
 
 use std::path::Path;
 use std::process::Command;
@@ -31,13 +31,13 @@ pub fn lscpu_head(n: usize) -> String {
     command_output("lscpu", &[], None).unwrap_or_default().lines().take(n).collect::<Vec<_>>().join("\n")
 }
 
-/// The short revision of `dir`'s checkout and how many files under `paths` differ from it.
-pub fn git_revision(dir: &Path, paths: &[&str]) -> (String, usize) {
-    let rev = command_output("git", &["rev-parse", "--short", "HEAD"], Some(dir)).unwrap_or_else(|| "unknown".into());
-    let mut args = vec!["status", "--porcelain", "--"];
-    args.extend_from_slice(paths);
-    let dirty = command_output("git", &args, Some(dir)).map_or(0, |s| s.lines().count());
-    (rev, dirty)
+/// The report's stamp line, as `scripts/perf-doc.sh stamp` prints it for the checkout at `root`
+/// (the script defines it and requires it of every report it copies into docs/PERFORMANCE.md):
+/// "- Commit: `<short sha>[-dirty]` · Machine: <CPU model>, <n> CPUs".
+pub fn stamp(root: &Path) -> String {
+    let script = root.join("scripts/perf-doc.sh");
+    command_output("bash", &[&script.to_string_lossy(), "stamp"], Some(root))
+        .unwrap_or_else(|| format!("- Commit: unknown (`bash {} stamp` failed)", script.display()))
 }
 
 /// The checkout that owns `dir`'s git directory (the main worktree of a linked worktree).

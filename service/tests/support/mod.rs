@@ -17,6 +17,9 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
+/// The real Envoy in front of the service (tests/envoy.rs).
+pub mod envoy;
+
 /// A day boundary (unix seconds), so every unit's window starts there.
 pub const T0_S: u64 = 20_834 * 86_400;
 
@@ -90,35 +93,55 @@ impl ServiceProc {
     /// Starts the service on free ports with the config directory `config` and extra flags
     /// (`--redis-url …`); waits until it listens.
     pub fn start(config: &Path, args: &[&str]) -> ServiceProc {
+        Self::spawn(config, args, None).listening()
+    }
+
+    /// [`ServiceProc::start`] in an environment of exactly `env`: nothing inherited.
+    pub fn start_in_env(config: &Path, args: &[&str], env: &[(&str, &str)]) -> ServiceProc {
+        Self::spawn(config, args, Some(env)).listening()
+    }
+
+    /// Starts the process (in an environment of exactly `env` when given) without waiting for
+    /// it to listen: for a start that must fail ([`ServiceProc::wait_exit`]). An empty `config`
+    /// passes no `--config`: the service reads its default path (`RUNTIME_ROOT`, …).
+    pub fn spawn(config: &Path, args: &[&str], env: Option<&[(&str, &str)]>) -> ServiceProc {
         let dir = TempDir::new("svc");
         let log = dir.0.join("service.log");
         let out = std::fs::File::create(&log).unwrap();
         let err = out.try_clone().unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_redis-ratelimit-service"));
         cmd.args(["--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0"])
-            .args(["--config-poll-interval", "100ms", "--log-level", "debug"])
-            .arg("--config")
-            .arg(config)
-            .args(args)
+            .args(["--config-poll-interval", "100ms", "--log-level", "debug"]);
+        if !config.as_os_str().is_empty() {
+            cmd.arg("--config").arg(config);
+        }
+        cmd.args(args)
             .env_remove("PORT")
             .env_remove("HOST")
             .env_remove("DRAIN_PERIOD")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
+        if let Some(env) = env {
+            cmd.env_clear().envs(env.iter().copied());
+        }
         // Killed with the test process, however that ends (a panic, a kill, the watchdog).
         let child = crate::common::spawn_owned(cmd).expect("start redis-ratelimit-service");
-        let mut p = ServiceProc { child: Some(child), grpc: String::new(), http: String::new(), log, _dir: dir };
+        ServiceProc { child: Some(child), grpc: String::new(), http: String::new(), log, _dir: dir }
+    }
+
+    /// Waits until the process listens (its gRPC and HTTP addresses logged).
+    fn listening(mut self) -> ServiceProc {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let text = p.log();
+            let text = self.log();
             let find = |what: &str| text.lines().find_map(|l| l.split_once(what).map(|(_, a)| a.trim().to_string()));
             if let (Some(g), Some(h)) = (find("listening for gRPC on "), find("listening for HTTP on ")) {
-                p.grpc = g;
-                p.http = h;
-                return p;
+                self.grpc = g;
+                self.http = h;
+                return self;
             }
-            if let Some(c) = p.child.as_mut() {
+            if let Some(c) = self.child.as_mut() {
                 if let Ok(Some(st)) = c.try_wait() {
                     panic!("the service exited ({st}) at start:\n{text}");
                 }

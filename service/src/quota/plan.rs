@@ -1,0 +1,448 @@
+//! The pure core of the quota service: how many units a lease claims, when the next lease is
+//! due, what a report settles, and the local failure share, as functions of (a ledger, the
+//! parameters, a report, now) in integer nanoseconds of the server's monotonic clock. No IO,
+//! no clock reads: the stream handler ([`super::stream`]) reads the clock and does the IO.
+//!
+//! A lease (docs/quota-service.md, "Assignments are leases"): `g` units claimed from the
+//! module (`COST b PARTIAL`, granted `g ≤ b`), then pushed to one Envoy as
+//! `[DENY_ALL, token_bucket {max_tokens: g, 1 token a day}]` with a TTL of the lease's life.
+//! Envoy then holds exactly `g` tokens until the next lease replaces them or the TTL ends, so
+//! every unit it admits was granted before the push and is admitted within the life (plus the
+//! push's delivery): the lease bound `c + r·(W + L + d)`.
+
+use std::collections::VecDeque;
+
+/// One second in nanoseconds.
+pub const SECOND: u64 = 1_000_000_000;
+/// The refill of a lease's token bucket: one token per day, so that a lease (at most
+/// [`MAX_LEASE`]) never refills a whole token: Envoy admits the lease's units and no more.
+pub const LEASE_FILL_INTERVAL_S: i64 = 86_400;
+/// The longest lease (a slow limit's), in nanoseconds.
+pub const MAX_LEASE: u64 = 60 * SECOND;
+/// The shortest time between two leases of one bucket (a small burst at a high rate).
+pub const MIN_REFRESH: u64 = 50_000_000;
+/// Leases remembered per ledger for settling (pushed since the last report): three times a
+/// 5 s report period at the default refresh (500 ms), 1 KiB per bucket at most; past it the
+/// oldest are forgotten (their units stay counted: conservative).
+pub const MAX_UNSETTLED: usize = 32;
+
+/// Lease parameters (the QUOTA_* settings).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    /// `L`: the life of a lease on a limit of at least one unit per `L` (whole seconds, ≥ 1 s):
+    /// its `assignment_time_to_live`.
+    pub lease: u64,
+    /// How often a lease of life `L` is replaced by a new one (< `lease`).
+    pub refresh: u64,
+    /// Time allowed for a push to reach Envoy and for a report to be built and arrive: a
+    /// lease is only given back once it ended this long before a report.
+    pub margin: u64,
+}
+
+impl Params {
+    /// Checks the parameters: `lease` whole seconds from 1 s to [`MAX_LEASE`], `refresh` at
+    /// least 1 ms and below `lease`.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.lease < SECOND || self.lease > MAX_LEASE || !self.lease.is_multiple_of(SECOND) {
+            return Err(format!(
+                "QUOTA_LEASE must be whole seconds from 1s to 60s (Envoy 1.40 counts whole seconds): {} ns",
+                self.lease
+            ));
+        }
+        if self.refresh < 1_000_000 || self.refresh >= self.lease {
+            return Err(format!(
+                "QUOTA_REFRESH must be at least 1ms and shorter than QUOTA_LEASE ({} ns): {} ns",
+                self.lease, self.refresh
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A limit as leases see it: `units` per `period` nanoseconds, at most `capacity` at once
+/// (a bucket's burst, a window's limit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub units: u64,
+    pub period: u64,
+    pub capacity: u64,
+}
+
+fn div_ceil_u128(a: u128, b: u128) -> u128 {
+    if b == 0 {
+        return u128::MAX;
+    }
+    a.div_ceil(b)
+}
+
+fn to_u64(x: u128) -> u64 {
+    x.min(u64::MAX as u128) as u64
+}
+
+/// A lease's life: `L`, or for a limit slower than one unit per `L` the time one unit takes to
+/// refill, rounded up to whole seconds, at most [`MAX_LEASE`]. So a lease holds at most one
+/// unit more than `r × L` (a slow limit is not claimed faster than it refills), and the bound
+/// per bucket is `c + r·(W + life + d)`.
+pub fn lease_life(p: &Params, rate: &Rate) -> u64 {
+    let one_unit = div_ceil_u128(rate.period as u128, rate.units.max(1) as u128);
+    let whole = to_u64(div_ceil_u128(one_unit, SECOND as u128)).saturating_mul(SECOND);
+    whole.clamp(p.lease, MAX_LEASE.max(p.lease))
+}
+
+/// How long after its push a lease is replaced: `refresh` before a long (slow limit's) lease
+/// ends; for a lease of life `L`, `refresh`, or sooner when the limit refills its capacity
+/// sooner (`capacity ÷ rate`, at least [`MIN_REFRESH`]): a lease can never hold more than the
+/// capacity (Redis grants at most its balance), so a bucket whose burst is below
+/// `rate × refresh` would otherwise be held to `capacity ÷ refresh`.
+pub fn replace_after(p: &Params, rate: &Rate) -> u64 {
+    let life = lease_life(p, rate);
+    if life > p.lease {
+        return life - p.refresh;
+    }
+    let fill = to_u64(div_ceil_u128(rate.capacity as u128 * rate.period as u128, rate.units.max(1) as u128));
+    p.refresh.min(fill.max(MIN_REFRESH))
+}
+
+/// One lease pushed to an Envoy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// When the claim was sent (its units are at most this old).
+    pub claimed: u64,
+    /// When the push was sent.
+    pub pushed: u64,
+    pub units: u64,
+    /// Its TTL (the life).
+    pub life: u64,
+}
+
+/// What a report settled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Settled {
+    /// No request since the previous report: abandon the bucket.
+    pub idle: bool,
+    /// Units never served, to give back (`RL.RETURN key n AGE age`), and their age bound.
+    pub give_back: u64,
+    pub age: u64,
+}
+
+/// One Envoy's leases of one bucket: the demand its reports show, the leases not yet settled.
+#[derive(Clone, Debug, Default)]
+pub struct Ledger {
+    /// Requests (allowed + denied) in the last report period and the period's length (server
+    /// clock); `None` before the first periodic report.
+    pub demand: Option<(u64, u64)>,
+    /// The last report had denied requests: the leases were too small.
+    pub starved: bool,
+    /// Arrival of the last report.
+    pub last_report: Option<u64>,
+    /// The lease Envoy holds now.
+    pub current: Option<Lease>,
+    /// Leases pushed since the last report (current included), oldest first.
+    pub unsettled: VecDeque<Lease>,
+    /// When the next lease is due.
+    pub next: u64,
+    /// Totals, for the metrics and the tests.
+    pub granted: u64,
+    pub given_back: u64,
+    pub admitted: u64,
+    pub denied: u64,
+}
+
+impl Ledger {
+    /// Units to claim for the next lease: the demand over the time until the lease after it
+    /// (a quarter more, plus one), doubled after a report with refusals; before any periodic
+    /// report, an even split of the limit's rate over that time among `sharers` Envoys (plus
+    /// one). At most the capacity and `u32::MAX` (a token bucket's `max_tokens`).
+    pub fn want(&self, p: &Params, rate: &Rate, sharers: u64) -> u64 {
+        let span = replace_after(p, rate) as u128;
+        let base = match self.demand {
+            Some((n, per)) if per > 0 => {
+                let d = div_ceil_u128(n as u128 * span, per as u128);
+                d + d.div_ceil(4)
+            }
+            Some(_) => 0,
+            None => div_ceil_u128(rate.units as u128 * span, rate.period.max(1) as u128 * sharers.max(1) as u128),
+        };
+        let mut b = to_u64(base).saturating_add(1);
+        if self.starved {
+            b = b.saturating_mul(2);
+        }
+        b.min(rate.capacity.max(1)).min(u32::MAX as u64)
+    }
+
+    /// Records a lease pushed at `pushed` (its claim sent at `claimed`), and schedules the next
+    /// one: after [`replace_after`], or at `window_end` (a window's end, from the claim's
+    /// `reset_after`) when sooner, so that a window's units are dropped when it ends.
+    pub fn pushed(&mut self, p: &Params, rate: &Rate, claimed: u64, pushed: u64, units: u64, window_end: Option<u64>) {
+        let life = lease_life(p, rate);
+        let lease = Lease { claimed, pushed, units, life };
+        self.current = Some(lease);
+        if self.unsettled.len() >= MAX_UNSETTLED {
+            self.unsettled.pop_front();
+        }
+        self.unsettled.push_back(lease);
+        self.granted = self.granted.saturating_add(units);
+        let mut next = pushed.saturating_add(replace_after(p, rate));
+        if let Some(end) = window_end {
+            next = next.min(end.max(pushed.saturating_add(1_000_000)));
+        }
+        self.next = next;
+    }
+
+    /// A push that holds no units (a failure mode's action, a refusal): the next lease is due
+    /// after `refresh`.
+    pub fn pushed_nothing(&mut self, p: &Params, now: u64) {
+        self.current = None;
+        self.next = now.saturating_add(p.refresh);
+    }
+
+    /// A usage report arrived at `now` with `allowed` and `denied` requests since the
+    /// previous one. Learns the demand; when nothing was requested (idle), the leases pushed
+    /// since the previous report that ended at least `margin` before this one were never used
+    /// (no request in the whole period) and are given back, aged from the oldest one's claim.
+    /// A lease that may still be in use, or whose period had requests, is never given back.
+    pub fn report(&mut self, p: &Params, now: u64, allowed: u64, denied: u64) -> Settled {
+        let requests = allowed.saturating_add(denied);
+        self.admitted = self.admitted.saturating_add(allowed);
+        self.denied = self.denied.saturating_add(denied);
+        self.starved = denied > 0;
+        let mut out = Settled::default();
+        if let Some(prev) = self.last_report {
+            self.demand = Some((requests, now.saturating_sub(prev)));
+            out.idle = requests == 0;
+        }
+        if out.idle {
+            let cutoff = now.saturating_sub(p.margin);
+            let leases: Vec<Lease> = self.unsettled.iter().copied().collect();
+            let mut oldest: Option<u64> = None;
+            let mut kept = VecDeque::new();
+            for (i, l) in leases.iter().enumerate() {
+                // Ended: replaced by a later push, or its TTL over, `margin` before the report.
+                let replaced = leases.get(i + 1).is_some_and(|n| n.pushed <= cutoff);
+                let expired = l.pushed.saturating_add(l.life) <= cutoff;
+                if replaced || expired {
+                    out.give_back = out.give_back.saturating_add(l.units);
+                    oldest = Some(oldest.map_or(l.claimed, |o| o.min(l.claimed)));
+                } else {
+                    kept.push_back(*l);
+                }
+            }
+            out.age = oldest.map_or(0, |o| now.saturating_sub(o));
+            self.given_back = self.given_back.saturating_add(out.give_back);
+            self.unsettled = kept;
+        }
+        // Only leases pushed after this report can be settled by the next one.
+        self.unsettled.retain(|l| l.pushed > now);
+        self.last_report = Some(now);
+        out
+    }
+}
+
+/// A token bucket as Envoy takes it: `max_tokens`, `tokens_per_fill` per `fill_interval_s`
+/// whole seconds (Envoy 1.40 truncates the interval to whole seconds: under 1 s it never
+/// refuses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenBucketShare {
+    pub max_tokens: u32,
+    pub tokens_per_fill: u32,
+    pub fill_interval_s: i64,
+}
+
+/// The `local` failure mode's share for one Envoy: the limit's rate and capacity ÷ `sharers`,
+/// the rate rounded down to what `tokens_per_fill / whole seconds` can say (never above the
+/// share), the capacity at least 1.
+pub fn local_share(rate: &Rate, sharers: u64) -> TokenBucketShare {
+    let n = sharers.max(1) as u128;
+    let max_tokens = (rate.capacity as u128 / n).clamp(1, u32::MAX as u128) as u32;
+    // Units per second of the share: units × 1 s / (period × sharers).
+    let den = rate.period.max(1) as u128 * n;
+    let per_second = rate.units as u128 * SECOND as u128 / den;
+    if per_second >= 1 {
+        TokenBucketShare { max_tokens, tokens_per_fill: per_second.min(u32::MAX as u128) as u32, fill_interval_s: 1 }
+    } else {
+        // One token per whole number of seconds, rounded up (slower, never faster).
+        let secs = div_ceil_u128(den, rate.units.max(1) as u128 * SECOND as u128);
+        TokenBucketShare { max_tokens, tokens_per_fill: 1, fill_interval_s: secs.clamp(1, i64::MAX as u128) as i64 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn params() -> Params {
+        Params { lease: SECOND, refresh: 500 * MS, margin: SECOND }
+    }
+
+    fn per_second(units: u64, capacity: u64) -> Rate {
+        Rate { units, period: SECOND, capacity }
+    }
+
+    #[test]
+    fn parameters_are_checked() {
+        assert!(params().validate().is_ok());
+        for (lease, refresh) in [(1500 * MS, 500 * MS), (0, 1), (61 * SECOND, MS), (SECOND, SECOND), (SECOND, 0)] {
+            assert!(Params { lease, refresh, margin: SECOND }.validate().is_err(), "{lease} {refresh}");
+        }
+    }
+
+    #[test]
+    fn a_lease_lives_l_or_one_units_refill() {
+        let p = params();
+        assert_eq!(lease_life(&p, &per_second(1000, 100)), SECOND);
+        assert_eq!(lease_life(&p, &per_second(1, 1)), SECOND);
+        // 10 per minute: one unit per 6 s.
+        assert_eq!(lease_life(&p, &Rate { units: 10, period: 60 * SECOND, capacity: 10 }), 6 * SECOND);
+        // 2 per 3 s: 1.5 s, rounded up to 2 s.
+        assert_eq!(lease_life(&p, &Rate { units: 2, period: 3 * SECOND, capacity: 2 }), 2 * SECOND);
+        // A day: capped.
+        assert_eq!(lease_life(&p, &Rate { units: 1, period: 86_400 * SECOND, capacity: 1 }), MAX_LEASE);
+        assert_eq!(replace_after(&p, &per_second(1000, 1000)), 500 * MS);
+        assert_eq!(replace_after(&p, &Rate { units: 10, period: 60 * SECOND, capacity: 10 }), 5500 * MS);
+        // A burst refilled in 250 ms: replaced every 250 ms; in 1 ms: every 50 ms.
+        assert_eq!(replace_after(&p, &per_second(200, 50)), 250 * MS);
+        assert_eq!(replace_after(&p, &per_second(10_000, 10)), MIN_REFRESH);
+    }
+
+    #[test]
+    fn a_new_bucket_gets_an_even_split_of_the_rate() {
+        let p = params();
+        let l = Ledger::default();
+        // 1000/s over 500 ms among 4 Envoys: 125, plus one.
+        assert_eq!(l.want(&p, &per_second(1000, 1000), 4), 126);
+        // Never above the capacity, never zero.
+        assert_eq!(l.want(&p, &per_second(1000, 50), 1), 50);
+        assert_eq!(l.want(&p, &Rate { units: 10, period: 60 * SECOND, capacity: 10 }, 3), 2);
+    }
+
+    #[test]
+    fn leases_follow_the_reported_demand() {
+        let p = params();
+        let rate = per_second(10_000, 10_000);
+        let mut l = Ledger::default();
+        // The first report (the bucket's creation) carries no period.
+        assert_eq!(l.report(&p, 0, 1, 0), Settled::default());
+        assert_eq!(l.demand, None);
+        // 1000 requests in 5 s: 200/s; over 500 ms 100, a quarter more, plus one.
+        let s = l.report(&p, 5 * SECOND, 1000, 0);
+        assert!(!s.idle);
+        assert_eq!(l.want(&p, &rate, 3), 126);
+        // Refusals: doubled.
+        l.report(&p, 10 * SECOND, 900, 100);
+        assert_eq!(l.want(&p, &rate, 3), 252);
+        // Capped by the capacity and by u32::MAX.
+        l.report(&p, 15 * SECOND, u64::MAX / 2, 0);
+        assert_eq!(l.want(&p, &rate, 3), 10_000);
+        let huge = Rate { units: u64::MAX, period: 1, capacity: u64::MAX };
+        assert_eq!(l.want(&p, &huge, 1), u32::MAX as u64);
+        // An idle period: one unit.
+        l.report(&p, 20 * SECOND, 0, 0);
+        assert_eq!(l.want(&p, &rate, 3), 1);
+    }
+
+    #[test]
+    fn the_next_lease_is_due_after_refresh_or_at_the_window_end() {
+        let p = params();
+        let rate = per_second(100, 100);
+        let mut l = Ledger::default();
+        l.pushed(&p, &rate, 10, 20, 50, None);
+        assert_eq!((l.next, l.granted), (20 + 500 * MS, 50));
+        assert_eq!(l.current, Some(Lease { claimed: 10, pushed: 20, units: 50, life: SECOND }));
+        l.pushed(&p, &rate, SECOND, SECOND + 5, 50, Some(SECOND + 200 * MS));
+        assert_eq!(l.next, SECOND + 200 * MS);
+        // A window ending now: at least 1 ms later, never at once again.
+        l.pushed(&p, &rate, 2 * SECOND, 2 * SECOND, 50, Some(0));
+        assert_eq!(l.next, 2 * SECOND + MS);
+        // A slow limit's lease is replaced shortly before it ends.
+        let slow = Rate { units: 10, period: 60 * SECOND, capacity: 10 };
+        l.pushed(&p, &slow, 3 * SECOND, 3 * SECOND, 1, None);
+        assert_eq!(l.next, 3 * SECOND + 5500 * MS);
+        l.pushed_nothing(&p, 10 * SECOND);
+        assert_eq!((l.next, l.current), (10 * SECOND + 500 * MS, None));
+    }
+
+    #[test]
+    fn an_idle_report_gives_back_only_leases_that_ended_unused() {
+        let p = params();
+        let rate = per_second(100, 100);
+        let mut l = Ledger::default();
+        l.report(&p, 0, 1, 0);
+        // A busy period: nothing is given back, whatever was pushed.
+        for k in 0..10 {
+            l.pushed(&p, &rate, k * 500 * MS, k * 500 * MS + MS, 10, None);
+        }
+        assert_eq!(l.report(&p, 5 * SECOND, 40, 0), Settled { idle: false, give_back: 0, age: 0 });
+        assert!(l.unsettled.is_empty());
+        // The next period is idle: leases pushed after the report, replaced (or expired) at
+        // least `margin` before the idle report, come back; the last two may still be in use.
+        for k in 0..10 {
+            let t = 5 * SECOND + 100 * MS + k * 500 * MS;
+            l.pushed(&p, &rate, t - MS, t, 10, None);
+        }
+        let s = l.report(&p, 10 * SECOND + 100 * MS, 0, 0);
+        // Pushed at 5.1 … 9.6 s; cutoff 9.1 s: replaced by 9.1 s: the leases of 5.1 … 8.6 s (8).
+        assert!(s.idle);
+        assert_eq!(s.give_back, 80);
+        assert_eq!(s.age, 10 * SECOND + 100 * MS - (5 * SECOND + 99 * MS));
+        assert_eq!((l.granted, l.given_back, l.admitted), (200, 80, 41));
+        assert!(l.unsettled.is_empty());
+        // An idle report with nothing pushed gives back nothing, never a negative.
+        assert_eq!(l.report(&p, 15 * SECOND, 0, 0), Settled { idle: true, give_back: 0, age: 0 });
+    }
+
+    #[test]
+    fn an_expired_lease_is_given_back_at_an_idle_report() {
+        let p = params();
+        let rate = per_second(100, 100);
+        let mut l = Ledger::default();
+        l.report(&p, 0, 1, 0);
+        // One lease, never replaced (the bucket went quiet, pushes stopped), its TTL long over.
+        l.pushed(&p, &rate, SECOND, SECOND + MS, 7, None);
+        let s = l.report(&p, 5 * SECOND, 0, 0);
+        assert_eq!((s.idle, s.give_back, s.age), (true, 7, 4 * SECOND));
+        // Within `margin` of its end: kept.
+        let mut l = Ledger::default();
+        l.report(&p, 0, 1, 0);
+        l.pushed(&p, &rate, 3 * SECOND + 500 * MS, 3 * SECOND + 500 * MS, 7, None);
+        assert_eq!(l.report(&p, 5 * SECOND, 0, 0).give_back, 0);
+    }
+
+    #[test]
+    fn unsettled_leases_are_bounded() {
+        let p = params();
+        let rate = per_second(100, 100);
+        let mut l = Ledger::default();
+        for k in 0..(MAX_UNSETTLED as u64 * 3) {
+            l.pushed(&p, &rate, k, k, 1, None);
+        }
+        assert_eq!(l.unsettled.len(), MAX_UNSETTLED);
+        assert_eq!(l.granted, MAX_UNSETTLED as u64 * 3);
+    }
+
+    #[test]
+    fn the_local_share_never_exceeds_the_limit_split() {
+        // 1000/s, burst 100, 4 Envoys: 250/s, 25.
+        assert_eq!(
+            local_share(&per_second(1000, 100), 4),
+            TokenBucketShare { max_tokens: 25, tokens_per_fill: 250, fill_interval_s: 1 }
+        );
+        // 10 per minute over 3: one per 18 s.
+        assert_eq!(
+            local_share(&Rate { units: 10, period: 60 * SECOND, capacity: 10 }, 3),
+            TokenBucketShare { max_tokens: 3, tokens_per_fill: 1, fill_interval_s: 18 }
+        );
+        // 7 per second over 2: 3 per second (3.5 rounded down), at least one token of capacity.
+        assert_eq!(
+            local_share(&per_second(7, 1), 2),
+            TokenBucketShare { max_tokens: 1, tokens_per_fill: 3, fill_interval_s: 1 }
+        );
+        // 1 per 1.5 s: one per 2 s (rounded up: slower).
+        assert_eq!(local_share(&Rate { units: 1, period: 1500 * MS, capacity: 1 }, 1).fill_interval_s, 2);
+        // Zero sharers count as one; extreme values do not overflow.
+        assert_eq!(local_share(&per_second(5, 5), 0).tokens_per_fill, 5);
+        let huge = local_share(&Rate { units: u64::MAX, period: 1, capacity: u64::MAX }, 1);
+        assert_eq!((huge.max_tokens, huge.tokens_per_fill), (u32::MAX, u32::MAX));
+    }
+}

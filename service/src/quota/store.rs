@@ -1,0 +1,82 @@
+//! The quota service's one need from Redis, behind a narrow seam: claim units of a limit
+//! (`<RL.cmd> key limit period [BURST b] COST n PARTIAL`) and give unused units back
+//! (`RL.RETURN key n AGE ms`), each within a deadline. [`Backend`] implements it with its own
+//! connections, timeout, breaker and metrics (`Backend::call`, the client crate's
+//! `limit_cmd` / `give_back_cmd`), so the quota service follows the service's Redis layer as it
+//! changes.
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use redis::FromRedisValue;
+use redis_ratelimit_client::commands::{give_back_cmd, limit_cmd, Options};
+use redis_ratelimit_client::spec::Limit;
+use redis_ratelimit_client::{Decision, Nanos};
+
+use crate::backend::{Backend, BackendError};
+use crate::metrics::RedisOp;
+
+pub trait QuotaStore: Send + Sync + 'static {
+    /// Claims up to `units` of `limit` at `key`: the reply's `allowed` is what was granted.
+    fn claim<'a>(
+        &'a self,
+        key: &'a str,
+        limit: &'a Limit,
+        units: u64,
+        deadline: Duration,
+    ) -> BoxFuture<'a, Result<Decision, BackendError>>;
+
+    /// Gives `units` back, claimed at most `age` ago (`commands::return_age`); returns the
+    /// units credited (0 for a key that is gone).
+    fn give_back<'a>(
+        &'a self,
+        key: &'a str,
+        units: u64,
+        age: Nanos,
+        deadline: Duration,
+    ) -> BoxFuture<'a, Result<u64, BackendError>>;
+}
+
+fn late(deadline: Duration) -> BackendError {
+    BackendError::Unavailable(format!("no answer within the deadline ({deadline:?})"))
+}
+
+impl QuotaStore for Backend {
+    fn claim<'a>(
+        &'a self,
+        key: &'a str,
+        limit: &'a Limit,
+        units: u64,
+        deadline: Duration,
+    ) -> BoxFuture<'a, Result<Decision, BackendError>> {
+        Box::pin(async move {
+            let cmd = limit_cmd(key, limit, Options::claim(units));
+            let slot = self.slot_of(key);
+            let v = tokio::time::timeout(deadline, self.call(RedisOp::Claim, &cmd, slot))
+                .await
+                .map_err(|_| late(deadline))??;
+            Decision::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string()))
+        })
+    }
+
+    fn give_back<'a>(
+        &'a self,
+        key: &'a str,
+        units: u64,
+        age: Nanos,
+        deadline: Duration,
+    ) -> BoxFuture<'a, Result<u64, BackendError>> {
+        Box::pin(async move {
+            let cmd = give_back_cmd(key, units, Some(age));
+            let slot = self.slot_of(key);
+            match tokio::time::timeout(deadline, self.call(RedisOp::Return, &cmd, slot))
+                .await
+                .map_err(|_| late(deadline))?
+            {
+                Ok(v) => Ok(i64::from_redis_value(v).map(|n| n.max(0) as u64).unwrap_or(0)),
+                Err(BackendError::Reply(m)) if m.contains("no limiter at this key") => Ok(0),
+                Err(e) => Err(e),
+            }
+        })
+    }
+}

@@ -1,0 +1,512 @@
+//! The quota service through the real Envoy 1.40 (`envoy.filters.http.rate_limit_quota`):
+//!
+//! - docs/quota-service.md's configurations as written (ports replaced): Envoy → the service →
+//!   redis-server with the module → an upstream; a hot bucket enforced at the edge with a
+//!   Redis command per lease, not per request, and within the lease bound;
+//! - the facts of docs/quota-service.md ("What Envoy 1.40 does") that the bound rests on,
+//!   checked against a scripted RLQS server in the test: a first token bucket starts full, an
+//!   equal one is carried over, a different one keeps the fill fraction, `[DENY_ALL, token
+//!   bucket]` sets the tokens exactly, a TTL counts whole seconds, reports come every 5 s.
+//!   An Envoy upgrade that changes one of them fails here.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::Server;
+use redis_ratelimit_service::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use redis_ratelimit_service::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
+    RateLimitQuotaService, RateLimitQuotaServiceServer,
+};
+use redis_ratelimit_service::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use redis_ratelimit_service::quota::actions;
+use redis_ratelimit_service::quota::plan::{TokenBucketShare, SECOND};
+use redis_ratelimit_service::quota::stream::receiver_stream;
+use serde_json::json;
+use support::envoy::*;
+use support::*;
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status, Streaming};
+
+/// An HTTP/1.1 client on one keep-alive connection to Envoy's listener (reopened when Envoy
+/// closes it). The harness's `Envoy::get` sends `Connection: close` and reads to the end of the
+/// connection, which Envoy holds open for its `delayed_close_timeout` (1 s) after a local reply
+/// such as a 429: too slow for a load, and for timing an expiry.
+struct Client {
+    port: u16,
+    conn: Option<tokio::io::BufReader<tokio::net::TcpStream>>,
+}
+
+impl Client {
+    fn new(port: u16) -> Client {
+        Client { port, conn: None }
+    }
+
+    /// GET / with `headers`; the status.
+    async fn get(&mut self, headers: &[(&str, &str)]) -> u16 {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+        let mut req = format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n", self.port);
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        for _ in 0..2 {
+            if self.conn.is_none() {
+                let s = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.expect("connect to Envoy");
+                s.set_nodelay(true).unwrap();
+                self.conn = Some(tokio::io::BufReader::new(s));
+            }
+            let c = self.conn.as_mut().unwrap();
+            let exchange = async {
+                c.get_mut().write_all(req.as_bytes()).await?;
+                let (mut status, mut length, mut close) = (0u16, 0usize, false);
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    if c.read_line(&mut line).await? == 0 {
+                        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+                    }
+                    let l = line.trim_end();
+                    if l.is_empty() {
+                        break;
+                    }
+                    if status == 0 {
+                        status = l.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+                    } else if let Some((k, v)) = l.split_once(':') {
+                        match k.trim().to_ascii_lowercase().as_str() {
+                            "content-length" => length = v.trim().parse().unwrap_or(0),
+                            "connection" => close = v.trim().eq_ignore_ascii_case("close"),
+                            _ => {}
+                        }
+                    }
+                }
+                let mut body = vec![0; length];
+                c.read_exact(&mut body).await?;
+                Ok::<_, std::io::Error>((status, close))
+            };
+            match tokio::time::timeout(Duration::from_secs(10), exchange).await.expect("Envoy answered within 10 s") {
+                Ok((status, close)) => {
+                    if close {
+                        self.conn = None;
+                    }
+                    return status;
+                }
+                // Envoy closed an idle connection: once more on a new one.
+                Err(_) => self.conn = None,
+            }
+        }
+        panic!("GET / through Envoy failed twice")
+    }
+
+    /// How many of `n` requests of `user` pass.
+    async fn passed(&mut self, user: &str, n: usize) -> usize {
+        let mut ok = 0;
+        for _ in 0..n {
+            ok += usize::from(self.get(&[("x-user", user)]).await == 200);
+        }
+        ok
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// docs/quota-service.md's configuration, as written.
+
+/// The most admissions certainly inside any window of length `w`: each admission is known to
+/// lie between its request's send and its response (`(sent, received)`), and only those whose
+/// whole interval fits in the window are counted, so no scheduling delay inflates the count.
+fn most_in_any_window(mut admitted: Vec<(Duration, Duration)>, w: Duration) -> usize {
+    admitted.sort();
+    let mut best = 0;
+    for (i, (start, _)) in admitted.iter().enumerate() {
+        let end = *start + w;
+        let n = admitted[i..].iter().filter(|(s, r)| *s >= *start && *r <= end).count();
+        best = best.max(n);
+    }
+    best
+}
+
+/// With the docs' configurations (200 per second, burst 100, gcra), four clients as fast as
+/// they can for 3 s through one Envoy: Envoy refuses past the leases with no call per request;
+/// Redis sees one claim per lease (every 500 ms: burst ÷ rate), well under 10 commands per
+/// 1,000 requests; every window of 1 s admits at most `c + r·(W + L + d)` = 100 + 200 × (1 + 1
+/// + 0.1); what passed reached the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_docs_configuration_enforces_a_hot_bucket_at_the_edge() {
+    let envoy_yaml = doc_block("docs/quota-service.md", "envoy-quota");
+    validate(&envoy_yaml).unwrap_or_else(|e| panic!("envoy --mode validate: {e}"));
+    let redis = Server::start();
+    let mut con = redis.conn();
+    let config = TempDir::new("quota-docs");
+    config.write("edge.yaml", &doc_block("docs/quota-service.md", "quota-rules"));
+    let url = format!("127.0.0.1:{}", redis.port);
+    let svc = ServiceProc::start(config.path(), &["--redis-url", &url]);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let upstream = Upstream::start();
+    let grpc: u16 = svc.grpc.rsplit_once(':').unwrap().1.parse().unwrap();
+    let envoy = Envoy::start(&with_ports(&envoy_yaml, &[(10000, 0), (9901, 0), (8000, upstream.port), (8081, grpc)]));
+    reset_stats(&mut con);
+    let t0 = Instant::now();
+    let run = Duration::from_secs(3);
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let mut client = Client::new(envoy.port);
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while t0.elapsed() < run {
+                    let sent = t0.elapsed();
+                    let status = client.get(&[]).await;
+                    seen.push((sent, t0.elapsed(), status));
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for c in clients {
+        all.extend(c.await.unwrap());
+    }
+    let commands = command_calls(&mut con);
+    let admitted: Vec<(Duration, Duration)> = all.iter().filter(|r| r.2 == 200).map(|r| (r.0, r.1)).collect();
+    let refused = all.iter().filter(|r| r.2 == 429).count();
+    assert_eq!(
+        admitted.len() + refused,
+        all.len(),
+        "only 200 and 429: {:?}",
+        all.iter().map(|r| r.2).collect::<Vec<_>>()
+    );
+    let worst = most_in_any_window(admitted.clone(), Duration::from_secs(1));
+    println!(
+        "docs configuration: {} requests in {run:?}, {} admitted, {refused} refused, {commands} Redis commands, \
+         most admitted in 1 s: {worst} (bound 520)",
+        all.len(),
+        admitted.len()
+    );
+    assert!(refused > 0, "the limit never bound: {} requests", all.len());
+    assert!(worst <= 520, "{worst} admitted in one second");
+    assert!(commands * 1000 <= 10 * all.len() as u64, "{commands} Redis commands for {} requests", all.len());
+    assert!(commands >= 4, "{commands}: one claim per lease");
+    assert_eq!(upstream.count(), admitted.len());
+    assert_eq!(svc.metric("ratelimit_service_quota_streams"), 1);
+    assert!(svc.metric("ratelimit_service_quota_units_granted") >= admitted.len() as u64);
+}
+
+/// A free loopback port (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The quota filter of the docs' configuration (one bucket, `{api: public}`, DENY_ALL before a
+/// lease), asking the cluster `cluster`.
+fn edge_filter(cluster: &str) -> serde_json::Value {
+    json!({
+        "name": "envoy.filters.http.rate_limit_quota",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig",
+            "rlqs_server": { "envoy_grpc": { "cluster_name": cluster } },
+            "domain": "edge",
+            "bucket_matchers": { "on_no_match": { "action": {
+                "name": "quota",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings",
+                    "bucket_id_builder": { "bucket_id_builder": { "api": { "string_value": "public" } } },
+                    "reporting_interval": "5s",
+                    "no_assignment_behavior": { "fallback_rate_limit": { "blanket_rule": "DENY_ALL" } }
+                }
+            } } }
+        }
+    })
+}
+
+/// The fleet bound (docs/quota-service.md, "The bound"), measured: three Envoys with uneven load
+/// on one bucket (gcra 300/s, burst 100; L = 1 s), two service replicas; Envoy B is killed at
+/// 3 s holding a lease, replica 1 (Envoys A and C) is killed at 5 s and started again at
+/// 5.5 s. Every window of 1 s admits at most `c + r·(W + L + d)` = 100 + 300 × (1 + 1 + 0.1) =
+/// 730 (admissions counted only when certainly inside the window); A and C get leases again
+/// after the restart (at their next report, within 5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_bound_holds_on_three_envoys_through_a_crash_and_a_restart() {
+    let redis = Server::start();
+    let mut con = redis.conn();
+    let config = TempDir::new("quota-fleet");
+    config.write(
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: api\n    value: public\n    rate_limit: {requests_per_unit: 300, unit: second, algorithm: gcra, burst: 100}\n",
+    );
+    let url = format!("127.0.0.1:{}", redis.port);
+    let ports = [free_port(), free_port()];
+    let replica = |port: u16| {
+        let p = port.to_string();
+        let svc = ServiceProc::start(config.path(), &["--redis-url", &url, "--grpc-port", &p, "--instances", "2"]);
+        svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+        svc
+    };
+    let mut replicas = [replica(ports[0]), replica(ports[1])];
+    let upstream = Upstream::start();
+    let envoy_on = |port: u16| {
+        let mut c = EnvoyConfig::new(&format!("127.0.0.1:{port}"), upstream.port);
+        c.http_filters = vec![edge_filter("rate_limit_cluster")];
+        Envoy::start(&c.render())
+    };
+    let (a, b, c) = (envoy_on(ports[0]), envoy_on(ports[1]), envoy_on(ports[0]));
+    reset_stats(&mut con);
+    let t0 = Instant::now();
+    let end = Duration::from_secs(12);
+    // Uneven: A three clients flat out, B one until it is killed, C one at about 200/s.
+    let load = |port: u16, until: Duration, pause: Duration| {
+        tokio::spawn(async move {
+            let mut client = Client::new(port);
+            let mut seen = Vec::new();
+            while t0.elapsed() < until {
+                let sent = t0.elapsed();
+                let status = client.get(&[]).await;
+                seen.push((sent, t0.elapsed(), status));
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+            seen
+        })
+    };
+    let mut tasks = vec![(0, load(b.port, Duration::from_millis(2900), Duration::ZERO))];
+    for _ in 0..3 {
+        tasks.push((1, load(a.port, end, Duration::ZERO)));
+    }
+    tasks.push((2, load(c.port, end, Duration::from_millis(5))));
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(t0.elapsed())).await;
+    drop(b); // killed holding its lease
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(t0.elapsed())).await;
+    replicas[0].signal("-KILL");
+    replicas[0].wait_exit(Duration::from_secs(5));
+    tokio::time::sleep(Duration::from_millis(5500).saturating_sub(t0.elapsed())).await;
+    replicas[0] = replica(ports[0]);
+    let mut by_envoy: Vec<Vec<(Duration, Duration, u16)>> = vec![Vec::new(); 3];
+    for (e, t) in tasks {
+        by_envoy[e].extend(t.await.unwrap());
+    }
+    let commands = command_calls(&mut con);
+    let all: Vec<(Duration, Duration, u16)> = by_envoy.concat();
+    let admitted: Vec<(Duration, Duration)> = all.iter().filter(|r| r.2 == 200).map(|r| (r.0, r.1)).collect();
+    let worst = most_in_any_window(admitted.clone(), Duration::from_secs(1));
+    let count = |e: usize, from: f64, to: f64| {
+        by_envoy[e]
+            .iter()
+            .filter(|r| r.2 == 200 && r.0 >= Duration::from_secs_f64(from) && r.0 < Duration::from_secs_f64(to))
+            .count()
+    };
+    println!(
+        "fleet: {} requests, {} admitted (A {}, B {}, C {}), worst 1 s window {worst} (bound 730), {commands} Redis \
+         commands; admitted by A+C in 0-5 s {}, 5-6.5 s {}, 10.5-12 s {}",
+        all.len(),
+        admitted.len(),
+        count(1, 0.0, 12.0),
+        count(0, 0.0, 12.0),
+        count(2, 0.0, 12.0),
+        count(1, 0.0, 5.0) + count(2, 0.0, 5.0),
+        count(1, 5.0, 6.5) + count(2, 5.0, 6.5),
+        count(1, 10.5, 12.0) + count(2, 10.5, 12.0),
+    );
+    assert!(worst <= 730, "{worst} admitted in one second");
+    for (e, name) in [(0, "B"), (1, "A"), (2, "C")] {
+        assert!(count(e, 0.0, 3.0) > 0, "Envoy {name} admitted nothing before 3 s");
+    }
+    // After the restart A and C are served again (their next report reaches a replica).
+    assert!(count(1, 10.5, 12.0) + count(2, 10.5, 12.0) > 0, "no lease after the restart");
+    assert!(commands * 1000 <= 10 * all.len() as u64, "{commands} Redis commands for {} requests", all.len());
+    assert_eq!(upstream.count(), admitted.len());
+}
+
+// ---------------------------------------------------------------------------------------------
+// What Envoy 1.40 does with the pushes, against a scripted RLQS server.
+
+type Pushes = mpsc::Sender<Result<RateLimitQuotaResponse, Status>>;
+
+/// An RLQS server that forwards each report to the test and pushes what the test sends, on
+/// the latest stream.
+#[derive(Clone, Default)]
+struct Script {
+    reports: Arc<Mutex<Vec<(Instant, RateLimitQuotaUsageReports)>>>,
+    push: Arc<Mutex<Option<Pushes>>>,
+}
+
+type Responses = std::pin::Pin<Box<dyn futures::Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl RateLimitQuotaService for Script {
+    type StreamRateLimitQuotasStream = Responses;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        req: Request<Streaming<RateLimitQuotaUsageReports>>,
+    ) -> Result<Response<Responses>, Status> {
+        let (tx, rx) = mpsc::channel(16);
+        *self.push.lock().unwrap() = Some(tx);
+        let mut inbound = req.into_inner();
+        let reports = self.reports.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(r)) = inbound.message().await {
+                reports.lock().unwrap().push((Instant::now(), r));
+            }
+        });
+        Ok(Response::new(receiver_stream(rx)))
+    }
+}
+
+impl Script {
+    /// Serves on a free loopback port; returns `host:port`.
+    async fn start(&self) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let me = self.clone();
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(RateLimitQuotaServiceServer::new(me))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+                .await
+                .unwrap();
+        });
+        addr
+    }
+
+    async fn push(&self, actions: Vec<BucketAction>) {
+        let tx = self.push.lock().unwrap().clone().expect("a stream is open");
+        tx.send(Ok(RateLimitQuotaResponse { bucket_action: actions })).await.unwrap();
+        // Envoy applies a response on its main thread, then publishes it to the worker.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    /// Waits until a report names `user`'s bucket.
+    async fn wait_bucket(&self, user: &str) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let seen = self.reports.lock().unwrap().iter().any(|(_, r)| {
+                r.bucket_quota_usages.iter().any(|u| {
+                    u.bucket_id.as_ref().is_some_and(|b| b.bucket.get("user").map(String::as_str) == Some(user))
+                })
+            });
+            if seen {
+                return;
+            }
+            assert!(Instant::now() < deadline, "no report of {user}'s bucket");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+fn user_bucket(user: &str) -> BucketId {
+    BucketId { bucket: [("name", "b"), ("user", user)].iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
+}
+
+/// A token bucket of `max` tokens refilled by one a day.
+fn tokens(max: u32) -> TokenBucketShare {
+    TokenBucketShare { max_tokens: max, tokens_per_fill: 1, fill_interval_s: 86_400 }
+}
+
+/// The quota filter: one bucket per `x-user` value, reports asked every second, DENY_ALL
+/// before any assignment.
+fn quota_filter() -> serde_json::Value {
+    json!({
+        "name": "envoy.filters.http.rate_limit_quota",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig",
+            "rlqs_server": { "envoy_grpc": { "cluster_name": "rate_limit_cluster" } },
+            "domain": "d",
+            "bucket_matchers": { "on_no_match": { "action": {
+                "name": "quota",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings",
+                    "bucket_id_builder": { "bucket_id_builder": {
+                        "name": { "string_value": "b" },
+                        "user": { "custom_value": { "name": "user", "typed_config": {
+                            "@type": "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
+                            "header_name": "x-user"
+                        } } }
+                    } },
+                    "reporting_interval": "1s",
+                    "no_assignment_behavior": { "fallback_rate_limit": { "blanket_rule": "DENY_ALL" } }
+                }
+            } } }
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_applies_pushes_as_the_design_assumes() {
+    let script = Script::default();
+    let addr = script.start().await;
+    let upstream = Upstream::start();
+    let mut config = EnvoyConfig::new(&addr, upstream.port);
+    config.http_filters = vec![quota_filter()];
+    let envoy = Envoy::start(&config.render());
+    let mut client = Client::new(envoy.port);
+    let ttl = 60 * SECOND;
+
+    // The first request of a bucket: no assignment yet (DENY_ALL), reported at once.
+    let first = Instant::now();
+    assert_eq!(client.passed("a", 1).await, 0);
+    script.wait_bucket("a").await;
+    let a = user_bucket("a");
+    // A first token bucket starts full.
+    script.push(vec![actions::token_bucket(&a, tokens(3), ttl)]).await;
+    assert_eq!(client.passed("a", 5).await, 3, "a first token bucket starts with max_tokens");
+    // The same token bucket again: carried over, not refilled.
+    script.push(vec![actions::token_bucket(&a, tokens(3), ttl)]).await;
+    assert_eq!(client.passed("a", 5).await, 0, "an equal token bucket keeps the tokens left");
+    // A different one: the old fill fraction (0 of 3) times the new max.
+    script.push(vec![actions::token_bucket(&a, tokens(6), ttl)]).await;
+    assert_eq!(client.passed("a", 8).await, 0, "a different token bucket keeps the fill fraction");
+    // What the service pushes: [DENY_ALL, token bucket] in one response: exactly max_tokens.
+    for n in [4, 4, 7] {
+        script.push(actions::lease(&a, n, ttl)).await;
+        assert_eq!(client.passed("a", n as usize + 3).await, n as usize, "a lease of {n}");
+    }
+    // Half the tokens left, then a different bucket of 10: 5 (the fraction).
+    script.push(actions::lease(&a, 8, ttl)).await;
+    assert_eq!(client.passed("a", 4).await, 4);
+    script.push(vec![actions::token_bucket(&a, tokens(10), ttl)]).await;
+    assert_eq!(client.passed("a", 12).await, 5, "8 with 4 left, then 10: 10 × 4/8");
+
+    // A TTL counts whole seconds: 1999 ms is 1 s. Expired, the bucket falls to its
+    // no_assignment_behavior (DENY_ALL here).
+    script.push(vec![actions::allow_all(&a, 60 * SECOND)]).await;
+    assert_eq!(client.passed("a", 2).await, 2);
+    let pushed = Instant::now();
+    script.push(vec![pb_allow_with_ttl_ms(&a, 1999)]).await;
+    let expired = loop {
+        if client.passed("a", 1).await == 0 {
+            break pushed.elapsed();
+        }
+        assert!(pushed.elapsed() < Duration::from_secs(3), "never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        expired >= Duration::from_millis(800) && expired < Duration::from_millis(1600),
+        "expired after {expired:?}"
+    );
+
+    // Reports: the bucket's own at once, then every 5 s although reporting_interval is 1 s.
+    let until = first + Duration::from_millis(5600);
+    tokio::time::sleep(until.saturating_duration_since(Instant::now())).await;
+    let reports: Vec<Duration> =
+        script.reports.lock().unwrap().iter().map(|(t, _)| t.saturating_duration_since(first)).collect();
+    assert_eq!(reports.len(), 2, "the bucket's report, then one periodic report by 5.6 s: {reports:?}");
+    assert!(reports[1] >= Duration::from_millis(4500), "{reports:?}");
+}
+
+/// An ALLOW_ALL with a TTL in milliseconds (the service never sends one: its TTLs are whole
+/// seconds).
+fn pb_allow_with_ttl_ms(id: &BucketId, ms: u64) -> BucketAction {
+    let mut a = actions::allow_all(id, SECOND);
+    if let Some(
+        redis_ratelimit_service::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction::QuotaAssignmentAction(q),
+    ) = a.bucket_action.as_mut()
+    {
+        q.assignment_time_to_live =
+            Some(prost_types::Duration { seconds: (ms / 1000) as i64, nanos: ((ms % 1000) * 1_000_000) as i32 });
+    }
+    a
+}
