@@ -22,7 +22,7 @@
 //!   never taken, whatever the transit) and the request is refused. docs/service.md ("Redis
 //!   Cluster") states what holds.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -138,6 +138,28 @@ pub struct Backend {
     /// Cluster: keys carry a `{domain}` hash tag (set by the service), so this is informative.
     pub cluster: bool,
     baseline: bool,
+    /// Whether Redis has the module: [`MODULE_UNKNOWN`], [`MODULE_LOADED`], [`MODULE_MISSING`].
+    module: AtomicU8,
+}
+
+/// The module's name in `INFO modules` (src/lib.rs's `redis_module!`).
+const MODULE_NAME: &str = "ratelimit";
+const MODULE_UNKNOWN: u8 = 0;
+const MODULE_LOADED: u8 = 1;
+const MODULE_MISSING: u8 = 2;
+
+/// The text of every string in a reply (a cluster's `INFO` is one per node).
+fn reply_text(v: &Value, out: &mut String) {
+    match v {
+        Value::BulkString(b) => out.push_str(&String::from_utf8_lossy(b)),
+        Value::SimpleString(t) | Value::VerbatimString { text: t, .. } => out.push_str(t),
+        Value::Array(a) | Value::Set(a) => a.iter().for_each(|x| reply_text(x, out)),
+        Value::Map(m) => m.iter().for_each(|(k, x)| {
+            reply_text(k, out);
+            reply_text(x, out);
+        }),
+        _ => {}
+    }
 }
 
 impl Backend {
@@ -153,7 +175,47 @@ impl Backend {
             epoch: Instant::now(),
             cluster,
             baseline: cfg.baseline,
+            module: AtomicU8::new(MODULE_UNKNOWN),
         })
+    }
+
+    /// Redis answered without the module (issue 31.8): every request is decided by the
+    /// failure mode, so the health checks fail (server.rs).
+    pub fn module_missing(&self) -> bool {
+        self.module.load(Ordering::Relaxed) == MODULE_MISSING
+    }
+
+    /// Redis is not known to have the module (never asked, or missing): worth asking.
+    pub fn module_unconfirmed(&self) -> bool {
+        self.module.load(Ordering::Relaxed) != MODULE_LOADED
+    }
+
+    /// Records whether Redis has the module, logging each change.
+    fn set_module(&self, loaded: bool) {
+        let new = if loaded { MODULE_LOADED } else { MODULE_MISSING };
+        match (self.module.swap(new, Ordering::Relaxed), loaded) {
+            (old, false) if old != MODULE_MISSING => tracing::error!(
+                "Redis does not have the redis-ratelimit module loaded (no '{MODULE_NAME}' in INFO modules, \
+                 RL.* commands unknown): every request is decided by the failure mode and the health checks \
+                 fail; load it (--loadmodule, or MODULE LOAD)"
+            ),
+            (MODULE_MISSING, true) => tracing::info!("the redis-ratelimit module is loaded in Redis now"),
+            _ => {}
+        }
+    }
+
+    /// Asks Redis whether it has the module (`INFO modules`; outside the breaker and the
+    /// metrics), records the answer and returns it; None: Redis did not answer.
+    pub async fn probe_module(&self) -> Option<bool> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("modules");
+        let mut c = tokio::time::timeout(self.timeout, self.conns.get()).await.ok()?.ok()?;
+        let v = tokio::time::timeout(self.timeout, c.query(&cmd, None)).await.ok()?.ok()?;
+        let mut text = String::new();
+        reply_text(&v, &mut text);
+        let loaded = text.lines().any(|l| l.starts_with(&format!("module:name={MODULE_NAME},")));
+        self.set_module(loaded);
+        Some(loaded)
     }
 
     fn now_ns(&self) -> Nanos {
@@ -206,6 +268,14 @@ impl Backend {
             },
         };
         self.metrics.redis_latency.observe(started.elapsed());
+        if let Err(BackendError::Reply(m)) = &result {
+            // "unknown command 'RL.MULTI'", or from a script "Unknown Redis command called from
+            // script": Redis without the module.
+            let m = m.to_ascii_lowercase();
+            if m.contains("unknown command") || m.contains("unknown redis command") {
+                self.set_module(false);
+            }
+        }
         match &result {
             Ok(_) | Err(BackendError::Reply(_)) => self.breaker.on_success(),
             Err(BackendError::Unavailable(_)) => {

@@ -37,7 +37,8 @@ pub struct Health {
 
 impl Health {
     /// Why the service is unhealthy; none: healthy. /healthcheck and grpc.health.v1 both answer
-    /// from this. Redis being down is not one: every instance shares the Redis.
+    /// from this. Redis being down is not one: every instance shares the Redis. Redis up without
+    /// the module is (a deployment error, not an outage: never healthy while enforcing nothing).
     pub fn problems(&self, service: &Service) -> Vec<&'static str> {
         let mut problems = Vec::new();
         if self.terminating.load(Ordering::Relaxed) {
@@ -46,9 +47,16 @@ impl Health {
         if self.need_config && service.config().as_ref().is_none_or(|c| c.is_empty()) {
             problems.push("no configuration with a domain loaded");
         }
+        if service.backend().module_missing() {
+            // Every request would be decided by the failure mode: in `open` every one OK.
+            problems.push("Redis does not have the redis-ratelimit module loaded");
+        }
         problems
     }
 }
+
+/// How often Redis is asked whether it has the module while that is not confirmed.
+const MODULE_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The services grpc.health.v1 reports: envoyproxy/ratelimit's name, and "" (the server).
 pub const GRPC_HEALTH_SERVICES: [&str; 2] = ["ratelimit", ""];
@@ -270,6 +278,21 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     });
     let (reporter, health_server) = tonic_health::server::health_reporter();
     let grpc_health = Arc::new(GrpcHealth::new(reporter));
+    // Whether Redis has the module: asked at start (so the log says it), then every second
+    // until Redis confirms it, and again whenever a request finds it missing.
+    service.backend().probe_module().await;
+    {
+        let (g, h, s) = (grpc_health.clone(), health.clone(), service.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(MODULE_PROBE_INTERVAL).await;
+                if s.backend().module_unconfirmed() {
+                    s.backend().probe_module().await;
+                }
+                g.sync(&h, &s).await;
+            }
+        });
+    }
     grpc_health.sync(&health, &service).await;
     if health.need_config {
         // Follows the reloader: NOT_SERVING until a configuration with a domain is loaded.

@@ -231,6 +231,62 @@ async fn a_reload_that_removes_every_domain_is_refused_unless_allowed() {
     }
 }
 
+/// Issue 31.8: Redis without the module (redis-server started without `--loadmodule`): the log
+/// says so at start, /healthcheck and grpc.health fail naming it (an `open` domain would
+/// otherwise answer OK to everything, enforcing nothing), requests are still answered by the
+/// failure mode; after `MODULE LOAD` health recovers and Redis decides again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_without_the_module_is_named_and_unhealthy_until_loaded() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = TempDir::new("no-module");
+    let mut cmd = std::process::Command::new("redis-server");
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--dir", &dir.path().to_string_lossy(), "--enable-module-command", "yes"])
+        .stdout(std::process::Stdio::null());
+    let mut redis = common::spawn_owned(cmd).unwrap();
+    let url = format!("127.0.0.1:{port}");
+    wait_until(Duration::from_secs(10), "redis-server", || {
+        redis::Client::open(format!("redis://{url}")).unwrap().get_connection().is_ok()
+    });
+    let mut con = redis::Client::open(format!("redis://{url}")).unwrap().get_connection().unwrap();
+    let config = TempDir::new("no-module-config");
+    config.write(
+        "open.yaml",
+        "domain: open\nfailure_mode: open\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 4}\n",
+    );
+    let svc = ServiceProc::start(config.path(), &["--redis-url", &url]);
+    let log = svc.log();
+    let line =
+        log.lines().find(|l| l.contains("does not have the redis-ratelimit module")).unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains("ERROR") && line.contains("MODULE LOAD"), "{line}");
+    let (status, body) = svc.http("GET", "/healthcheck", "");
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("Redis does not have the redis-ratelimit module loaded"), "{body}");
+    for name in ["ratelimit", ""] {
+        assert_eq!(svc.grpc_health(name).await.unwrap(), ServingStatus::NotServing, "grpc.health {name:?}");
+    }
+    let mut c = svc.client().await;
+    let req = || request("open", vec![desc(&[("k", "v")])]);
+    assert!(ok(&ask(&mut c, req()).await), "open: answered by the failure mode");
+
+    redis::cmd("MODULE")
+        .arg("LOAD")
+        .arg(common::module_path().to_string_lossy().as_ref())
+        .query::<()>(&mut con)
+        .unwrap();
+    wait_until(Duration::from_secs(10), "/healthcheck 200", || svc.http("GET", "/healthcheck", "").0 == 200);
+    assert_eq!(svc.log_count("the redis-ratelimit module is loaded in Redis now"), 1);
+    for name in ["ratelimit", ""] {
+        let rt = tokio::runtime::Handle::current();
+        wait_until(Duration::from_secs(10), &format!("grpc.health {name:?} SERVING"), || {
+            matches!(futures_block(&rt, svc.grpc_health(name)), Ok(ServingStatus::Serving))
+        });
+    }
+    assert_eq!(remaining(&ask(&mut c, req()).await), [3], "Redis decides again");
+    let _ = redis.kill();
+    let _ = redis.wait();
+}
+
 fn futures_block<F: std::future::Future>(rt: &tokio::runtime::Handle, f: F) -> F::Output {
     tokio::task::block_in_place(|| rt.block_on(f))
 }
