@@ -59,12 +59,16 @@ async fn a_refund_too_late_to_serve_again_counts_its_units_refunded_and_expired(
     // A short lease on the first limit, a longer timeout on the second.
     let first = Limiter::new(
         conn.clone(),
-        LimiterConfig::new(Limit::token_bucket(100_000, HOUR).with_burst(10_000))
+        LimiterConfig::new(Limit::token_bucket(100_000, HOUR).unwrap().with_burst(10_000).unwrap())
             .lease(Duration::from_millis(100))
             .sightings(0),
-    );
-    let second =
-        Limiter::new(conn, LimiterConfig::new(Limit::gcra(10, HOUR)).timeout(Duration::from_millis(400)).sightings(0));
+    )
+    .unwrap();
+    let second = Limiter::new(
+        conn,
+        LimiterConfig::new(Limit::gcra(10, HOUR).unwrap()).timeout(Duration::from_millis(400)).sightings(0),
+    )
+    .unwrap();
     let mut admitted = 0;
     let mut refused = 0;
     for round in 0..3 {
@@ -105,11 +109,12 @@ async fn max_keys_bounds_the_keys_and_an_evicted_key_gives_its_units_back() {
     // The module's clock pinned: the window never rolls over, returns land in it.
     let t0_us = 20_834u64 * 86_400 * 1_000_000 + 1_000_000;
     redis::cmd("RL.DEBUG").arg("CLOCK").arg("SET").arg(t0_us).query::<()>(&mut server.conn()).unwrap();
-    let limit = Limit::fixed(1000, HOUR);
+    let limit = Limit::fixed(1000, HOUR).unwrap();
     let limiter = Limiter::new(
         connect(&server).await,
         LimiterConfig::new(limit).shards(4).max_keys(CAP).sightings(0).lease(Duration::from_secs(30)),
-    );
+    )
+    .unwrap();
     let mut most = 0;
     for k in 0..KEYS {
         for _ in 0..PER_KEY {
@@ -147,10 +152,13 @@ async fn max_keys_bounds_the_keys_and_an_evicted_key_gives_its_units_back() {
 async fn max_keys_holds_under_a_flood_of_new_keys() {
     const CAP: u64 = 8;
     let server = common::Server::start();
-    let limiter = std::sync::Arc::new(Limiter::new(
-        connect(&server).await,
-        LimiterConfig::new(Limit::fixed(1000, HOUR)).shards(1).max_keys(CAP as usize).sightings(0),
-    ));
+    let limiter = std::sync::Arc::new(
+        Limiter::new(
+            connect(&server).await,
+            LimiterConfig::new(Limit::fixed(1000, HOUR).unwrap()).shards(1).max_keys(CAP as usize).sightings(0),
+        )
+        .unwrap(),
+    );
     let tasks: Vec<_> = (0..200)
         .map(|k| {
             let l = limiter.clone();

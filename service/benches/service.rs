@@ -24,6 +24,11 @@
 //! `BENCH_RUNS` (default 1) repeats the rows in interleaved rounds and reports medians;
 //! `BENCH_REDIS_HZ` sets the server's `hz`; `BENCH_WORKER_THREADS` each instance's
 //! `WORKER_THREADS`.
+//!
+//! Then the rows through the real Envoy (issue 32.5; `BENCH_ONLY=edge` alone): HTTP through
+//! Envoy to an upstream, without a rate limit filter, with ShouldRateLimit per request, and with
+//! the quota service's leases on one hot bucket; paired rounds, each row's figures as ratios to
+//! the same round's no-filter run (`edge_rows`).
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -385,6 +390,8 @@ fn main() {
         .map(|v| v.split('|').map(str::to_string).filter(|p| !p.is_empty()).collect())
         .unwrap_or_default();
     scenarios.retain(|s| only.is_empty() || only.iter().any(|p| name(s).contains(p.as_str())));
+    // The Envoy rows run together (each is a ratio to the no-filter one) when any is selected.
+    let edge = only.is_empty() || Edge::ALL.iter().any(|e| only.iter().any(|p| e.name().contains(p.as_str())));
     let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
     let mut samples: Vec<Vec<Row>> = scenarios.iter().map(|_| Vec::new()).collect();
     for _ in 0..runs {
@@ -413,40 +420,345 @@ fn main() {
     let env = |name: &str| std::env::var(name).map_or_else(|_| "(unset)".into(), |v| format!("\"{v}\""));
     let _ = writeln!(
         out,
-        "# make bench-service\n\n{stamp}\n- Settings: BENCH_SECONDS={secs} BENCH_RUNS={runs} BENCH_ONLY={} BENCH_PACING={} BENCH_REDIS_HZ={hz} BENCH_WORKER_THREADS={}\n\n\
+        "# make bench-service\n\n{stamp}\n- Settings: BENCH_SECONDS={secs} BENCH_RUNS={runs} BENCH_ONLY={} BENCH_PACING={} BENCH_REDIS_HZ={hz} BENCH_WORKER_THREADS={} BENCH_EDGE_SECONDS={} BENCH_EDGE_ROUNDS={} BENCH_EDGE_CONNECTIONS={}\n\n\
          {secs} s per scenario, {runs} round(s) (medians), Redis hz {hz}; open loop at the target rate, {pacing} (max: closed loop, 32 in flight); \
          load generator, service(s) and redis-server on this machine ({} CPUs).\n",
         env("BENCH_ONLY"),
         env("BENCH_PACING"),
         env("BENCH_WORKER_THREADS"),
+        env("BENCH_EDGE_SECONDS"),
+        env("BENCH_EDGE_ROUNDS"),
+        env("BENCH_EDGE_CONNECTIONS"),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
-    let _ = writeln!(
+    if !rows.is_empty() {
+        let _ = writeln!(
         out,
         "| Redis protocol | descriptors | keys | instances | target req/s | achieved req/s | p50 ms | p99 ms | p99.9 ms | errors | service CPU s | req/s per service core | Redis commands / request |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for r in &rows {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {:.2} | {:.0} | {:.2} |",
-            proto(&r.s),
-            r.s.descriptors,
-            if r.s.hot { "hot" } else { "cold" },
-            r.s.instances,
-            r.s.rate.map(|x| x.to_string()).unwrap_or_else(|| "max".into()),
-            r.achieved,
-            r.p50,
-            r.p99,
-            r.p999,
-            r.errors,
-            r.cpu_s,
-            r.per_core,
-            r.cmds
-        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for r in &rows {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {:.2} | {:.0} | {:.2} |",
+                proto(&r.s),
+                r.s.descriptors,
+                if r.s.hot { "hot" } else { "cold" },
+                r.s.instances,
+                r.s.rate.map(|x| x.to_string()).unwrap_or_else(|| "max".into()),
+                r.achieved,
+                r.p50,
+                r.p99,
+                r.p999,
+                r.errors,
+                r.cpu_s,
+                r.per_core,
+                r.cmds
+            );
+        }
+    }
+    if edge {
+        let _ = writeln!(out, "\n{}", edge_rows(&rt, &redis, &dir, &url, tck));
     }
     println!("{out}");
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-service");
     let _ = std::fs::create_dir_all(&dir);
     let _ = std::fs::write(dir.join("report.md"), &out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Envoy in front (issue 32.5): HTTP through the real Envoy 1.40 to an upstream on loopback,
+// without a rate limit filter (the baseline), with `envoy.filters.http.ratelimit` asking
+// ShouldRateLimit per request, and with `envoy.filters.http.rate_limit_quota` on the quota
+// service (one hot bucket, enforced in Envoy from leases). `BENCH_ONLY=edge` runs these rows
+// alone.
+
+/// The rows through Envoy, in the order of the report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Edge {
+    NoFilter,
+    ShouldRateLimit,
+    Quota,
+}
+
+impl Edge {
+    const ALL: [Edge; 3] = [Edge::NoFilter, Edge::ShouldRateLimit, Edge::Quota];
+
+    /// The row's name in the progress lines, the report and for BENCH_ONLY.
+    fn name(self) -> &'static str {
+        match self {
+            Edge::NoFilter => "edge: Envoy, no rate limit filter",
+            Edge::ShouldRateLimit => "edge: Envoy + ShouldRateLimit",
+            Edge::Quota => "edge: Envoy + quota service (one hot bucket)",
+        }
+    }
+}
+
+/// One timed run of one Envoy.
+#[derive(Clone, Copy, Debug)]
+struct EdgeRun {
+    /// Responses 200 per second.
+    ok_per_s: f64,
+    /// Other responses (429: refused at the edge) and failed exchanges per second.
+    other_per_s: f64,
+    p50: f64,
+    p99: f64,
+    /// Envoy's and the service's CPU per answered request, µs.
+    envoy_us: f64,
+    service_us: f64,
+    /// Redis commands per 1,000 answered requests.
+    cmds_per_k: f64,
+}
+
+/// The quota filter for the bench's domain: one bucket `{b: hot}` (the rule `b`: not the
+/// ShouldRateLimit row's key, whose checks the leases would otherwise compete with), DENY_ALL
+/// before a lease, as docs/quota-service.md recommends.
+fn edge_quota_filter() -> serde_json::Value {
+    serde_json::json!({
+        "name": "envoy.filters.http.rate_limit_quota",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig",
+            "rlqs_server": { "envoy_grpc": { "cluster_name": "rate_limit_cluster" } },
+            "domain": "bench",
+            "bucket_matchers": { "on_no_match": { "action": {
+                "name": "quota",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings",
+                    "bucket_id_builder": { "bucket_id_builder": { "b": { "string_value": "hot" } } },
+                    "reporting_interval": "5s",
+                    "no_assignment_behavior": { "fallback_rate_limit": { "blanket_rule": "DENY_ALL" } }
+                }
+            } } }
+        }
+    })
+}
+
+/// `GET /` on `conns` keep-alive HTTP/1.1 connections (hyper), each sending its next request
+/// when the previous answer is read, for `secs`: (200s, others, latencies in ns sorted, elapsed).
+async fn http_load(port: u16, conns: usize, secs: f64) -> (u64, u64, Vec<u64>, f64) {
+    use http_body_util::BodyExt as _;
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    let workers: Vec<_> = (0..conns)
+        .map(|_| {
+            tokio::spawn(async move {
+                let (mut ok, mut other, mut lat) = (0u64, 0u64, Vec::new());
+                let mut sender: Option<hyper::client::conn::http1::SendRequest<http_body_util::Empty<bytes::Bytes>>> =
+                    None;
+                while Instant::now() < end {
+                    if sender.as_ref().is_none_or(|s| s.is_closed()) {
+                        let Ok(stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+                            other += 1;
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            continue;
+                        };
+                        let _ = stream.set_nodelay(true);
+                        match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await {
+                            Ok((s, conn)) => {
+                                tokio::spawn(conn);
+                                sender = Some(s);
+                            }
+                            Err(_) => {
+                                other += 1;
+                                continue;
+                            }
+                        }
+                    }
+                    let s = sender.as_mut().unwrap();
+                    let req = hyper::Request::get("/")
+                        .header("host", "bench")
+                        .body(http_body_util::Empty::<bytes::Bytes>::new())
+                        .unwrap();
+                    let t = Instant::now();
+                    let answered = match s.send_request(req).await {
+                        Ok(resp) => {
+                            let status = resp.status();
+                            resp.into_body().collect().await.ok().map(|_| status)
+                        }
+                        Err(_) => None,
+                    };
+                    match answered {
+                        Some(status) if status == hyper::StatusCode::OK => {
+                            lat.push(t.elapsed().as_nanos() as u64);
+                            ok += 1;
+                        }
+                        Some(_) => {
+                            lat.push(t.elapsed().as_nanos() as u64);
+                            other += 1;
+                        }
+                        None => {
+                            other += 1;
+                            sender = None;
+                        }
+                    }
+                }
+                (ok, other, lat)
+            })
+        })
+        .collect();
+    let (mut ok, mut other, mut lat) = (0, 0, Vec::new());
+    for w in workers {
+        let (o, x, l) = w.await.unwrap();
+        ok += o;
+        other += x;
+        lat.extend(l);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    lat.sort_unstable();
+    (ok, other, lat, elapsed)
+}
+
+/// The median of `v` (NaN when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The Envoy rows: one redis-server (the bench's), one service, an upstream, and an Envoy per
+/// row, all started once; then `rounds` rounds, each running every row for `secs` back to back
+/// (the order reversed every other round), after a 0.3 s warm-up of the same load
+/// (BENCH_EDGE_SECONDS, BENCH_EDGE_ROUNDS, BENCH_EDGE_CONNECTIONS). Ratios to
+/// the baseline are taken within each round (the VM's speed changes every few seconds) and
+/// reported as their medians. Returns the report's section.
+fn edge_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &TempDir, url: &str, tck: f64) -> String {
+    let env_num = |name: &str, default: f64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let secs = env_num("BENCH_EDGE_SECONDS", 1.0);
+    let rounds = (env_num("BENCH_EDGE_ROUNDS", 5.0) as usize).max(1);
+    let conns = (env_num("BENCH_EDGE_CONNECTIONS", 16.0) as usize).max(1);
+    use support::envoy::{Envoy, EnvoyConfig, Upstream};
+    let svc = ServiceProc::start(dir.path(), &["--redis-url", url, "--log-level", "info"]);
+    let upstream = Upstream::start();
+    let base = EnvoyConfig::new(&svc.grpc, upstream.port);
+    let envoys: Vec<Envoy> = Edge::ALL
+        .iter()
+        .map(|e| {
+            let c = match e {
+                Edge::NoFilter => base.clone(),
+                Edge::ShouldRateLimit => base.clone().ratelimit(
+                    "bench",
+                    serde_json::json!({}),
+                    serde_json::json!([{ "actions": [{ "generic_key": { "descriptor_key": "a", "descriptor_value": "hot" } }] }]),
+                ),
+                Edge::Quota => {
+                    let mut c = base.clone();
+                    c.http_filters = vec![edge_quota_filter()];
+                    c
+                }
+            };
+            Envoy::start(&c.render())
+        })
+        .collect();
+    let mut con = redis.conn();
+    let mut runs: Vec<Vec<EdgeRun>> = vec![Vec::new(); Edge::ALL.len()];
+    for round in 0..rounds {
+        let mut order: Vec<usize> = (0..Edge::ALL.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for k in order {
+            let envoy = &envoys[k];
+            rt.block_on(http_load(envoy.port, conns, 0.3));
+            reset_stats(&mut con);
+            let e0 = cpu_seconds(envoy.pid(), tck);
+            let s0 = cpu_seconds(svc.pid(), tck);
+            let (ok, other, lat, elapsed) = rt.block_on(http_load(envoy.port, conns, secs));
+            let envoy_cpu = cpu_seconds(envoy.pid(), tck) - e0;
+            let service_cpu = cpu_seconds(svc.pid(), tck) - s0;
+            let calls = command_calls(&mut con);
+            let answered = (ok + other).max(1) as f64;
+            let r = EdgeRun {
+                ok_per_s: ok as f64 / elapsed,
+                other_per_s: other as f64 / elapsed,
+                p50: pct(&lat, 0.50),
+                p99: pct(&lat, 0.99),
+                envoy_us: envoy_cpu * 1e6 / answered,
+                service_us: service_cpu * 1e6 / answered,
+                cmds_per_k: calls as f64 * 1000.0 / answered,
+            };
+            eprintln!(
+                "{} (round {}): {:.0} req/s (200), {:.0}/s other, p50 {:.3} p99 {:.3} ms, Envoy {:.1} µs/req, service {:.1} µs/req, {:.2} Redis cmds / 1000 req",
+                Edge::ALL[k].name(),
+                round + 1,
+                r.ok_per_s,
+                r.other_per_s,
+                r.p50,
+                r.p99,
+                r.envoy_us,
+                r.service_us,
+                r.cmds_per_k
+            );
+            runs[k].push(r);
+        }
+    }
+    let granted = svc.metric("ratelimit_service_quota_units_granted");
+    let denied = svc.metric("ratelimit_service_quota_denied");
+    let denies = svc.metric("ratelimit_service_quota_assignments{kind=\"deny\"}");
+
+    // Paired ratios: each round's row over the same round's baseline.
+    let ratio =
+        |k: usize, f: fn(&EdgeRun) -> f64| median((0..rounds).map(|i| f(&runs[k][i]) / f(&runs[0][i])).collect());
+    let med = |k: usize, f: fn(&EdgeRun) -> f64| median(runs[k].iter().map(f).collect());
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "### Envoy in front: no filter, ShouldRateLimit, the quota service\n\n\
+         HTTP `GET /` through Envoy 1.40 (`--concurrency 1`) to an upstream on loopback, {conns} keep-alive \
+         HTTP/1.1 connections each sending its next request when the previous answer is read (hyper; \
+         saturation); one service (the module, no leases; the quota service on its gRPC port), rules \
+         of 4·10⁹ per second (fixed windows; never binding). ShouldRateLimit: one descriptor `a=hot` per request. \
+         Quota: one bucket `{{b: hot}}`, leases of 1 s replaced every 500 ms (the defaults), DENY_ALL before a \
+         lease. {rounds} round(s) of {secs} s per row back to back (a 0.3 s warm-up before each, the order \
+         reversed every other round); figures are medians over the rounds, ratios are medians of each round's \
+         ratio to that round's no-filter run. CPU per answered request (utime + stime); Redis commands from \
+         INFO commandstats over the run. BENCH_ONLY=edge runs these rows alone; BENCH_EDGE_SECONDS (default 1), \
+         BENCH_EDGE_ROUNDS (default 5), BENCH_EDGE_CONNECTIONS (default 16).\n"
+    );
+    let _ = writeln!(
+        out,
+        "| Envoy | req/s (200) | × no filter | refused or failed /s | p50 ms | p99 ms | × no filter | Envoy CPU µs / request | × no filter | service CPU µs / request | Redis commands / 1,000 requests |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for (k, e) in Edge::ALL.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {:.3} | {:.0} | {:.3} | {:.3} | {:.3} | {:.1} | {:.3} | {:.1} | {:.2} |",
+            e.name().trim_start_matches("edge: "),
+            med(k, |r| r.ok_per_s),
+            ratio(k, |r| r.ok_per_s),
+            med(k, |r| r.other_per_s),
+            med(k, |r| r.p50),
+            med(k, |r| r.p99),
+            ratio(k, |r| r.p99),
+            med(k, |r| r.envoy_us),
+            ratio(k, |r| r.envoy_us),
+            med(k, |r| r.service_us),
+            med(k, |r| r.cmds_per_k),
+        );
+    }
+    let q = Edge::ALL.iter().position(|e| *e == Edge::Quota).unwrap();
+    let (thr, p99, cmds) = (ratio(q, |r| r.ok_per_s), ratio(q, |r| r.p99), med(q, |r| r.cmds_per_k));
+    let verdict = |met: bool| if met { "met" } else { "missed" };
+    // The filter's own cost, apart from lease sizing: the rounds whose quota run refused
+    // nothing (a lease smaller than the burst makes Envoy answer 429s, which cost it less).
+    let clean: Vec<usize> = (0..rounds).filter(|&i| runs[q][i].other_per_s == 0.0).collect();
+    let clean_ratio = |f: fn(&EdgeRun) -> f64| median(clean.iter().map(|&i| f(&runs[q][i]) / f(&runs[0][i])).collect());
+    let _ = writeln!(
+        out,
+        "\nIssue 32's targets for the quota service: throughput within 10 % of no filter: {thr:.3} ({}); p99 within \
+         10 %: {p99:.3} ({}); at most 10 Redis commands per 1,000 requests on a hot bucket: {cmds:.2} ({}). \
+         Over the whole run the quota Envoy was granted {granted} units and reported {denied} requests denied; \
+         {denies} leases were granted nothing (DENY_ALL). In the {} of {rounds} rounds whose quota run refused \
+         nothing: throughput × {:.3}, p99 × {:.3}, Envoy CPU per request × {:.3}.",
+        verdict(thr >= 0.9),
+        verdict(p99 <= 1.1),
+        verdict(cmds <= 10.0),
+        clean.len(),
+        clean_ratio(|r| r.ok_per_s),
+        clean_ratio(|r| r.p99),
+        clean_ratio(|r| r.envoy_us),
+    );
+    out
 }

@@ -205,7 +205,12 @@ impl Ledger {
         let requests = allowed.saturating_add(denied);
         self.admitted = self.admitted.saturating_add(allowed);
         self.denied = self.denied.saturating_add(denied);
-        self.starved = denied > 0;
+        // Refusals in a period under leases: they were too small. A bucket's first report
+        // (no period yet) counts requests refused before any lease (`no_assignment_behavior`),
+        // which say nothing of a lease's size: doubling on them made the first leases claim
+        // twice the even split (a whole window's limit in one lease, the next one of the
+        // window granted nothing).
+        self.starved = denied > 0 && self.last_report.is_some();
         let mut out = Settled::default();
         if let Some(prev) = self.last_report {
             self.demand = Some((requests, now.saturating_sub(prev)));
@@ -340,6 +345,20 @@ mod tests {
         // An idle period: one unit.
         l.report(&p, 20 * SECOND, 0, 0);
         assert_eq!(l.want(&p, &rate, 3), 1);
+    }
+
+    #[test]
+    fn refusals_before_any_lease_do_not_double_the_first_leases() {
+        let p = params();
+        let rate = per_second(1000, 1000);
+        let mut l = Ledger::default();
+        // The bucket's first report: its first request refused by no_assignment_behavior.
+        l.report(&p, 0, 0, 1);
+        assert!(!l.starved);
+        assert_eq!(l.want(&p, &rate, 1), 501);
+        // Refusals in a period under leases: doubled.
+        l.report(&p, 5 * SECOND, 0, 1);
+        assert!(l.starved);
     }
 
     #[test]

@@ -149,6 +149,11 @@ impl Envoy {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The process id (its CPU time, in the benchmark).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
     /// The directory of the configuration and the log (removed on drop).
     pub fn dir(&self) -> &Path {
         self.dir.path()
