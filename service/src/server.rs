@@ -221,6 +221,66 @@ pub fn http_router(app: App) -> Router {
         .with_state(app)
 }
 
+/// The HTTP listener's bounds (issue 31.7): a client that never finishes its headers, or a
+/// flood of connections, must not use up the process's file descriptors (gRPC and the
+/// configuration's reloads need them).
+pub struct HttpLimits {
+    pub header_read_timeout: Duration,
+    pub max_connections: usize,
+}
+
+/// Serves `router` on `listener` (HTTP/1.1) until `stop`, then waits for the requests in
+/// flight: each connection's headers must arrive within the timeout, and at most
+/// `max_connections` are open (one more is closed at once, counted in the log).
+async fn serve_http(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: HttpLimits,
+    stop: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let open = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut refused: u64 = 0;
+    tokio::pin!(stop);
+    loop {
+        let stream = tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors (EMFILE) or the like: wait rather than spin.
+                    tracing::warn!("HTTP accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(
+                    "HTTP: {} connections open (HTTP_MAX_CONNECTIONS): closed a new one ({refused} so far)",
+                    limits.max_connections
+                );
+            }
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
 /// Runs the service until SIGTERM / SIGINT.
 pub async fn run(settings: Settings) -> Result<(), String> {
     let metrics = Arc::new(Metrics::new(settings.stats_max_keys));
@@ -365,11 +425,16 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     let stop_limit = settings.shutdown_timeout;
     let service_for_shutdown = service.clone();
     let app = App { service: service.clone(), health, quota: quota.clone() };
-    let http = axum::serve(http_listener, http_router(app)).with_graceful_shutdown(async move {
+    let http_limits = HttpLimits {
+        header_read_timeout: settings.http_header_read_timeout,
+        max_connections: settings.http_max_connections.max(1),
+    };
+    let http = serve_http(http_listener, http_router(app), http_limits, async move {
         let _ = rx1.wait_for(|v| *v).await;
     });
     let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
     let grpc = tonic::transport::Server::builder()
+        .max_concurrent_streams(settings.grpc_max_concurrent_streams.max(1))
         .add_service(health_server)
         .add_service(RateLimitServiceServer::new(Grpc(service)))
         .add_service(quota.server())

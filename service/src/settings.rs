@@ -66,6 +66,17 @@ pub struct Settings {
     /// HTTP listen port.
     #[arg(long = "http-port", env = "PORT", default_value_t = 8080)]
     pub port: u16,
+    /// The longest an HTTP client may take to send a request's headers (an idle keep-alive
+    /// connection's next request included); then the connection is closed.
+    #[arg(long, env = "HTTP_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub http_header_read_timeout: Duration,
+    /// HTTP connections open at once; more are closed at once (gRPC has its own listener and
+    /// is not counted).
+    #[arg(long, env = "HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub http_max_connections: usize,
+    /// Concurrent gRPC calls (HTTP/2 streams) per connection.
+    #[arg(long, env = "GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 1024)]
+    pub grpc_max_concurrent_streams: u32,
 
     /// A configuration file or directory (every *.yaml / *.yml in it). Default:
     /// RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, as envoyproxy/ratelimit.

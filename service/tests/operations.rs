@@ -287,6 +287,67 @@ async fn redis_without_the_module_is_named_and_unhealthy_until_loaded() {
     let _ = redis.wait();
 }
 
+/// Issue 31.7: 2,000 HTTP connections that never finish their headers. The listener holds at
+/// most HTTP_MAX_CONNECTIONS (1,000 here) and closes the others at once; the ones it holds are
+/// closed after HTTP_HEADER_READ_TIMEOUT (15 s). Meanwhile gRPC answers and a reload loads
+/// (file descriptors to spare); afterwards /healthcheck answers again (about 20 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_half_sent_http_connections_are_bounded_and_closed() {
+    use std::io::{Read, Write};
+    use std::time::Instant;
+    let redis = Server::start();
+    set_clock(&mut redis.conn(), (T0_S + 1) * 1_000_000);
+    let dir = TempDir::new("http-flood");
+    dir.write("a.yaml", &limit_yaml("flood", 5));
+    let url = format!("127.0.0.1:{}", redis.port);
+    let timeout = Duration::from_secs(15);
+    let svc = ServiceProc::start(
+        dir.path(),
+        &["--redis-url", &url, "--http-header-read-timeout", "15s", "--http-max-connections", "1000"],
+    );
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut idle: Vec<(Instant, std::net::TcpStream)> = (0..2000)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(&svc.http).unwrap();
+            // An unfinished request: no blank line ends its headers (a write to a connection
+            // the listener closed at once may fail: that is the point).
+            let _ = s.write_all(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n");
+            (Instant::now(), s)
+        })
+        .collect();
+    let first_made = idle[0].0;
+    let mut c = svc.client().await;
+    assert_eq!(remaining(&ask(&mut c, request("flood", vec![desc(&[("k", "v")])])).await), [4], "gRPC answers");
+    dir.write("b.yaml", &limit_yaml("flood2", 1));
+    svc.wait_log("domains [flood, flood2]", Duration::from_secs(10));
+    assert!(ok(&ask(&mut c, request("flood2", vec![desc(&[("k", "v")])])).await), "the reload serves");
+    assert!(first_made.elapsed() < timeout, "checked while every held connection was open");
+    // Beyond the limit closed at once, the others held; after the timeout every one closed.
+    let open_now = |idle: &mut Vec<(Instant, std::net::TcpStream)>| {
+        idle.iter_mut()
+            .filter(|(_, s)| {
+                let mut s: &std::net::TcpStream = s;
+                s.set_nonblocking(true).unwrap();
+                let mut buf = [0u8; 256];
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => return false,
+                        Ok(_) => {}
+                        Err(e) => return e.kind() == std::io::ErrorKind::WouldBlock,
+                    }
+                }
+            })
+            .count()
+    };
+    let held = open_now(&mut idle);
+    assert!((900..=1000).contains(&held), "{held} held (at most HTTP_MAX_CONNECTIONS), the others closed");
+    assert!(first_made.elapsed() < timeout, "counted before the timeout");
+    let last_made = idle.iter().map(|(m, _)| *m).max().unwrap();
+    std::thread::sleep((timeout + Duration::from_secs(2)).saturating_sub(last_made.elapsed()));
+    assert_eq!(open_now(&mut idle), 0, "every idle connection closed after the timeout");
+    assert_eq!(svc.http("GET", "/healthcheck", "").0, 200, "/healthcheck answers again");
+}
+
 fn futures_block<F: std::future::Future>(rt: &tokio::runtime::Handle, f: F) -> F::Output {
     tokio::task::block_in_place(|| rt.block_on(f))
 }
