@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use governor::{Quota, RateLimiter};
 use redis_ratelimit_client::commands::{self, Options};
-use redis_ratelimit_client::{Decision, Engine, Limit, Limiter, LimiterConfig, Nanos, Reconnecting, Step};
+use redis_ratelimit_client::{ConnectionConfig, Decision, Engine, Limit, Limiter, LimiterConfig, Nanos, Step};
 
 /// A limit no case reaches: every check is admitted.
 fn huge() -> Limit {
@@ -170,8 +170,11 @@ fn main() {
             } else {
                 tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
             };
-            let client = redis::Client::open(server.url()).unwrap();
-            let conn = rt.block_on(Reconnecting::connect(client, Duration::from_secs(5))).unwrap();
+            let conn = rt.block_on(async {
+                let conn = ConnectionConfig::single(&server.url()).connect().unwrap();
+                conn.ready(tokio::time::Instant::now() + Duration::from_secs(5)).await.unwrap();
+                conn
+            });
             let _g = rt.enter();
             match c {
                 "limiter_1" | "limiter_1000" => {

@@ -33,7 +33,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use governor::{Quota, RateLimiter};
 use redis_ratelimit_client::commands::{self, Options};
 use redis_ratelimit_client::{
-    Decision, Engine, EngineConfig, Limit, Limiter, LimiterConfig, Nanos, Reconnecting, Step,
+    Connection, ConnectionConfig, Decision, Engine, EngineConfig, Limit, Limiter, LimiterConfig, Nanos, Step,
 };
 
 fn cpu_now() -> Duration {
@@ -92,15 +92,18 @@ impl Instant_ {
 struct Fixture {
     _server: common::Server,
     rt: tokio::runtime::Runtime,
-    limiter: Limiter<Reconnecting>,
-    conn: Reconnecting,
+    limiter: Limiter<Connection>,
+    conn: Connection,
 }
 
 fn fixture() -> Fixture {
     let server = common::Server::start_with(common::Opts { debug_clock: false, ..Default::default() });
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let client = redis::Client::open(server.url()).unwrap();
-    let conn = rt.block_on(Reconnecting::connect(client, Duration::from_secs(2))).unwrap();
+    let conn = rt.block_on(async {
+        let conn = ConnectionConfig::single(&server.url()).connect().unwrap();
+        conn.ready(tokio::time::Instant::now() + Duration::from_secs(5)).await.unwrap();
+        conn
+    });
     let limiter = {
         let _g = rt.enter();
         let config = LimiterConfig::new(huge())

@@ -44,7 +44,7 @@ pub(crate) fn test_rng(mut state: u64) -> impl FnMut() -> u64 {
     }
 }
 
-pub use connection::Reconnecting;
+pub use connection::{Connection, ConnectionConfig, TlsConfig};
 pub use decision::{Decision, MultiDecision, ThrottleDecision};
 pub use engine::{CallError, Claim, Engine, EngineConfig, OneOff, Outcome, Return, Source, Step, Waiter};
 pub use headers::{HeaderFormat, LimitStatus, XReset};

@@ -28,10 +28,10 @@
 //! * [`Limiter::shutdown`] gives every held unit back and waits for the returns. Dropping the
 //!   last handle without it spawns the returns on the current runtime, best effort (nothing if
 //!   no runtime is running; the units then expire at the server like any lease).
-//! * Connections: anything `ConnectionLike + Clone + Send + Sync`. Use
-//!   [`crate::Reconnecting`] (recovery paced by the breaker alone) or a cluster connection; a
-//!   `redis::aio::ConnectionManager` left at redis's default backoff recovers seconds after a
-//!   Redis restart (minutes with redis 0.27), and a bare `MultiplexedConnection` never does.
+//! * Connections: anything `ConnectionLike + Clone + Send + Sync`. Use a
+//!   [`crate::Connection`] (reconnects in the background, one server, a cluster or Sentinel's
+//!   primary); a `redis::aio::ConnectionManager` left at redis's default backoff recovers
+//!   seconds after a Redis restart, and a bare `MultiplexedConnection` never does.
 
 use std::future::Future;
 use std::pin::{pin, Pin};

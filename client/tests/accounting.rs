@@ -11,13 +11,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use redis_ratelimit_client::commands::{self, Options};
-use redis_ratelimit_client::{check_all, Limit, Limiter, LimiterConfig, MetricsSnapshot, Reconnecting};
+use redis_ratelimit_client::{check_all, Connection, ConnectionConfig, Limit, Limiter, LimiterConfig, MetricsSnapshot};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
-async fn connect(s: &common::Server) -> Reconnecting {
-    let client = redis::Client::open(s.url()).unwrap();
-    Reconnecting::connect(client, Duration::from_secs(2)).await.unwrap()
+async fn connect(s: &common::Server) -> Connection {
+    let conn = ConnectionConfig::single(&s.url()).connect().unwrap();
+    conn.ready(tokio::time::Instant::now() + Duration::from_secs(5)).await.unwrap();
+    conn
 }
 
 /// SIGSTOP / SIGCONT: a server that accepts and never answers.

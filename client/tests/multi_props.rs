@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
-use redis_ratelimit_client::{check_all, Limit, Limiter, LimiterConfig, Reconnecting, Source};
+use redis_ratelimit_client::{check_all, Connection, ConnectionConfig, Limit, Limiter, LimiterConfig, Source};
 
 /// One per test, stopped with it (never in a `static`: its `Drop` would never run, and the
 /// server outlived the test process).
@@ -48,8 +48,8 @@ fn run(server: &common::Server, reqs: Vec<Req>, instances: u64) {
     let case = CASE.fetch_add(1, Ordering::Relaxed);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let client = redis::Client::open(server.url()).unwrap();
-        let conn = Reconnecting::connect(client, Duration::from_secs(2)).await.unwrap();
+        let conn = ConnectionConfig::single(&server.url()).connect().unwrap();
+        conn.ready(tokio::time::Instant::now() + Duration::from_secs(5)).await.unwrap();
         let ip_limit = Limit::token_bucket(30, HOUR).unwrap().with_burst(12).unwrap();
         let user_limit = Limit::gcra(6, HOUR).unwrap().with_burst(6).unwrap();
         let cfg = |l| LimiterConfig::new(l).instances(instances).timeout(Duration::from_secs(2));
@@ -59,7 +59,7 @@ fn run(server: &common::Server, reqs: Vec<Req>, instances: u64) {
         let mut admitted = std::collections::HashMap::<String, u64>::new();
         for r in &reqs {
             let (ip_key, user_key) = (format!("c{case}:ip{}", r.ip), format!("c{case}:user{}", r.user));
-            let taken = |l: &Limiter<Reconnecting>| {
+            let taken = |l: &Limiter<Connection>| {
                 let m = l.metrics();
                 m.units_served - m.units_refunded
             };

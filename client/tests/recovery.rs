@@ -1,7 +1,7 @@
 //! Recovery after Redis goes away and comes back (issue 19.1), with the README's setup: a
-//! `Limiter` over `Reconnecting`, traffic running throughout. Redis is killed (SIGKILL) and
-//! restarted on the same port, or frozen (SIGSTOP) and resumed (SIGCONT), for longer than the
-//! breaker's cool-down, under each failure policy. Asserted:
+//! `Limiter` over the connection layer (`Connection`), traffic running throughout. Redis is
+//! killed (SIGKILL) and restarted on the same port, or frozen (SIGSTOP) and resumed (SIGCONT),
+//! for longer than the breaker's cool-down, under each failure policy. Asserted:
 //!
 //! * normal decisions (from units claimed: `Source::Redis` or `Source::Local`) resume within
 //!   the breaker's cool-down plus 2 s of Redis answering again;
@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Opts, Server};
-use redis_ratelimit_client::{FailurePolicy, Limit, Limiter, LimiterConfig, Reconnecting, Source};
+use redis_ratelimit_client::{ConnectionConfig, FailurePolicy, Limit, Limiter, LimiterConfig, Source};
 
 const COOL_DOWN: Duration = Duration::from_millis(500);
 const OUTAGE: Duration = Duration::from_millis(1500);
@@ -61,8 +61,8 @@ async fn outage(policy: FailurePolicy, fault: Fault) {
         opts.extra.push(("appendfsync".into(), "always".into()));
     }
     let mut server = Server::start_with(opts);
-    let client = redis::Client::open(server.url()).unwrap();
-    let conn = Reconnecting::connect(client, Duration::from_millis(200)).await.unwrap();
+    let conn = ConnectionConfig::single(&server.url()).connect_timeout(Duration::from_millis(200)).connect().unwrap();
+    conn.ready(tokio::time::Instant::now() + Duration::from_secs(5)).await.unwrap();
     let limit = Limit::gcra(RATE, Duration::from_secs(1)).unwrap().with_burst(BURST).unwrap();
     let config = LimiterConfig::new(limit)
         .lease(LEASE)

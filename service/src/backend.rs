@@ -34,7 +34,7 @@ use redis_ratelimit_client::commands::{each_limit_arg, give_back_cmd, limit_cmd,
 use redis_ratelimit_client::spec::Limit;
 use redis_ratelimit_client::{Decision, MultiDecision, Nanos};
 
-use crate::connection::{classify, Conn, Conns};
+use crate::connection::Conns;
 pub use crate::connection::{BackendError, Target};
 use crate::metrics::{Metrics, RedisOp};
 
@@ -165,7 +165,7 @@ fn reply_text(v: &Value, out: &mut String) {
 impl Backend {
     pub fn new(cfg: &BackendConfig, metrics: Arc<Metrics>) -> Result<Backend, String> {
         let conns = Conns::new(&cfg.target, cfg.pool_size, cfg.timeout)?;
-        let cluster = matches!(conns, Conns::Cluster { .. });
+        let cluster = conns.is_cluster();
         Ok(Backend {
             conns,
             timeout: cfg.timeout,
@@ -209,8 +209,7 @@ impl Backend {
     pub async fn probe_module(&self) -> Option<bool> {
         let mut cmd = redis::cmd("INFO");
         cmd.arg("modules");
-        let mut c = tokio::time::timeout(self.timeout, self.conns.get()).await.ok()?.ok()?;
-        let v = tokio::time::timeout(self.timeout, c.query(&cmd, None)).await.ok()?.ok()?;
+        let v = self.conns.call(&cmd, None, tokio::time::Instant::now() + self.timeout).await.ok()?;
         let mut text = String::new();
         reply_text(&v, &mut text);
         let loaded = text.lines().any(|l| l.starts_with(&format!("module:name={MODULE_NAME},")));
@@ -220,6 +219,11 @@ impl Backend {
 
     fn now_ns(&self) -> Nanos {
         Nanos::from(self.epoch.elapsed())
+    }
+
+    /// The connection layer (shared with the leases; its status for /healthcheck).
+    pub fn connection(&self) -> &redis_ratelimit_client::Connection {
+        self.conns.connection()
     }
 
     /// Is the breaker letting calls through (for /healthcheck)?
@@ -243,30 +247,22 @@ impl Backend {
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Value, BackendError> {
         if let Permit::Reject { .. } = self.breaker.permit(self.now_ns()) {
-            self.metrics.breaker_rejects.fetch_add(1, Ordering::Relaxed);
-            return Err(BackendError::Unavailable("circuit breaker open".into()));
+            if !self.conns.reconnected_since_breaker_opened() {
+                self.metrics.breaker_rejects.fetch_add(1, Ordering::Relaxed);
+                return Err(BackendError::Unavailable("circuit breaker open".into()));
+            }
         }
         let started = Instant::now();
-        let call = async {
-            let mut c = self.conns.get().await?;
-            self.metrics.redis_call(op, 1);
-            match tokio::time::timeout(self.timeout, c.query(cmd, slot)).await {
-                Ok(Ok(v)) => v.extract_error().map_err(classify),
-                Ok(Err(e)) => Err(classify(e)),
-                Err(_) => Err(BackendError::Unavailable(format!("timed out after {:?}", self.timeout))),
-            }
-        };
-        let result = match deadline {
-            None => call.await,
-            Some(d) => match tokio::time::timeout_at(d, call).await {
-                Ok(r) => r,
-                Err(_) => {
-                    self.metrics.redis_latency.observe(started.elapsed());
-                    self.metrics.deadline_exceeded.fetch_add(1, Ordering::Relaxed);
-                    return Err(BackendError::Unavailable("no answer before the caller's deadline".into()));
-                }
-            },
-        };
+        self.metrics.redis_call(op, 1);
+        let own = tokio::time::Instant::now() + self.timeout;
+        let cut = deadline.filter(|d| *d < own);
+        let result = self.conns.call(cmd, slot, cut.unwrap_or(own)).await;
+        if matches!(result, Err(BackendError::Unavailable(_))) && cut.is_some_and(|d| tokio::time::Instant::now() >= d)
+        {
+            self.metrics.redis_latency.observe(started.elapsed());
+            self.metrics.deadline_exceeded.fetch_add(1, Ordering::Relaxed);
+            return Err(BackendError::Unavailable("no answer before the caller's deadline".into()));
+        }
         self.metrics.redis_latency.observe(started.elapsed());
         if let Err(BackendError::Reply(m)) = &result {
             // "unknown command 'RL.MULTI'", or from a script "Unknown Redis command called from
@@ -281,6 +277,7 @@ impl Backend {
             Err(BackendError::Unavailable(_)) => {
                 self.metrics.redis_failures.fetch_add(1, Ordering::Relaxed);
                 if self.breaker.on_failure(self.now_ns()) {
+                    self.conns.breaker_opened();
                     self.metrics.breaker_opens.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
                         "redis circuit breaker opened: {}",
@@ -339,15 +336,13 @@ impl Backend {
             let key = format!("{}_{}", c.key, (now_s / div) * div);
             pipe.cmd("INCRBY").arg(&key).arg(c.cost).cmd("EXPIRE").arg(&key).arg(div).ignore();
         }
-        let mut conn = self.conns.get().await?;
         self.metrics.redis_call(RedisOp::Check, 2 * checks.len() as u64);
         let started = Instant::now();
-        let counts: Vec<u64> = match &mut conn {
-            Conn::Single(c) => tokio::time::timeout(self.timeout, pipe.query_async(c)).await,
-            Conn::Cluster(c) => tokio::time::timeout(self.timeout, pipe.query_async(c)).await,
-        }
-        .map_err(|_| BackendError::Unavailable("timed out".into()))?
-        .map_err(classify)?;
+        let replies = self.conns.pipeline(&pipe, tokio::time::Instant::now() + self.timeout).await?;
+        let counts: Vec<u64> = replies
+            .into_iter()
+            .map(|v| u64::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string())))
+            .collect::<Result<_, _>>()?;
         self.metrics.redis_latency.observe(started.elapsed());
         let mut admitted = true;
         let verdicts = checks

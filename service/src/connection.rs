@@ -1,20 +1,22 @@
-//! The service's Redis connections (moved out of backend.rs unchanged, issue 35): where Redis
-//! is ([`Target`]), a pool of lazily (re)connected connections to one server or a cluster
-//! connection ([`Conns`]), a connection for one call ([`Conn`]), and how a redis-rs error is
-//! told apart ([`BackendError`], [`classify`]).
+//! The service's Redis connections: the client crate's connection layer
+//! ([`redis_ratelimit_client::connection`]: deadline-bound calls, background reconnection,
+//! Sentinel, TLS, the cluster), shared by the backend's per-request commands and the leases'
+//! limiters, and its errors told apart by kind ([`BackendError`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
-use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
-use tokio::sync::Mutex;
+use redis::cluster_routing::Slot;
+use redis::{Cmd, Pipeline, ServerErrorKind, Value};
+use redis_ratelimit_client::connection::{Connection, ConnectionConfig, Error};
+use tokio::time::Instant;
+
+/// Where Redis is and how to reach it (from the settings).
+pub type Target = ConnectionConfig;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackendError {
-    /// No answer: connection refused or lost, timeout, breaker open.
+    /// No answer: connection refused or lost, timeout, TLS refused, breaker open.
     Unavailable(String),
     /// Redis answered an error (OOM at maxmemory, a script error, an ACL refusal).
     Reply(String),
@@ -29,140 +31,61 @@ impl std::fmt::Display for BackendError {
     }
 }
 
-pub(crate) fn classify(e: redis::RedisError) -> BackendError {
-    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+/// The layer's error, by its kind.
+pub(crate) fn classify(e: Error) -> BackendError {
+    if e.is_unavailable() {
         BackendError::Unavailable(e.to_string())
+    } else if e.server_kind() == Some(ServerErrorKind::NoScript) {
+        BackendError::Reply(format!("NOSCRIPT {e}"))
     } else {
-        match e.kind() {
-            ErrorKind::Server(
-                ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown | ServerErrorKind::TryAgain,
-            ) => BackendError::Unavailable(e.to_string()),
-            ErrorKind::Server(ServerErrorKind::NoScript) => BackendError::Reply(format!("NOSCRIPT {e}")),
-            _ => BackendError::Reply(e.to_string()),
-        }
+        BackendError::Reply(e.to_string())
     }
 }
 
-/// Where Redis is.
-#[derive(Clone, Debug)]
-pub enum Target {
-    /// One server (a redis:// or unix:// URL).
-    Single(String),
-    /// Redis Cluster seed nodes (redis:// URLs).
-    Cluster(Vec<String>),
-}
-
-/// A lazily (re)connected ConnectionManager: Redis may be down when the service starts.
-pub(crate) struct Lazy {
-    client: redis::Client,
-    conn: Mutex<Option<ConnectionManager>>,
-    timeout: Duration,
-}
-
-impl Lazy {
-    async fn get(&self) -> Result<ConnectionManager, BackendError> {
-        let mut g = self.conn.lock().await;
-        if let Some(c) = g.as_ref() {
-            return Ok(c.clone());
-        }
-        // Reconnect backoff of 20 ms, then 40 ms (each jittered up to twice that), at most
-        // 200 ms: redis-rs's default waits seconds, long after Redis is back. (redis 0.27's
-        // first delay ignored these settings: 1–2 s.)
-        let cfg = ConnectionManagerConfig::new()
-            .set_min_delay(Duration::from_millis(20))
-            .set_exponent_base(2.0)
-            .set_max_delay(Duration::from_millis(200))
-            .set_number_of_retries(2)
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout));
-        let fut = ConnectionManager::new_with_config(self.client.clone(), cfg);
-        match tokio::time::timeout(self.timeout.saturating_mul(4), fut).await {
-            Ok(Ok(c)) => {
-                *g = Some(c.clone());
-                Ok(c)
-            }
-            Ok(Err(e)) => Err(BackendError::Unavailable(e.to_string())),
-            Err(_) => Err(BackendError::Unavailable("connect timed out".into())),
-        }
-    }
-}
-
-pub(crate) enum Conns {
-    Single { pool: Vec<Lazy>, next: AtomicUsize },
-    // Boxed: redis 1.x's ClusterClient holds its whole configuration (over 500 bytes).
-    Cluster { client: Box<redis::cluster::ClusterClient>, conn: Mutex<Option<ClusterConnection>>, timeout: Duration },
-}
-
-/// A connection for one call: routed to a slot's primary on a cluster.
-// Short-lived (one per call): its size does not matter.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl Conn {
-    pub(crate) async fn query(&mut self, cmd: &Cmd, slot: Option<Slot>) -> redis::RedisResult<Value> {
-        match (self, slot) {
-            (Conn::Single(c), _) => c.req_packed_command(cmd).await,
-            (Conn::Cluster(c), Some(s)) => {
-                // redis 1.x takes the command by value (0.27 cloned it inside).
-                c.route_command(
-                    cmd.clone(),
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_slot(s, SlotAddr::Master))),
-                )
-                .await
-            }
-            (Conn::Cluster(c), None) => c.req_packed_command(cmd).await,
-        }
-    }
+/// The connections of the service (one layer: a pool to a single server or to Sentinel's
+/// primary, or the cluster).
+pub(crate) struct Conns {
+    conn: Connection,
+    /// [`Connection::connections_made`] when the breaker last opened.
+    made_at_open: AtomicU64,
 }
 
 impl Conns {
-    pub(crate) fn new(target: &Target, pool_size: usize, timeout: Duration) -> Result<Conns, String> {
-        Ok(match target {
-            Target::Single(url) => {
-                let client =
-                    redis::Client::open(url.as_str()).map_err(|e| format!("invalid Redis URL '{url}': {e}"))?;
-                let pool = (0..pool_size.max(1))
-                    .map(|_| Lazy { client: client.clone(), conn: Mutex::new(None), timeout })
-                    .collect();
-                Conns::Single { pool, next: AtomicUsize::new(0) }
-            }
-            Target::Cluster(nodes) => {
-                let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .retries(2)
-                    .min_retry_wait(5)
-                    .max_retry_wait(100)
-                    .build()
-                    .map_err(|e| format!("invalid Redis Cluster nodes {nodes:?}: {e}"))?;
-                Conns::Cluster { client: Box::new(client), conn: Mutex::new(None), timeout }
-            }
-        })
+    /// Starts connecting in the background (it never waits for Redis): `pool_size`
+    /// connections to a single server or the primary, each attempt bounded by the target's
+    /// connect timeout (`REDIS_CONNECT_TIMEOUT`); calls are bounded by their deadline.
+    pub(crate) fn new(target: &Target, pool_size: usize, _call_timeout: Duration) -> Result<Conns, String> {
+        let conn = target.clone().pool_size(pool_size).connect().map_err(|e| e.to_string())?;
+        Ok(Conns { conn, made_at_open: AtomicU64::new(0) })
     }
 
-    pub(crate) async fn get(&self) -> Result<Conn, BackendError> {
-        match self {
-            Conns::Single { pool, next } => {
-                let i = next.fetch_add(1, Ordering::Relaxed) % pool.len();
-                pool[i].get().await.map(Conn::Single)
-            }
-            Conns::Cluster { client, conn, timeout } => {
-                let mut g = conn.lock().await;
-                if let Some(c) = g.as_ref() {
-                    return Ok(Conn::Cluster(c.clone()));
-                }
-                match tokio::time::timeout(timeout.saturating_mul(4), client.get_async_connection()).await {
-                    Ok(Ok(c)) => {
-                        *g = Some(c.clone());
-                        Ok(Conn::Cluster(c))
-                    }
-                    Ok(Err(e)) => Err(BackendError::Unavailable(e.to_string())),
-                    Err(_) => Err(BackendError::Unavailable("cluster connect timed out".into())),
-                }
-            }
-        }
+    /// The breaker opened: [`Conns::reconnected_since_breaker_opened`] counts from now.
+    pub(crate) fn breaker_opened(&self) {
+        self.made_at_open.store(self.conn.connections_made(), Ordering::Relaxed);
+    }
+
+    /// A connection was made since the breaker opened: Redis answered its handshake, so a call
+    /// may try it before the breaker's cool-down is over (Redis is back within moments of a
+    /// restart, not a cool-down later).
+    pub(crate) fn reconnected_since_breaker_opened(&self) -> bool {
+        self.conn.connections_made() > self.made_at_open.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.conn.is_cluster()
+    }
+
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// One command (to a cluster slot's primary), answered by `deadline`.
+    pub(crate) async fn call(&self, cmd: &Cmd, slot: Option<Slot>, deadline: Instant) -> Result<Value, BackendError> {
+        self.conn.call_routed(cmd, slot, deadline).await.map_err(classify)
+    }
+
+    /// A pipeline, answered by `deadline`.
+    pub(crate) async fn pipeline(&self, pipe: &Pipeline, deadline: Instant) -> Result<Vec<Value>, BackendError> {
+        self.conn.pipeline(pipe, deadline).await.map_err(classify)
     }
 }

@@ -29,46 +29,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionLike;
-use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
 use redis_ratelimit_client::spec::Limit;
-use redis_ratelimit_client::{FailurePolicy, Limiter, LimiterConfig, Nanos, Reconnecting};
+use redis_ratelimit_client::{Connection, FailurePolicy, Limiter, LimiterConfig, Nanos};
 
 use crate::config::FailureMode;
 
-/// The connection the limiters share: one server (reconnecting) or a cluster.
-#[derive(Clone)]
-pub enum LeaseConn {
-    Single(Reconnecting),
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for LeaseConn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            LeaseConn::Single(c) => c.req_packed_command(cmd),
-            LeaseConn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            LeaseConn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            LeaseConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        }
-    }
-    fn get_db(&self) -> i64 {
-        match self {
-            LeaseConn::Single(c) => c.get_db(),
-            LeaseConn::Cluster(c) => c.get_db(),
-        }
-    }
-}
+/// The connection the limiters share: the backend's (the connection layer).
+pub type LeaseConn = Connection;
 
 /// Lease settings.
 #[derive(Clone, Debug)]

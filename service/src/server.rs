@@ -19,7 +19,7 @@ use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::config::LoadOptions;
-use crate::leases::{LeaseConn, Leases};
+use crate::leases::Leases;
 use crate::metrics::Metrics;
 use crate::pb::{Code, RateLimitRequest, RateLimitResponse, RateLimitService, RateLimitServiceServer};
 use crate::quota::buckets::KeySettings;
@@ -180,7 +180,11 @@ async fn json(State(app): State<App>, body: Bytes) -> Response {
 async fn healthcheck(State(app): State<App>) -> Response {
     let problems = app.health.problems(&app.service);
     if problems.is_empty() {
-        let redis = if app.service.backend().healthy() { "redis ok" } else { "redis unavailable (breaker open)" };
+        // What the connection layer is doing (connected to X, connecting, unavailable: why,
+        // Sentinel's latest failover), and the breaker.
+        let status = app.service.backend().connection().status();
+        let breaker = if app.service.backend().healthy() { "" } else { "; breaker open" };
+        let redis = format!("redis {status}{breaker}");
         (StatusCode::OK, format!("OK\n{redis}\n")).into_response()
     } else {
         (StatusCode::INTERNAL_SERVER_ERROR, problems.join("; ")).into_response()
@@ -285,27 +289,8 @@ async fn serve_http(
 pub async fn run(settings: Settings) -> Result<(), String> {
     let metrics = Arc::new(Metrics::new(settings.stats_max_keys));
     let backend = Arc::new(crate::backend::Backend::new(&settings.backend()?, metrics.clone())?);
-    let backend_cfg = settings.backend()?;
-    let lease_conn = match &backend_cfg.target {
-        crate::backend::Target::Single(url) => {
-            let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
-            Some(LeaseConn::Single(redis_ratelimit_client::Reconnecting::lazy(client, settings.redis_timeout)))
-        }
-        crate::backend::Target::Cluster(nodes) => {
-            let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
-                .connection_timeout(settings.redis_timeout)
-                .response_timeout(settings.redis_timeout)
-                .build()
-                .map_err(|e| e.to_string())?;
-            match client.get_async_connection().await {
-                Ok(c) => Some(LeaseConn::Cluster(c)),
-                Err(e) => {
-                    tracing::warn!("leases disabled: cannot connect to the cluster at start ({e})");
-                    None
-                }
-            }
-        }
-    };
+    // The leases' limiters share the backend's connection layer.
+    let lease_conn = Some(backend.connection().clone());
     let service_settings = settings.service()?;
     let quota_settings = settings.quota.settings(
         KeySettings {
@@ -378,12 +363,7 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         tokio::net::TcpListener::bind(http_addr).await.map_err(|e| format!("HTTP bind {http_addr}: {e}"))?;
     tracing::info!("listening for gRPC on {}", grpc_listener.local_addr().map_err(|e| e.to_string())?);
     tracing::info!("listening for HTTP on {}", http_listener.local_addr().map_err(|e| e.to_string())?);
-    match &settings.backend()?.target {
-        crate::backend::Target::Single(u) => tracing::info!("redis: single server {}", mask(u)),
-        crate::backend::Target::Cluster(n) => {
-            tracing::info!("redis: cluster, seeds {}", n.iter().map(|u| mask(u)).collect::<Vec<_>>().join(","))
-        }
-    }
+    tracing::info!("redis: {}", settings.backend()?.target);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // The quota streams end at the stop, so that the graceful stop does not wait for them.
@@ -471,14 +451,6 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     b.map_err(|e| format!("gRPC server: {e}"))?;
     tracing::info!("shut down");
     Ok(())
-}
-
-/// A URL without its password, for logs.
-fn mask(u: &str) -> String {
-    match (u.find("://"), u.rfind('@')) {
-        (Some(s), Some(a)) if a > s => format!("{}*****{}", &u[..s + 3], &u[a..]),
-        _ => u.to_string(),
-    }
 }
 
 /// SIGTERM and SIGINT, each as often as it comes.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Parser;
 use redis_ratelimit_client::breaker::BreakerConfig;
 use redis_ratelimit_client::spec::parse_duration;
-use redis_ratelimit_client::Nanos;
+use redis_ratelimit_client::{Nanos, TlsConfig};
 
 use crate::backend::{BackendConfig, Target};
 use crate::config::FailureMode;
@@ -119,7 +119,8 @@ pub struct Settings {
     #[arg(long, env = "SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = duration_or_zero)]
     pub shutdown_timeout: Duration,
 
-    /// `single` (one server) or `cluster`.
+    /// `single` (one server), `cluster`, or `sentinel` (REDIS_URL: `<master name>,<sentinel
+    /// host:port>,...`).
     #[arg(long, env = "REDIS_TYPE", default_value = "single")]
     pub redis_type: String,
     /// `host:port`, a unix socket path, or redis:// / unix:// URLs; for a cluster a comma
@@ -132,9 +133,28 @@ pub struct Settings {
     /// `password` or `username:password`.
     #[arg(long, env = "REDIS_AUTH", default_value = "", hide_env_values = true)]
     pub redis_auth: String,
+    /// The sentinels' own `password` or `user:password` (REDIS_AUTH is the primary's).
+    #[arg(long, env = "REDIS_SENTINEL_AUTH", default_value = "", hide_env_values = true)]
+    pub redis_sentinel_auth: String,
     /// Multiplexed connections to a single server.
     #[arg(long, env = "REDIS_POOL_SIZE", default_value_t = 4)]
     pub redis_pool_size: usize,
+    /// TLS to Redis (a `rediss://` REDIS_URL asks for it too), verified against the system's
+    /// roots plus REDIS_TLS_CACERT.
+    #[arg(long, env = "REDIS_TLS", default_value = "false", value_parser = bool_flag, action = clap::ArgAction::Set)]
+    pub redis_tls: bool,
+    /// A PEM file of CA certificates trusted besides the system's (a private CA).
+    #[arg(long, env = "REDIS_TLS_CACERT", default_value = "")]
+    pub redis_tls_cacert: String,
+    /// A client certificate (PEM) for mTLS, with REDIS_TLS_CLIENT_KEY.
+    #[arg(long, env = "REDIS_TLS_CLIENT_CERT", default_value = "")]
+    pub redis_tls_client_cert: String,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "REDIS_TLS_CLIENT_KEY", default_value = "", hide_env_values = true)]
+    pub redis_tls_client_key: String,
+    /// Verify Redis's certificate chain but not that it names the host dialed.
+    #[arg(long, env = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", default_value = "false", value_parser = bool_flag, action = clap::ArgAction::Set)]
+    pub redis_tls_skip_hostname_verification: bool,
     /// Per Redis call. (envoyproxy/ratelimit defaults to 10s; Envoy itself gives up after 20 ms.)
     #[arg(long, env = "REDIS_TIMEOUT", default_value = "100ms", value_parser = duration)]
     pub redis_timeout: Duration,
@@ -262,19 +282,61 @@ impl Settings {
         Ok(format!("{scheme}://{}:{}@{rest}", enc(&user), enc(&pass)))
     }
 
+    /// The TLS settings, when TLS is asked for (REDIS_TLS, or a `rediss://` REDIS_URL); as in
+    /// envoyproxy/ratelimit the files are read only then. The certificate and key come as a
+    /// pair (envoyproxy/ratelimit ignores one without the other: here it is an error).
+    fn tls(&self) -> Result<Option<TlsConfig>, String> {
+        if !self.redis_tls && !self.redis_url.contains("rediss://") {
+            return Ok(None);
+        }
+        let mut tls = TlsConfig::new().skip_hostname_verification(self.redis_tls_skip_hostname_verification);
+        if !self.redis_tls_cacert.is_empty() {
+            tls = tls.ca_file(&self.redis_tls_cacert);
+        }
+        match (self.redis_tls_client_cert.is_empty(), self.redis_tls_client_key.is_empty()) {
+            (false, false) => tls = tls.client_cert(&self.redis_tls_client_cert, &self.redis_tls_client_key),
+            (true, true) => {}
+            (false, true) => return Err("REDIS_TLS_CLIENT_CERT is set without REDIS_TLS_CLIENT_KEY".into()),
+            (true, false) => return Err("REDIS_TLS_CLIENT_KEY is set without REDIS_TLS_CLIENT_CERT".into()),
+        }
+        Ok(Some(tls))
+    }
+
     pub fn backend(&self) -> Result<BackendConfig, String> {
         let target = match self.redis_type.to_ascii_lowercase().as_str() {
-            "single" => Target::Single(self.url(&self.redis_url)?),
-            "cluster" => Target::Cluster(
-                self.redis_url
+            "single" => Target::single(&self.url(&self.redis_url)?),
+            "cluster" => {
+                let nodes = self
+                    .redis_url
                     .split(',')
                     .filter(|s| !s.trim().is_empty())
                     .map(|n| self.url(n))
-                    .collect::<Result<_, _>>()?,
-            ),
-            "sentinel" => return Err("REDIS_TYPE=sentinel is not supported: use single or cluster".into()),
-            other => return Err(format!("invalid REDIS_TYPE '{other}': expected single or cluster")),
+                    .collect::<Result<Vec<_>, _>>()?;
+                if nodes.is_empty() {
+                    return Err("REDIS_URL: no cluster nodes".into());
+                }
+                Target::cluster(&nodes)
+            }
+            "sentinel" => {
+                let mut t = Target::from_type_and_url("sentinel", &self.redis_url).map_err(|e| e.to_string())?;
+                if let Some((user, pass)) = auth_pair(&self.redis_auth) {
+                    t = t.auth(user, pass);
+                }
+                if let Some((user, pass)) = auth_pair(&self.redis_sentinel_auth) {
+                    t = t.sentinel_auth(user, pass);
+                }
+                t
+            }
+            other => return Err(format!("invalid REDIS_TYPE '{other}': expected single, cluster or sentinel")),
         };
+        let target = match self.tls()? {
+            Some(tls) => target.tls(tls),
+            None => target,
+        };
+        // A connection attempt runs in the background and bounds no request (each request is
+        // bounded by REDIS_TIMEOUT): at least 250 ms, so that a TLS handshake on a busy host
+        // is not cut short.
+        let target = target.connect_timeout(self.redis_timeout.max(Duration::from_millis(250)));
         Ok(BackendConfig {
             target,
             pool_size: self.redis_pool_size.max(1),
@@ -402,25 +464,6 @@ pub const UNIMPLEMENTED: &[Unimplemented] = &[
         inert: Inert::OneOf(&["redis"]),
         verdict: Verdict::Refuse,
         why: "limits live in Redis with the module only (memcached is not supported)",
-    },
-    Unimplemented {
-        names: &[
-            "REDIS_TLS",
-            "REDIS_TLS_CACERT",
-            "REDIS_TLS_CLIENT_CERT",
-            "REDIS_TLS_CLIENT_KEY",
-            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-        ],
-        inert: Inert::False,
-        verdict: Verdict::Refuse,
-        why: "TLS to Redis is not implemented yet: the service would talk plain TCP to a TLS port and fail every \
-              request",
-    },
-    Unimplemented {
-        names: &["REDIS_SENTINEL_AUTH"],
-        inert: Inert::False,
-        verdict: Verdict::Refuse,
-        why: "Redis Sentinel is not implemented yet (REDIS_TYPE=sentinel is refused too)",
     },
     Unimplemented {
         names: &["REDIS_PERSECOND"],
@@ -680,6 +723,15 @@ pub fn unimplemented_settings<K: AsRef<OsStr>, V: AsRef<OsStr>>(
     out
 }
 
+/// `password` or `user:password` (REDIS_AUTH, REDIS_SENTINEL_AUTH); `None` when empty.
+fn auth_pair(auth: &str) -> Option<(Option<&str>, &str)> {
+    match auth.split_once(':') {
+        _ if auth.is_empty() => None,
+        Some((user, pass)) => Some((Some(user), pass)),
+        None => Some((None, auth)),
+    }
+}
+
 /// Percent-encodes a URL userinfo part.
 fn enc(s: &str) -> String {
     let mut o = String::new();
@@ -704,11 +756,14 @@ mod tests {
         let s = Settings::parse_from(["x", "--redis-url", "/tmp/r.sock", "--redis-socket-type", "unix"]);
         assert_eq!(s.url(&s.redis_url).unwrap(), "unix:///tmp/r.sock");
         let s = Settings::parse_from(["x", "--redis-type", "cluster", "--redis-url", "h1:7001,h2:7002"]);
-        match s.backend().unwrap().target {
-            Target::Cluster(n) => assert_eq!(n, ["redis://h1:7001", "redis://h2:7002"]),
-            t => panic!("{t:?}"),
-        }
-        assert!(Settings::parse_from(["x", "--redis-type", "sentinel"]).backend().is_err());
+        let t = s.backend().unwrap().target.to_string();
+        assert!(t.starts_with("cluster, seeds redis://h1:7001,redis://h2:7002"), "{t}");
+        let s =
+            Settings::parse_from(["x", "--redis-type", "sentinel", "--redis-url", "mymaster, 10.0.0.1:26379,h2:26379"]);
+        let t = s.backend().unwrap().target.to_string();
+        assert!(t.starts_with("sentinel master 'mymaster', sentinels 10.0.0.1:26379,h2:26379"), "{t}");
+        let e = Settings::parse_from(["x", "--redis-type", "sentinel", "--redis-url", "10.0.0.1:26379"]).backend();
+        assert!(e.unwrap_err().contains("<master name>,<host:port>"));
     }
 
     #[test]
@@ -790,7 +845,7 @@ mod tests {
         assert_eq!(env(&[("REDIS_URL", "x:1"), ("PATH", "/bin"), ("REDIS_TLSX", "true")]), UnimplementedSet::default());
         let s = env(&[
             ("USE_STATSD", "true"),
-            ("REDIS_TLS", "true"),
+            ("REDIS_PERSECOND", "true"),
             ("STATSD_HOST", "statsd"),
             ("BACKEND_TYPE", "memcache"),
         ]);
@@ -803,13 +858,11 @@ mod tests {
         assert!(
             s.refusals[0].starts_with("BACKEND_TYPE is set but not implemented") && s.refusals[0].contains("memcached")
         );
-        assert!(s.refusals[1].starts_with("REDIS_TLS is set") && s.refusals[1].contains("not starting"), "{s:?}");
+        assert!(s.refusals[1].starts_with("REDIS_PERSECOND is set") && s.refusals[1].contains("not starting"), "{s:?}");
         // Values asking for what the service does anyway.
         let inert = [
-            ("REDIS_TLS", "false"),
             ("REDIS_PERSECOND", "False"),
             ("QUOTA_MODE", "0"),
-            ("REDIS_TLS_CACERT", ""),
             ("USE_STATSD", " off "),
             ("BACKEND_TYPE", "REDIS"),
             ("CONFIG_TYPE", "FILE"),
@@ -819,13 +872,13 @@ mod tests {
         assert_eq!(env(&inert), UnimplementedSet::default());
         // Anything else asks for something: a refused variable is refused whatever it says.
         for v in ["true", "1", "yes", "maybe", "/etc/ca.pem"] {
-            assert_eq!(env(&[("REDIS_TLS_CACERT", v)]).refusals.len(), 1, "{v}");
+            assert_eq!(env(&[("REDIS_PERSECOND", v)]).refusals.len(), 1, "{v}");
         }
         assert_eq!(env(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")]).warnings.len(), 1);
         assert_eq!(env(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).refusals.len(), 1);
         assert_eq!(env(&[("DOG_STATSD_MOGRIFIER_TAGS_PATTERN", "x")]).warnings.len(), 1);
         // Values never appear (passwords).
-        let s = env(&[("REDIS_SENTINEL_AUTH", "s3cret"), ("REDIS_PERSECOND_AUTH", "s3cret")]);
+        let s = env(&[("REDIS_PERSECOND", "s3cret"), ("REDIS_PERSECOND_AUTH", "s3cret")]);
         assert_eq!((s.refusals.len(), s.warnings.len()), (1, 1));
         assert!(!format!("{s:?}").contains("s3cret"));
     }
@@ -834,7 +887,7 @@ mod tests {
     fn non_utf8_variables_do_not_crash() {
         use std::os::unix::ffi::OsStrExt;
         let bad = OsStr::from_bytes(b"\xff\xfe");
-        let s = unimplemented_settings([(OsStr::new("REDIS_TLS_CACERT"), bad), (bad, OsStr::new("x"))]);
+        let s = unimplemented_settings([(OsStr::new("REDIS_PERSECOND"), bad), (bad, OsStr::new("x"))]);
         assert_eq!(s.refusals.len(), 1);
         assert!(s.warnings.is_empty());
     }

@@ -60,7 +60,6 @@ fn each_set_warned_variable_is_named_in_a_warning_and_the_service_serves() {
     assert!(warned.len() > 50, "{warned:?}");
     let mut env: Vec<(&str, &str)> = warned.iter().map(|n| (n.as_str(), "s3cret-value")).collect();
     let inert = [
-        ("REDIS_TLS", "false"),
         ("REDIS_PERSECOND", "0"),
         ("BACKEND_TYPE", "redis"),
         ("CONFIG_TYPE", "FILE"),
@@ -91,14 +90,9 @@ fn each_set_refused_variable_stops_the_start_naming_it() {
     let (_redis, dir, args) = setup("refuse");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let refused = names(Verdict::Refuse);
-    assert!(refused.len() >= 15, "{refused:?}");
+    assert!(refused.len() >= 10, "{refused:?}");
     let mut cases: Vec<(&str, &str)> = refused.iter().map(|n| (n.as_str(), "true")).collect();
-    cases.extend([
-        ("BACKEND_TYPE", "memcache"),
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-        ("REDIS_TLS_CACERT", "/etc/ssl/ca.pem"),
-        ("REDIS_SENTINEL_AUTH", "s3cret-value"),
-    ]);
+    cases.extend([("BACKEND_TYPE", "memcache"), ("CONFIG_TYPE", "GRPC_XDS_SOTW"), ("REDIS_PERSECOND", "s3cret-value")]);
     for (name, value) in cases {
         let mut svc = ServiceProc::spawn(dir.path(), &args, Some(&[(name, value)]));
         let status = svc.wait_exit(Duration::from_secs(20));

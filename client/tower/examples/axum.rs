@@ -21,7 +21,7 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::Router;
 use redis_ratelimit_tower::client::redis::aio::ConnectionLike;
-use redis_ratelimit_tower::client::{redis, FailurePolicy, Limit, LimitError, Limiter, LimiterConfig, Reconnecting};
+use redis_ratelimit_tower::client::{ConnectionConfig, FailurePolicy, Limit, LimitError, Limiter, LimiterConfig};
 use redis_ratelimit_tower::{Forwarded, Key, RateLimitLayer, Rule};
 
 /// The service's limits and settings.
@@ -97,7 +97,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var("RL_FAILURE").as_deref() == Ok("open") {
         settings.policy = FailurePolicy::FailOpen;
     }
-    let conn = Reconnecting::connect(redis::Client::open(url)?, Duration::from_millis(50)).await?;
+    let conn = ConnectionConfig::single(&url).connect()?;
     let (router, _) = app(conn, &settings);
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     eprintln!("listening on {listen}");

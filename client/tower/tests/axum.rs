@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use common::Server;
 use example::Settings;
-use redis_ratelimit_tower::client::{redis, Limit, Reconnecting};
+use redis_ratelimit_tower::client::{ConnectionConfig, Limit};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A token per 20 s, bursts of 3 (`w` = 3 × 20 s = 60): nothing refills during a test.
@@ -77,8 +77,8 @@ async fn get(port: u16, headers: &[(&str, &str)]) -> Reply {
 
 /// Serves the example with `settings` on a fresh loopback port.
 async fn start(server: &Server, s: &Settings) -> (u16, redis_ratelimit_tower::RateLimitLayer) {
-    let client = redis::Client::open(server.url()).unwrap();
-    let conn = Reconnecting::connect(client, Duration::from_millis(50)).await.unwrap();
+    let conn = ConnectionConfig::single(&server.url()).connect().unwrap();
+    conn.ready(tokio::time::Instant::now() + Duration::from_secs(5)).await.unwrap();
     let (router, layer) = example::app(conn, s);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();

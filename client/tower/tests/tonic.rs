@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::Server;
-use redis_ratelimit_tower::client::{redis, Limit, Limiter, LimiterConfig, Reconnecting};
+use redis_ratelimit_tower::client::{ConnectionConfig, Limit, Limiter, LimiterConfig};
 use redis_ratelimit_tower::{Key, RateLimitLayer};
 use tonic::Code;
 use tonic_health::pb::health_client::HealthClient;
@@ -18,8 +18,8 @@ use tonic_health::pb::HealthCheckRequest;
 
 /// A token per 20 s, bursts of 3, by the `x-api-key` metadata; fail closed (the default).
 async fn serve(server: &Server) -> (u16, RateLimitLayer) {
-    let client = redis::Client::open(server.url()).unwrap();
-    let conn = Reconnecting::connect(client, Duration::from_millis(50)).await.unwrap();
+    let conn = ConnectionConfig::single(&server.url()).connect().unwrap();
+    conn.ready(tokio::time::Instant::now() + Duration::from_secs(5)).await.unwrap();
     let limit = Limit::gcra(1, Duration::from_secs(20)).unwrap().with_burst(3).unwrap();
     let config = LimiterConfig::new(limit).timeout(Duration::from_millis(200)).breaker(1, Duration::from_secs(1));
     let layer = RateLimitLayer::new(Limiter::new(conn, config).unwrap(), Key::header("x-api-key"));

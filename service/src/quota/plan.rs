@@ -25,6 +25,14 @@ pub const MIN_REFRESH: u64 = 50_000_000;
 /// 5 s report period at the default refresh (500 ms), 1 KiB per bucket at most; past it the
 /// oldest are forgotten (their units stay counted: conservative).
 pub const MAX_UNSETTLED: usize = 32;
+/// The shortest window whose leases are settled at every report ([`Window`]): a report comes
+/// every 5 s and its units are at least `margin` old, so units of a shorter window are past
+/// their window when a report could return them (RL.RETURN credits a window only for units
+/// claimed in it).
+pub const MIN_SETTLED_WINDOW: u64 = 10 * SECOND;
+/// Two leases whose windows end this close together (server clock) are in the same window
+/// (each end is the push time plus the claim's `reset_after`); more apart, a new window.
+const SAME_WINDOW: u64 = SECOND;
 
 /// Lease parameters (the QUOTA_* settings).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,6 +131,34 @@ pub struct Settled {
     /// Units never served, to give back (`RL.RETURN key n AGE age`), and their age bound.
     pub give_back: u64,
     pub age: u64,
+    /// Units of the current window's ended leases beyond what Envoy reported admitted since
+    /// that window's first lease ([`Window`]), given back in a call of their own (their age
+    /// stays within the window), and their age bound.
+    pub window_give_back: u64,
+    pub window_age: u64,
+}
+
+/// The leases of one window of a window limit (fixed, sliding) of at least
+/// [`MIN_SETTLED_WINDOW`], settled at every report. Every unit Envoy used from a lease that has
+/// ended (replaced, or past its TTL, `margin` before a report) was admitted before that report
+/// was built, so it is counted in the `allowed` of the reports received since the window's
+/// first push; the units of the ended leases beyond that count were never used:
+/// `ended − admitted − returned` can be given back (a lower bound: admissions from other leases
+/// are counted too). All were claimed in this window, so RL.RETURN credits them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    /// The window's end (server clock, from the first claim's `reset_after`).
+    pub end: u64,
+    /// When the window's first settled claim was sent (every unit settled is at most this old).
+    pub first_claim: Option<u64>,
+    /// Leases not yet known to have ended, oldest first.
+    pub open: VecDeque<Lease>,
+    /// Units of the leases that ended.
+    pub ended: u64,
+    /// Requests Envoy reported admitted in the reports received since the window's first push.
+    pub admitted: u64,
+    /// Units given back from this window (by this rule or the idle one).
+    pub returned: u64,
 }
 
 /// One Envoy's leases of one bucket: the demand its reports show, the leases not yet settled.
@@ -133,6 +169,9 @@ pub struct Ledger {
     pub demand: Option<(u64, u64)>,
     /// The last report had denied requests: the leases were too small.
     pub starved: bool,
+    /// A lease since the last report was granted less than it asked, or none could be claimed:
+    /// the limit (or Redis) refused, not the lease's size, so refusals do not double the next.
+    pub short: bool,
     /// Arrival of the last report.
     pub last_report: Option<u64>,
     /// The lease Envoy holds now.
@@ -141,6 +180,8 @@ pub struct Ledger {
     pub unsettled: VecDeque<Lease>,
     /// When the next lease is due.
     pub next: u64,
+    /// The current window's leases (a window limit of at least [`MIN_SETTLED_WINDOW`]).
+    pub window: Option<Window>,
     /// Totals, for the metrics and the tests.
     pub granted: u64,
     pub given_back: u64,
@@ -182,6 +223,24 @@ impl Ledger {
         }
         self.unsettled.push_back(lease);
         self.granted = self.granted.saturating_add(units);
+        if let Some(end) = window_end.filter(|_| rate.period >= MIN_SETTLED_WINDOW) {
+            if self.window.as_ref().is_none_or(|w| w.end.abs_diff(end) >= SAME_WINDOW) {
+                self.window = Some(Window { end, ..Window::default() });
+            }
+            let w = self.window.as_mut().expect("set above");
+            // A claim sent before the window surely began (`end − period` is at or after its
+            // start) may have been decided in it, yet an AGE from its send would date its units
+            // to the window before, where RL.RETURN credits nothing: its units are not settled
+            // here (they stay counted). Every later claim's AGE stays within the window.
+            if claimed >= end.saturating_sub(rate.period) {
+                if w.open.len() >= MAX_UNSETTLED {
+                    // Never settled: its units stay counted (conservative).
+                    w.open.pop_front();
+                }
+                w.first_claim.get_or_insert(claimed);
+                w.open.push_back(lease);
+            }
+        }
         let mut next = pushed.saturating_add(replace_after(p, rate));
         if let Some(end) = window_end {
             next = next.min(end.max(pushed.saturating_add(1_000_000)));
@@ -193,6 +252,7 @@ impl Ledger {
     /// after `refresh`.
     pub fn pushed_nothing(&mut self, p: &Params, now: u64) {
         self.current = None;
+        self.short = true;
         self.next = now.saturating_add(p.refresh);
     }
 
@@ -210,7 +270,10 @@ impl Ledger {
         // which say nothing of a lease's size: doubling on them made the first leases claim
         // twice the even split (a whole window's limit in one lease, the next one of the
         // window granted nothing).
-        self.starved = denied > 0 && self.last_report.is_some();
+        // Nor do refusals while the limit itself granted less than asked: a bigger claim gets
+        // no more, and once the limit refills (a new window) it would take twice the demand.
+        self.starved = denied > 0 && self.last_report.is_some() && !self.short;
+        self.short = false;
         let mut out = Settled::default();
         if let Some(prev) = self.last_report {
             self.demand = Some((requests, now.saturating_sub(prev)));
@@ -235,6 +298,27 @@ impl Ledger {
             out.age = oldest.map_or(0, |o| now.saturating_sub(o));
             self.given_back = self.given_back.saturating_add(out.give_back);
             self.unsettled = kept;
+        }
+        if let Some(w) = self.window.as_mut() {
+            // What the idle rule gave back may be this window's: counted as returned here too.
+            w.returned = w.returned.saturating_add(out.give_back);
+            w.admitted = w.admitted.saturating_add(allowed);
+            let cutoff = now.saturating_sub(p.margin);
+            while let Some(l) = w.open.front() {
+                let replaced = w.open.get(1).is_some_and(|n| n.pushed <= cutoff);
+                if !(replaced || l.pushed.saturating_add(l.life) <= cutoff) {
+                    break;
+                }
+                w.ended = w.ended.saturating_add(l.units);
+                w.open.pop_front();
+            }
+            let unused = w.ended.saturating_sub(w.admitted).saturating_sub(w.returned);
+            if unused > 0 {
+                w.returned = w.returned.saturating_add(unused);
+                out.window_give_back = unused;
+                out.window_age = now.saturating_sub(w.first_claim.unwrap_or(0));
+                self.given_back = self.given_back.saturating_add(unused);
+            }
         }
         // Only leases pushed after this report can be settled by the next one.
         self.unsettled.retain(|l| l.pushed > now);
@@ -362,6 +446,51 @@ mod tests {
     }
 
     #[test]
+    fn a_long_window_settles_its_ended_leases_at_every_report() {
+        let p = params();
+        let rate = Rate { units: 200, period: 20 * SECOND, capacity: 200 };
+        let end = 20 * SECOND;
+        let mut l = Ledger::default();
+        l.report(&p, 0, 1, 0);
+        // 14 units every 500 ms from 1 s to 5.5 s (10 leases, 140 units) in one window.
+        for k in 0..10 {
+            let t = SECOND + k * 500 * MS;
+            l.pushed(&p, &rate, t - MS, t, 14, Some(end + (k % 2) * MS));
+        }
+        // A report at 6 s with 45 admitted: the leases replaced by 5 s (pushed 1 … 4.5 s, 8 of
+        // them, 112 units) hold at least 112 − 45 unused.
+        let s = l.report(&p, 6 * SECOND, 45, 0);
+        assert_eq!((s.give_back, s.window_give_back, s.window_age), (0, 67, 5 * SECOND + MS));
+        // The next report: 2 more leases ended (28), 45 more admitted: nothing more.
+        let s = l.report(&p, 11 * SECOND, 45, 0);
+        assert_eq!(s.window_give_back, 0);
+        assert_eq!(l.given_back, 67);
+        // A new window starts over; a short window is never settled this way.
+        l.pushed(&p, &rate, 21 * SECOND, 21 * SECOND, 5, Some(40 * SECOND));
+        assert_eq!(l.window.as_ref().map(|w| (w.ended, w.admitted, w.open.len())), Some((0, 0, 1)));
+        // A claim sent before its window surely began is not settled.
+        l.pushed(&p, &rate, 39_999 * MS, 40_001 * MS, 5, Some(60_001 * MS));
+        assert_eq!(l.window.as_ref().map(|w| (w.open.len(), w.first_claim)), Some((0, None)));
+        let mut short = Ledger::default();
+        short.pushed(&p, &per_second(100, 100), 0, 0, 5, Some(SECOND));
+        assert!(short.window.is_none());
+    }
+
+    #[test]
+    fn refusals_while_the_limit_granted_less_do_not_double_the_next_lease() {
+        let p = params();
+        let rate = per_second(1000, 1000);
+        let mut l = Ledger::default();
+        l.report(&p, 0, 1, 0);
+        l.short = true;
+        l.report(&p, 5 * SECOND, 100, 50);
+        assert!(!l.starved);
+        l.report(&p, 10 * SECOND, 100, 50);
+        assert!(l.starved);
+        assert_eq!(l.want(&p, &rate, 1), 2 * (15 + 4 + 1));
+    }
+
+    #[test]
     fn the_next_lease_is_due_after_refresh_or_at_the_window_end() {
         let p = params();
         let rate = per_second(100, 100);
@@ -392,7 +521,10 @@ mod tests {
         for k in 0..10 {
             l.pushed(&p, &rate, k * 500 * MS, k * 500 * MS + MS, 10, None);
         }
-        assert_eq!(l.report(&p, 5 * SECOND, 40, 0), Settled { idle: false, give_back: 0, age: 0 });
+        assert_eq!(
+            l.report(&p, 5 * SECOND, 40, 0),
+            Settled { idle: false, give_back: 0, age: 0, ..Settled::default() }
+        );
         assert!(l.unsettled.is_empty());
         // The next period is idle: leases pushed after the report, replaced (or expired) at
         // least `margin` before the idle report, come back; the last two may still be in use.
@@ -408,7 +540,7 @@ mod tests {
         assert_eq!((l.granted, l.given_back, l.admitted), (200, 80, 41));
         assert!(l.unsettled.is_empty());
         // An idle report with nothing pushed gives back nothing, never a negative.
-        assert_eq!(l.report(&p, 15 * SECOND, 0, 0), Settled { idle: true, give_back: 0, age: 0 });
+        assert_eq!(l.report(&p, 15 * SECOND, 0, 0), Settled { idle: true, give_back: 0, age: 0, ..Settled::default() });
     }
 
     #[test]

@@ -385,10 +385,15 @@ impl StreamState {
                     count_stats(&l.stats, allowed, denied);
                     let s = b.ledger.report(&params, now, allowed, denied);
                     idle = s.idle;
-                    if s.give_back > 0 && l.limit.algorithm().returnable() {
-                        // The oldest claim's send time (the age at the report counts from it).
-                        let claimed = now.saturating_sub(s.age);
-                        after.push(AfterReport::GiveBack { key: l.key.clone(), units: s.give_back, claimed });
+                    if l.limit.algorithm().returnable() {
+                        // Each return aged from the send of the oldest claim it covers; the
+                        // window's apart, so that its age stays within its window.
+                        for (units, age) in [(s.give_back, s.age), (s.window_give_back, s.window_age)] {
+                            if units > 0 {
+                                let claimed = now.saturating_sub(age);
+                                after.push(AfterReport::GiveBack { key: l.key.clone(), units, claimed });
+                            }
+                        }
                     }
                 }
                 Target::Shadow(l) => {
@@ -625,6 +630,7 @@ impl StreamState {
                     let window_end = is_window(l.limit.algorithm())
                         .then(|| pushed.saturating_add(d.reset_after.as_nanos().min(u64::MAX as u128) as u64));
                     b.ledger.pushed(&params, &l.rate, sent, pushed, granted, window_end);
+                    b.ledger.short |= granted < want;
                     let m = if granted > 0 { &q.metrics.lease_assignments } else { &q.metrics.deny_assignments };
                     add(m, 1);
                     groups.push(actions::lease(&b.id, granted, life));

@@ -1,0 +1,160 @@
+//! Redis Sentinel in the connection layer (issue 35.1): a primary with the module and two
+//! replicas, three sentinels (`redis-server --sentinel`, down after 500 ms), writes every 2 ms
+//! with a 100 ms deadline while the primary is killed (SIGKILL) or stopped (SIGSTOP):
+//!
+//! * every call ends within its deadline (+ 50 ms) through the gap;
+//! * the first write answered by the new primary comes ≤ 100 ms after the sentinels'
+//!   `+switch-master` (measured from the event, on a connection the test subscribes);
+//! * nothing is written to the old primary after the switch: it is stopped, and made unable to
+//!   be demoted (SLAVEOF and REPLICAOF renamed away), so that once resumed it stays
+//!   `role:master` and runs whatever is in its sockets, as a demoted primary does for seconds;
+//!   no key written 10 ms or more after the switch is on it (the layer hears of the switch
+//!   from the same sentinels as the test: 10 ms to act on it).
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+#[path = "../../tests/common/sentinel.rs"]
+mod sentinel;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Opts, Server};
+use redis_ratelimit_client::{Connection, ConnectionConfig};
+use sentinel::{Sentinels, MASTER};
+
+const DEADLINE: Duration = Duration::from_millis(100);
+const SLACK: Duration = Duration::from_millis(50);
+
+/// One write: its number, when it started and ended, whether Redis answered it.
+type Call = (u64, Instant, Instant, bool);
+
+/// Writes `SET w:<n> 1` every 2 ms until stopped.
+fn load(conn: Connection, stop: Arc<AtomicBool>) -> (tokio::task::JoinHandle<()>, Arc<Mutex<Vec<Call>>>) {
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let out = calls.clone();
+    let task = tokio::spawn(async move {
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            n += 1;
+            let conn = conn.clone();
+            let out = out.clone();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let cmd = redis::cmd("SET").arg(format!("w:{n}")).arg(1).clone();
+                let r = conn.call(&cmd, tokio::time::Instant::from_std(t) + DEADLINE).await;
+                out.lock().unwrap().push((n, t, Instant::now(), r.is_ok()));
+            });
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+    (task, calls)
+}
+
+fn signal(s: &Server, sig: &str) {
+    assert!(std::process::Command::new("kill").arg(sig).arg(s.pid().unwrap().to_string()).status().unwrap().success());
+}
+
+/// Kills or stops the primary under load; returns the calls, the switch's time and the new port.
+async fn failover(stop_it: bool) -> (Vec<Call>, Instant, u16, Server, Vec<Server>, Sentinels, Connection) {
+    // The primary cannot be demoted (see the module docs): only the layer keeps writes off it.
+    let opts = Opts {
+        debug_clock: false,
+        extra: vec![
+            ("rename-command".into(), "SLAVEOF rl-test-slaveof".into()),
+            ("rename-command".into(), "REPLICAOF rl-test-replicaof".into()),
+        ],
+        ..Default::default()
+    };
+    let mut primary = Server::start_with(opts);
+    let replicas: Vec<Server> = (0..2)
+        .map(|_| Server::start_with(Opts { debug_clock: false, replica_of: Some(primary.port), ..Default::default() }))
+        .collect();
+    for r in &replicas {
+        common::wait_replica_synced(&primary, r);
+    }
+    let sentinels = Sentinels::start(&primary, 3);
+    let conn = ConnectionConfig::sentinel(MASTER, &sentinels.addrs()).pool_size(2).connect().unwrap();
+    conn.ready(tokio::time::Instant::now() + Duration::from_secs(5)).await.unwrap();
+    assert!(
+        conn.status().to_string().contains(&format!("connected to 127.0.0.1:{}", primary.port)),
+        "{}",
+        conn.status()
+    );
+    let watch = sentinels.watch_switch();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (task, calls) = load(conn.clone(), stop.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if stop_it {
+        signal(&primary, "-STOP");
+    } else {
+        primary.kill9();
+    }
+    let (switched, new_port) = tokio::task::block_in_place(|| watch.wait(Duration::from_secs(20)));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    stop.store(true, Ordering::Relaxed);
+    task.await.unwrap();
+    tokio::time::sleep(DEADLINE + SLACK).await;
+    let calls = calls.lock().unwrap().clone();
+    (calls, switched, new_port, primary, replicas, sentinels, conn)
+}
+
+fn check_gap(calls: &[Call], switched: Instant) {
+    let slow: Vec<String> = calls
+        .iter()
+        .filter(|c| c.2 - c.1 > DEADLINE + SLACK)
+        .map(|c| {
+            format!(
+                "#{} took {:?}, started {:?} before the switch",
+                c.0,
+                c.2 - c.1,
+                switched.saturating_duration_since(c.1)
+            )
+        })
+        .collect();
+    assert!(slow.is_empty(), "calls over their deadline + {SLACK:?}: {slow:?}");
+    let first = calls.iter().filter(|c| c.3 && c.2 >= switched).map(|c| c.2).min().expect("answers after the switch");
+    let after = first - switched;
+    assert!(after <= Duration::from_millis(100), "first answer {after:?} after +switch-master");
+    // Answers before the stop and after the switch, failures (the failure policy's turn) between.
+    assert!(calls.iter().any(|c| !c.3), "the gap failed some calls");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_replaced_within_100_ms_of_the_switch() {
+    let (calls, switched, new_port, _p, _r, sentinels, conn) = failover(false).await;
+    check_gap(&calls, switched);
+    assert!(
+        conn.status().to_string().contains(&format!("connected to 127.0.0.1:{new_port}")),
+        "{}\n{}",
+        conn.status(),
+        sentinels.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_written_to_a_stopped_primary_after_the_switch() {
+    let (calls, switched, new_port, primary, replicas, _sentinels, conn) = failover(true).await;
+    check_gap(&calls, switched);
+    assert!(conn.status().to_string().contains(&format!("connected to 127.0.0.1:{new_port}")), "{}", conn.status());
+    // Resumed, the old primary runs what was sent to it while it was stopped, and stays a
+    // primary (it cannot be demoted here).
+    signal(&primary, "-CONT");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(primary.info("replication").contains("role:master"));
+    let mut old = primary.conn();
+    let new = replicas.iter().find(|r| r.port == new_port).expect("a replica was promoted");
+    let mut new = new.conn();
+    let mut late = 0;
+    // The layer hears the event from the same sentinels; 10 ms for it to act on it.
+    for c in calls.iter().filter(|c| c.1 >= switched + Duration::from_millis(10)) {
+        let key = format!("w:{}", c.0);
+        let on_old: bool = redis::cmd("EXISTS").arg(&key).query(&mut old).unwrap();
+        assert!(!on_old, "{key}, sent {:?} after the switch, was written to the old primary", c.1 - switched);
+        let on_new: bool = redis::cmd("EXISTS").arg(&key).query(&mut new).unwrap();
+        assert!(on_new || !c.3, "{key} was answered but is not on the new primary");
+        late += 1;
+    }
+    assert!(late > 100, "{late} writes after the switch");
+}

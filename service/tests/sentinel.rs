@@ -1,0 +1,110 @@
+//! The service over Redis Sentinel (issue 35.1), with envoyproxy/ratelimit's settings
+//! (`REDIS_TYPE=sentinel`, `REDIS_URL=<master name>,<sentinel>,...`, `REDIS_SENTINEL_AUTH`: the
+//! sentinels ask for a password of their own): a primary with the module, two replicas, three sentinels; the primary killed under load. Every request is answered
+//! within REDIS_TIMEOUT (+ slack) through the gap, with the domain's failure mode (`closed`);
+//! the first request decided by the new primary is answered ≤ 100 ms after the sentinels'
+//! `+switch-master` (though the breaker opened in the gap); /healthcheck names the new primary.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+#[path = "../../tests/common/sentinel.rs"]
+mod sentinel;
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis_ratelimit_service::pb::Code;
+use sentinel::{replicated, Sentinels, MASTER};
+use support::*;
+
+const TIMEOUT: Duration = Duration::from_millis(100);
+const SLACK: Duration = Duration::from_millis(100);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_under_load_through_the_service() {
+    let (mut primary, _replicas) = replicated(2);
+    // The sentinels ask for a password of their own (REDIS_SENTINEL_AUTH).
+    let sentinels = Sentinels::start_with_password(&primary, 3, Some("s3ntinel"));
+    let dir = failure_mode_configs("sentinel", "p", "hour");
+    let url = format!("{MASTER},{}", sentinels.addrs().join(","));
+    let svc = ServiceProc::start_in_env(
+        dir.path(),
+        &[],
+        &[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", &url),
+            ("REDIS_TIMEOUT", "100ms"),
+            ("REDIS_SENTINEL_AUTH", "s3ntinel"),
+        ],
+    );
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    wait_until(Duration::from_secs(5), "decided by the primary", || {
+        let rt = tokio::runtime::Handle::current();
+        let r = tokio::task::block_in_place(|| {
+            rt.block_on(c.should_rate_limit(request("p_closed", vec![desc(&[("k", "first")])])))
+        });
+        matches!(r, Ok(r) if remaining(r.get_ref()) == [3])
+    });
+    let (_, body) = svc.http("GET", "/healthcheck", "");
+    assert!(body.contains(&format!("redis connected to 127.0.0.1:{}", primary.port)), "{body}");
+
+    // Without REDIS_SENTINEL_AUTH the sentinels refuse to name the primary.
+    let no_auth = ServiceProc::start_in_env(
+        dir.path(),
+        &[],
+        &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", &url), ("REDIS_TIMEOUT", "100ms")],
+    );
+    wait_until(Duration::from_secs(5), "the sentinels' refusal named", || {
+        let (_, body) = no_auth.http("GET", "/healthcheck", "");
+        body.contains("redis unavailable") && body.contains("no sentinel named the master")
+    });
+    drop(no_auth);
+
+    let watch = sentinels.watch_switch();
+    // A request for a fresh key every 5 ms: (started, ended, decided by Redis).
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen: Arc<Mutex<Vec<(Instant, Instant, bool)>>> = Arc::default();
+    let load = {
+        let (stop, seen, c) = (stop.clone(), seen.clone(), svc.client().await);
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let (mut c, seen) = (c.clone(), seen.clone());
+                tokio::spawn(async move {
+                    let t = Instant::now();
+                    let r = c.should_rate_limit(request("p_closed", vec![desc(&[("k", &format!("n{n}"))])])).await;
+                    let r = r.expect("closed answers").into_inner();
+                    let by_redis = r.overall_code() == Code::Ok && r.statuses[0].limit_remaining == 3;
+                    assert!(by_redis || r.overall_code() == Code::OverLimit, "{r:?}");
+                    seen.lock().unwrap().push((t, Instant::now(), by_redis));
+                });
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    primary.kill9();
+    let (switched, new_port) = tokio::task::block_in_place(|| watch.wait(Duration::from_secs(20)));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    stop.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    tokio::time::sleep(TIMEOUT + SLACK).await;
+
+    let seen = seen.lock().unwrap().clone();
+    let worst = seen.iter().map(|s| s.1 - s.0).max().unwrap();
+    assert!(worst <= TIMEOUT + SLACK, "a request took {worst:?}");
+    assert!(seen.iter().any(|s| !s.2), "the gap answered with the failure mode");
+    let first = seen.iter().filter(|s| s.2 && s.1 >= switched).map(|s| s.1).min().expect("decided after the switch");
+    assert!(
+        first - switched <= Duration::from_millis(100),
+        "first decided {:?} after +switch-master",
+        first - switched
+    );
+    let (_, body) = svc.http("GET", "/healthcheck", "");
+    assert!(body.contains(&format!("redis connected to 127.0.0.1:{new_port}")), "{body}");
+    assert!(body.contains(&format!("sentinel master '{MASTER}' at 127.0.0.1:{new_port}")), "{body}");
+}

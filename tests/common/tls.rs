@@ -1,0 +1,104 @@
+//! Certificates for TLS tests, made with the openssl CLI in a temporary directory: a private CA,
+//! a second CA nobody trusts (the "wrong CA"), a server certificate for `localhost` only (so
+//! dialing `127.0.0.1` is a wrong host name), and client certificates signed by each CA (mTLS).
+//! [`Certs::server_opts`] gives redis-server's TLS directives for the harness (`Opts::extra`):
+//! a TLS port beside the harness's plain one, which the tests never use for what they assert.
+
+// Each test crate uses part of it.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub struct Certs {
+    pub dir: PathBuf,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("run openssl");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+impl Certs {
+    pub fn generate() -> Certs {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let dir = std::env::temp_dir().join(format!("rl-tls-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        for ca in ["ca", "other-ca"] {
+            let (subj, key, crt) = (format!("/CN=redis-ratelimit test {ca}"), format!("{ca}.key"), format!("{ca}.crt"));
+            let mut args = vec!["req", "-x509"];
+            args.extend(ec);
+            args.extend(["-keyout", &key, "-out", &crt, "-days", "2", "-subj", &subj]);
+            args.extend([
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ]);
+            openssl(&dir, &args);
+        }
+        std::fs::write(dir.join("server.ext"), "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n").unwrap();
+        std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+        for (name, ca, ext, cn) in [
+            ("server", "ca", "server.ext", "localhost"),
+            ("client", "ca", "client.ext", "client"),
+            ("other-client", "other-ca", "client.ext", "client"),
+        ] {
+            let mut args = vec!["req"];
+            args.extend(ec);
+            let (key, csr, crt, subj) =
+                (format!("{name}.key"), format!("{name}.csr"), format!("{name}.crt"), format!("/CN={cn}"));
+            args.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
+            openssl(&dir, &args);
+            let (ca_crt, ca_key) = (format!("{ca}.crt"), format!("{ca}.key"));
+            openssl(
+                &dir,
+                &[
+                    "x509",
+                    "-req",
+                    "-in",
+                    &csr,
+                    "-CA",
+                    &ca_crt,
+                    "-CAkey",
+                    &ca_key,
+                    "-CAcreateserial",
+                    "-out",
+                    &crt,
+                    "-days",
+                    "2",
+                    "-extfile",
+                    ext,
+                ],
+            );
+        }
+        Certs { dir }
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    /// redis-server's TLS directives: a TLS port (returned) with the server certificate,
+    /// clients' certificates required (`mtls`) or not.
+    pub fn server_opts(&self, mtls: bool) -> (u16, Vec<(String, String)>) {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let p = |f: &str| self.path(f).display().to_string();
+        let opts = vec![
+            ("tls-port".to_string(), port.to_string()),
+            ("tls-cert-file".to_string(), p("server.crt")),
+            ("tls-key-file".to_string(), p("server.key")),
+            ("tls-ca-cert-file".to_string(), p("ca.crt")),
+            ("tls-auth-clients".to_string(), if mtls { "yes" } else { "no" }.to_string()),
+        ];
+        (port, opts)
+    }
+}
+
+impl Drop for Certs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
