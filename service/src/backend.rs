@@ -22,7 +22,7 @@
 //!   never taken, whatever the transit) and the request is refused. docs/service.md ("Redis
 //!   Cluster") states what holds.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -138,6 +138,28 @@ pub struct Backend {
     /// Cluster: keys carry a `{domain}` hash tag (set by the service), so this is informative.
     pub cluster: bool,
     baseline: bool,
+    /// Whether Redis has the module: [`MODULE_UNKNOWN`], [`MODULE_LOADED`], [`MODULE_MISSING`].
+    module: AtomicU8,
+}
+
+/// The module's name in `INFO modules` (src/lib.rs's `redis_module!`).
+const MODULE_NAME: &str = "ratelimit";
+const MODULE_UNKNOWN: u8 = 0;
+const MODULE_LOADED: u8 = 1;
+const MODULE_MISSING: u8 = 2;
+
+/// The text of every string in a reply (a cluster's `INFO` is one per node).
+fn reply_text(v: &Value, out: &mut String) {
+    match v {
+        Value::BulkString(b) => out.push_str(&String::from_utf8_lossy(b)),
+        Value::SimpleString(t) | Value::VerbatimString { text: t, .. } => out.push_str(t),
+        Value::Array(a) | Value::Set(a) => a.iter().for_each(|x| reply_text(x, out)),
+        Value::Map(m) => m.iter().for_each(|(k, x)| {
+            reply_text(k, out);
+            reply_text(x, out);
+        }),
+        _ => {}
+    }
 }
 
 impl Backend {
@@ -153,7 +175,46 @@ impl Backend {
             epoch: Instant::now(),
             cluster,
             baseline: cfg.baseline,
+            module: AtomicU8::new(MODULE_UNKNOWN),
         })
+    }
+
+    /// Redis answered without the module (issue 31.8): every request is decided by the
+    /// failure mode, so the health checks fail (server.rs).
+    pub fn module_missing(&self) -> bool {
+        self.module.load(Ordering::Relaxed) == MODULE_MISSING
+    }
+
+    /// Redis is not known to have the module (never asked, or missing): worth asking.
+    pub fn module_unconfirmed(&self) -> bool {
+        self.module.load(Ordering::Relaxed) != MODULE_LOADED
+    }
+
+    /// Records whether Redis has the module, logging each change.
+    fn set_module(&self, loaded: bool) {
+        let new = if loaded { MODULE_LOADED } else { MODULE_MISSING };
+        match (self.module.swap(new, Ordering::Relaxed), loaded) {
+            (old, false) if old != MODULE_MISSING => tracing::error!(
+                "Redis does not have the redis-ratelimit module loaded (no '{MODULE_NAME}' in INFO modules, \
+                 RL.* commands unknown): every request is decided by the failure mode and the health checks \
+                 fail; load it (--loadmodule, or MODULE LOAD)"
+            ),
+            (MODULE_MISSING, true) => tracing::info!("the redis-ratelimit module is loaded in Redis now"),
+            _ => {}
+        }
+    }
+
+    /// Asks Redis whether it has the module (`INFO modules`; outside the breaker and the
+    /// metrics), records the answer and returns it; None: Redis did not answer.
+    pub async fn probe_module(&self) -> Option<bool> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("modules");
+        let v = self.conns.call(&cmd, None, tokio::time::Instant::now() + self.timeout).await.ok()?;
+        let mut text = String::new();
+        reply_text(&v, &mut text);
+        let loaded = text.lines().any(|l| l.starts_with(&format!("module:name={MODULE_NAME},")));
+        self.set_module(loaded);
+        Some(loaded)
     }
 
     fn now_ns(&self) -> Nanos {
@@ -172,6 +233,19 @@ impl Backend {
 
     /// One command, with the timeout, the breaker and the metrics.
     pub(crate) async fn call(&self, op: RedisOp, cmd: &Cmd, slot: Option<Slot>) -> Result<Value, BackendError> {
+        self.call_by(op, cmd, slot, None).await
+    }
+
+    /// [`Backend::call`] ending by `deadline` too (the request's: see `Service::deadline`),
+    /// getting a connection included. A call cut by the deadline is no verdict on Redis: the
+    /// breaker does not count it (a deadline shorter than Redis's usual answer would open it).
+    async fn call_by(
+        &self,
+        op: RedisOp,
+        cmd: &Cmd,
+        slot: Option<Slot>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Value, BackendError> {
         if let Permit::Reject { .. } = self.breaker.permit(self.now_ns()) {
             if !self.conns.reconnected_since_breaker_opened() {
                 self.metrics.breaker_rejects.fetch_add(1, Ordering::Relaxed);
@@ -180,8 +254,24 @@ impl Backend {
         }
         let started = Instant::now();
         self.metrics.redis_call(op, 1);
-        let result = self.conns.call(cmd, slot, tokio::time::Instant::now() + self.timeout).await;
+        let own = tokio::time::Instant::now() + self.timeout;
+        let cut = deadline.filter(|d| *d < own);
+        let result = self.conns.call(cmd, slot, cut.unwrap_or(own)).await;
+        if matches!(result, Err(BackendError::Unavailable(_))) && cut.is_some_and(|d| tokio::time::Instant::now() >= d)
+        {
+            self.metrics.redis_latency.observe(started.elapsed());
+            self.metrics.deadline_exceeded.fetch_add(1, Ordering::Relaxed);
+            return Err(BackendError::Unavailable("no answer before the caller's deadline".into()));
+        }
         self.metrics.redis_latency.observe(started.elapsed());
+        if let Err(BackendError::Reply(m)) = &result {
+            // "unknown command 'RL.MULTI'", or from a script "Unknown Redis command called from
+            // script": Redis without the module.
+            let m = m.to_ascii_lowercase();
+            if m.contains("unknown command") || m.contains("unknown redis command") {
+                self.set_module(false);
+            }
+        }
         match &result {
             Ok(_) | Err(BackendError::Reply(_)) => self.breaker.on_success(),
             Err(BackendError::Unavailable(_)) => {
@@ -203,8 +293,14 @@ impl Backend {
         self.cluster.then(|| Slot::for_key(key))
     }
 
-    /// Decides `checks` (see the module docs): one command when they share a slot.
-    pub async fn decide(&self, checks: &[DescriptorCheck], dry_run: bool) -> Result<RequestResult, BackendError> {
+    /// Decides `checks` (see the module docs): one command when they share a slot; every call
+    /// ends by `deadline` (a cross-slot give-back goes on after it, in the background).
+    pub async fn decide(
+        self: &Arc<Self>,
+        checks: &[DescriptorCheck],
+        dry_run: bool,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<RequestResult, BackendError> {
         if checks.is_empty() {
             return Ok(RequestResult { admitted: true, verdicts: Vec::new() });
         }
@@ -222,10 +318,10 @@ impl Backend {
         }
         if groups.len() == 1 {
             let (slot, idx) = &groups[0];
-            let (ok, verdicts) = self.exec_group(checks, idx, *slot, dry_run).await?;
+            let (ok, verdicts) = self.exec_group(checks, idx, *slot, dry_run, deadline).await?;
             return Ok(RequestResult { admitted: ok, verdicts });
         }
-        self.decide_across_slots(checks, &groups, dry_run).await
+        self.decide_across_slots(checks, &groups, dry_run, deadline).await
     }
 
     /// The benchmark baseline: envoyproxy/ratelimit's Redis traffic, a pipeline of `INCRBY key
@@ -274,14 +370,15 @@ impl Backend {
     }
 
     async fn decide_across_slots(
-        &self,
+        self: &Arc<Self>,
         checks: &[DescriptorCheck],
         groups: &[(Option<Slot>, Vec<usize>)],
         dry_run: bool,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<RequestResult, BackendError> {
         let mut verdicts: Vec<Option<CheckResult>> = vec![None; checks.len()];
         // Phase 1: dry-run every group.
-        let phase1 = join_all(groups.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, true))).await;
+        let phase1 = join_all(groups.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, true, deadline))).await;
         let mut all_ok = true;
         for ((_, idx), r) in groups.iter().zip(phase1) {
             let (ok, vs) = r?;
@@ -308,7 +405,8 @@ impl Backend {
                 continue;
             }
             let sent = self.now_ns();
-            let results = join_all(batch.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, false))).await;
+            let results =
+                join_all(batch.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, false, deadline))).await;
             for ((_, idx), r) in batch.iter().zip(results) {
                 match r {
                     Ok((ok, vs)) => {
@@ -329,7 +427,7 @@ impl Backend {
             }
         }
         if refused || failure.is_some() {
-            self.compensate(checks, &committed, &mut verdicts).await;
+            self.compensate(checks, &committed, &mut verdicts, deadline).await;
             if let Some(e) = failure {
                 return Err(e);
             }
@@ -341,12 +439,14 @@ impl Backend {
         Ok(RequestResult { admitted: true, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() })
     }
 
-    /// Gives back what the committed groups of a refused request took (`RL.RETURN … AGE`).
+    /// Gives back what the committed groups of a refused request took (`RL.RETURN … AGE`),
+    /// waiting for it until `deadline`; past it the returns go on in the background.
     async fn compensate(
-        &self,
+        self: &Arc<Self>,
         checks: &[DescriptorCheck],
         committed: &[(Nanos, &Vec<usize>)],
         verdicts: &mut [Option<CheckResult>],
+        deadline: Option<tokio::time::Instant>,
     ) {
         if committed.is_empty() {
             return;
@@ -366,13 +466,20 @@ impl Backend {
                 calls.push((cmd, self.slot_of(&checks[*i].key)));
             }
         }
-        let results = join_all(calls.iter().map(|(c, s)| self.call(RedisOp::Return, c, *s))).await;
-        for r in results {
-            if let Err(e) = r {
-                if !e.to_string().contains("no limiter at this key") {
-                    tracing::warn!("RL.RETURN after a cross-slot refusal failed: {e}");
+        let me = self.clone();
+        let returns = tokio::spawn(async move {
+            let results = join_all(calls.iter().map(|(c, s)| me.call(RedisOp::Return, c, *s))).await;
+            for r in results {
+                if let Err(e) = r {
+                    if !e.to_string().contains("no limiter at this key") {
+                        tracing::warn!("RL.RETURN after a cross-slot refusal failed: {e}");
+                    }
                 }
             }
+        });
+        match deadline {
+            None => drop(returns.await),
+            Some(d) => drop(tokio::time::timeout_at(d, returns).await),
         }
     }
 
@@ -383,6 +490,7 @@ impl Backend {
         idx: &[usize],
         slot: Option<Slot>,
         dry: bool,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<(bool, Vec<CheckResult>), BackendError> {
         let group: Vec<&DescriptorCheck> = idx.iter().map(|i| &checks[*i]).collect();
         let cost = group[0].cost;
@@ -390,7 +498,7 @@ impl Backend {
         if simple && group.len() == 1 {
             let c = group[0];
             let opts = Options { cost: Some(c.cost), dry_run: dry, partial: false };
-            let v = self.call(RedisOp::Check, &limit_cmd(&c.key, &c.limit, opts), slot).await?;
+            let v = self.call_by(RedisOp::Check, &limit_cmd(&c.key, &c.limit, opts), slot, deadline).await?;
             let d = Decision::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string()))?;
             let admitted = d.allowed == c.cost;
             return Ok((admitted, vec![verdict(d, c.cost, admitted, admitted && !dry)]));
@@ -398,7 +506,7 @@ impl Backend {
         if simple {
             let opts = Options { cost: Some(cost), dry_run: dry, partial: false };
             let cmd = multi_cmd(group.iter().map(|c| (c.key.as_str(), &c.limit)), opts);
-            let v = self.call(RedisOp::Multi, &cmd, slot).await?;
+            let v = self.call_by(RedisOp::Multi, &cmd, slot, deadline).await?;
             let m = MultiDecision::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string()))?;
             if m.limits.len() != group.len() {
                 return Err(BackendError::Reply(format!(
@@ -440,11 +548,11 @@ impl Backend {
         }
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&self.sha).arg(&args);
-        let v = match self.call(RedisOp::Script, &cmd, slot).await {
+        let v = match self.call_by(RedisOp::Script, &cmd, slot, deadline).await {
             Err(BackendError::Reply(m)) if m.contains("NOSCRIPT") => {
                 let mut eval = redis::cmd("EVAL");
                 eval.arg(SCRIPT).arg(&args);
-                self.call(RedisOp::Script, &eval, slot).await?
+                self.call_by(RedisOp::Script, &eval, slot, deadline).await?
             }
             r => r?,
         };

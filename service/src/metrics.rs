@@ -194,6 +194,8 @@ pub struct Metrics {
     pub redis_failures: AtomicU64,
     pub breaker_opens: AtomicU64,
     pub breaker_rejects: AtomicU64,
+    /// Redis calls cut short by the request's deadline (`grpc-timeout` less the margin).
+    pub deadline_exceeded: AtomicU64,
     pub cluster_compensations: AtomicU64,
     pub failure_open: AtomicU64,
     pub failure_closed: AtomicU64,
@@ -226,6 +228,7 @@ impl Metrics {
             redis_failures: AtomicU64::new(0),
             breaker_opens: AtomicU64::new(0),
             breaker_rejects: AtomicU64::new(0),
+            deadline_exceeded: AtomicU64::new(0),
             cluster_compensations: AtomicU64::new(0),
             failure_open: AtomicU64::new(0),
             failure_closed: AtomicU64::new(0),
@@ -388,6 +391,11 @@ impl Metrics {
                 "ratelimit_service_breaker_rejects",
                 "Requests not sent to Redis because the breaker was open",
                 self.breaker_rejects.load(Relaxed),
+            ),
+            (
+                "ratelimit_service_redis_deadline_exceeded",
+                "Redis calls cut short by the caller's deadline (grpc-timeout less DEADLINE_MARGIN)",
+                self.deadline_exceeded.load(Relaxed),
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} counter\n{name} {v}");

@@ -7,6 +7,11 @@
 //! domain, descriptor) and counted, and the last good configuration keeps serving. Requests are
 //! never paused: a new configuration replaces the old one atomically, and requests in flight
 //! finish with the one they started with.
+//!
+//! At start a configuration that is there but wrong is fatal ([`Reloader::first`]): the process
+//! would otherwise serve with no limits at all. A path that does not exist yet is not (it is
+//! loaded when it appears). A reload that would remove every domain (an emptied directory) is
+//! refused unless `ALLOW_EMPTY_CONFIG`: dropping every limit is never a silent accident.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
@@ -65,9 +70,26 @@ pub struct Reloader {
     pub ignore_dotfiles: bool,
     pub opts: LoadOptions,
     pub interval: Duration,
+    /// `ALLOW_EMPTY_CONFIG`: a reload may remove every domain.
+    pub allow_empty: bool,
 }
 
 impl Reloader {
+    /// The first load, at start: like [`Reloader::check`], but a configuration that cannot be
+    /// read (other than a path not there yet) or is invalid is an error naming the file and the
+    /// problem, for the process to exit on.
+    pub fn first(&self, service: &Service) -> Result<Option<Vec<(String, String)>>, String> {
+        if !self.path.exists() {
+            return Ok(self.check(service, &None));
+        }
+        let texts = read(&self.path, self.ignore_dotfiles)
+            .map_err(|e| format!("cannot read the rate limit configuration: {e}"))?;
+        let c = load(&texts, self.opts, &service.metrics)
+            .map_err(|e| format!("invalid rate limit configuration ({e}); not starting without it"))?;
+        self.install(service, Ok(c));
+        Ok(Some(texts))
+    }
+
     /// One check: loads when the contents changed since `last`. Returns the contents seen.
     pub fn check(&self, service: &Service, last: &Option<Vec<(String, String)>>) -> Option<Vec<(String, String)>> {
         let texts = match read(&self.path, self.ignore_dotfiles) {
@@ -83,7 +105,20 @@ impl Reloader {
         if last.as_ref() == Some(&texts) {
             return Some(texts);
         }
-        match load(&texts, self.opts, &service.metrics) {
+        self.install(service, load(&texts, self.opts, &service.metrics));
+        Some(texts)
+    }
+
+    /// Serves a loaded configuration, or says why not.
+    fn install(&self, service: &Service, loaded: Result<Config, ConfigError>) {
+        match loaded {
+            Ok(c) if c.is_empty() && !self.allow_empty && service.config().is_some_and(|c| !c.is_empty()) => {
+                tracing::warn!(
+                    "refused the new rate limit configuration: it has no domain, which would remove every \
+                     limit (ALLOW_EMPTY_CONFIG=true allows it); the last one keeps serving"
+                );
+                service.metrics.config_load_error.fetch_add(1, Relaxed);
+            }
             Ok(c) => {
                 tracing::info!(
                     "loaded rate limit configuration: {} file(s), domains [{}], {} rule(s)",
@@ -104,7 +139,6 @@ impl Reloader {
                 service.metrics.config_load_error.fetch_add(1, Relaxed);
             }
         }
-        Some(texts)
     }
 
     /// Polls for ever (spawn it).
@@ -117,6 +151,7 @@ impl Reloader {
                 ignore_dotfiles: self.ignore_dotfiles,
                 opts: self.opts,
                 interval: self.interval,
+                allow_empty: self.allow_empty,
             };
             let prev = last.clone();
             // File IO off the async workers.

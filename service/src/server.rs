@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -36,7 +37,8 @@ pub struct Health {
 
 impl Health {
     /// Why the service is unhealthy; none: healthy. /healthcheck and grpc.health.v1 both answer
-    /// from this. Redis being down is not one: every instance shares the Redis.
+    /// from this. Redis being down is not one: every instance shares the Redis. Redis up without
+    /// the module is (a deployment error, not an outage: never healthy while enforcing nothing).
     pub fn problems(&self, service: &Service) -> Vec<&'static str> {
         let mut problems = Vec::new();
         if self.terminating.load(Ordering::Relaxed) {
@@ -45,9 +47,16 @@ impl Health {
         if self.need_config && service.config().as_ref().is_none_or(|c| c.is_empty()) {
             problems.push("no configuration with a domain loaded");
         }
+        if service.backend().module_missing() {
+            // Every request would be decided by the failure mode: in `open` every one OK.
+            problems.push("Redis does not have the redis-ratelimit module loaded");
+        }
         problems
     }
 }
+
+/// How often Redis is asked whether it has the module while that is not confirmed.
+const MODULE_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The services grpc.health.v1 reports: envoyproxy/ratelimit's name, and "" (the server).
 pub const GRPC_HEALTH_SERVICES: [&str; 2] = ["ratelimit", ""];
@@ -122,8 +131,32 @@ impl RateLimitService for Grpc {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, Status> {
-        self.0.should_rate_limit(request.get_ref()).await.map(tonic::Response::new).map_err(status_of)
+        let deadline = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| grpc_timeout(v.to_str().ok()?))
+            .map(|t| self.0.deadline(t));
+        self.0.should_rate_limit(request.get_ref(), deadline).await.map(tonic::Response::new).map_err(status_of)
     }
+}
+
+/// A `grpc-timeout` value (gRPC over HTTP/2: at most 8 digits and a unit, `H M S m u n`); None
+/// when malformed (the call then has no deadline of its own, as gRPC servers treat it).
+pub fn grpc_timeout(v: &str) -> Option<Duration> {
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 async fn json(State(app): State<App>, body: Bytes) -> Response {
@@ -132,7 +165,7 @@ async fn json(State(app): State<App>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
     };
-    match app.service.should_rate_limit(&req).await {
+    match app.service.should_rate_limit(&req, None).await {
         Ok(r) => {
             let status =
                 if r.overall_code == Code::OverLimit as i32 { StatusCode::TOO_MANY_REQUESTS } else { StatusCode::OK };
@@ -192,6 +225,66 @@ pub fn http_router(app: App) -> Router {
         .with_state(app)
 }
 
+/// The HTTP listener's bounds (issue 31.7): a client that never finishes its headers, or a
+/// flood of connections, must not use up the process's file descriptors (gRPC and the
+/// configuration's reloads need them).
+pub struct HttpLimits {
+    pub header_read_timeout: Duration,
+    pub max_connections: usize,
+}
+
+/// Serves `router` on `listener` (HTTP/1.1) until `stop`, then waits for the requests in
+/// flight: each connection's headers must arrive within the timeout, and at most
+/// `max_connections` are open (one more is closed at once, counted in the log).
+async fn serve_http(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: HttpLimits,
+    stop: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let open = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut refused: u64 = 0;
+    tokio::pin!(stop);
+    loop {
+        let stream = tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors (EMFILE) or the like: wait rather than spin.
+                    tracing::warn!("HTTP accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(
+                    "HTTP: {} connections open (HTTP_MAX_CONNECTIONS): closed a new one ({refused} so far)",
+                    limits.max_connections
+                );
+            }
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
 /// Runs the service until SIGTERM / SIGINT.
 pub async fn run(settings: Settings) -> Result<(), String> {
     let metrics = Arc::new(Metrics::new(settings.stats_max_keys));
@@ -218,9 +311,10 @@ pub async fn run(settings: Settings) -> Result<(), String> {
         ignore_dotfiles: settings.runtime_ignore_dotfiles,
         opts: LoadOptions { merge_domains: settings.merge_domain_config },
         interval: settings.config_poll_interval,
+        allow_empty: settings.allow_empty_config,
     };
     tracing::info!("reading the rate limit configuration from {}", reloader.path.display());
-    let first = reloader.check(&service, &None);
+    let first = reloader.first(&service)?;
     tokio::spawn(reloader.run(service.clone(), first));
 
     let health = Arc::new(Health {
@@ -229,6 +323,21 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     });
     let (reporter, health_server) = tonic_health::server::health_reporter();
     let grpc_health = Arc::new(GrpcHealth::new(reporter));
+    // Whether Redis has the module: asked at start (so the log says it), then every second
+    // until Redis confirms it, and again whenever a request finds it missing.
+    service.backend().probe_module().await;
+    {
+        let (g, h, s) = (grpc_health.clone(), health.clone(), service.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(MODULE_PROBE_INTERVAL).await;
+                if s.backend().module_unconfirmed() {
+                    s.backend().probe_module().await;
+                }
+                g.sync(&h, &s).await;
+            }
+        });
+    }
     grpc_health.sync(&health, &service).await;
     if health.need_config {
         // Follows the reloader: NOT_SERVING until a configuration with a domain is loaded.
@@ -296,11 +405,16 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     let stop_limit = settings.shutdown_timeout;
     let service_for_shutdown = service.clone();
     let app = App { service: service.clone(), health, quota: quota.clone() };
-    let http = axum::serve(http_listener, http_router(app)).with_graceful_shutdown(async move {
+    let http_limits = HttpLimits {
+        header_read_timeout: settings.http_header_read_timeout,
+        max_connections: settings.http_max_connections.max(1),
+    };
+    let http = serve_http(http_listener, http_router(app), http_limits, async move {
         let _ = rx1.wait_for(|v| *v).await;
     });
     let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
     let grpc = tonic::transport::Server::builder()
+        .max_concurrent_streams(settings.grpc_max_concurrent_streams.max(1))
         .add_service(health_server)
         .add_service(RateLimitServiceServer::new(Grpc(service)))
         .add_service(quota.server())
@@ -373,6 +487,24 @@ impl Signals {
         {
             let _ = tokio::signal::ctrl_c().await;
             "Ctrl-C"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_spec_says() {
+        assert_eq!(grpc_timeout("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(grpc_timeout("250000u"), Some(Duration::from_millis(250)));
+        assert_eq!(grpc_timeout("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(grpc_timeout("99999999n"), Some(Duration::from_nanos(99_999_999)));
+        for bad in ["", "m", "20", "20x", "123456789m", "-1m", "1.5S", "+1m"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad}");
         }
     }
 }

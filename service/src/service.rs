@@ -44,7 +44,13 @@ pub struct ServiceSettings {
     pub failure_mode: FailureMode,
     /// Service instances sharing the limits (the local fallback admits limit ÷ instances).
     pub instances: u64,
+    /// `DEADLINE_MARGIN`: a gRPC call is answered this long before its `grpc-timeout` ends.
+    pub deadline_margin: Duration,
 }
+
+/// `DEADLINE_MARGIN`'s default (settings.rs has the flag's; docs/service.md, Failures, the
+/// measurement).
+pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_millis(10);
 
 impl Default for ServiceSettings {
     fn default() -> Self {
@@ -56,6 +62,7 @@ impl Default for ServiceSettings {
             hash_tag_domain: false,
             failure_mode: FailureMode::Error,
             instances: 1,
+            deadline_margin: DEFAULT_DEADLINE_MARGIN,
         }
     }
 }
@@ -226,8 +233,23 @@ fn override_unit(u: i32) -> Unit {
     }
 }
 
+/// `duration_until_reset` in whole seconds, rounded up (issue 31.12): Envoy renders
+/// `x-ratelimit-reset` from the `seconds` alone, dropping `nanos`, and envoyproxy/ratelimit
+/// sends whole seconds; never early.
 fn duration(d: Duration) -> prost_types::Duration {
-    prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+    let seconds = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    prost_types::Duration { seconds: seconds.min(i64::MAX as u64) as i64, nanos: 0 }
+}
+
+/// An override's key carries its limit (`|=<requests_per_unit>/<unit>`; no entry makes `|=`,
+/// an entry's key being non-empty with `=` escaped): an override and a configured rule on the
+/// same entries, or two overrides of different limits, count apart, each against its own
+/// limit. (envoyproxy/ratelimit shares one counter between them, each comparing it with its
+/// own limit; here a key's state is its limit's, so they cannot share.)
+fn override_key(key: &mut String, o: &pb::RateLimitOverride) {
+    use std::fmt::Write;
+    let unit = pb::RateLimitUnit::try_from(o.unit).unwrap_or(pb::RateLimitUnit::Unknown);
+    let _ = write!(key, "|={}/{}", o.requests_per_unit, unit.as_str_name().to_ascii_lowercase());
 }
 
 impl Service {
@@ -303,11 +325,17 @@ impl Service {
         Some(Matched { rule, stats, share_patterns: Vec::new() })
     }
 
-    /// Decides one request.
-    pub async fn should_rate_limit(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, RequestError> {
+    /// Decides one request, answering before `deadline` (the caller's, less the margin; see
+    /// [`Service::deadline`]): Redis not done by then is Redis unable to answer, decided by the
+    /// domain's failure mode. Without one, each Redis call has `REDIS_TIMEOUT`.
+    pub async fn should_rate_limit(
+        &self,
+        req: &RateLimitRequest,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<RateLimitResponse, RequestError> {
         let started = Instant::now();
         self.metrics.total_requests.fetch_add(1, Relaxed);
-        let r = self.decide(req).await;
+        let r = self.decide(req, deadline).await;
         match &r {
             Err(RequestError::Invalid(_)) => self.metrics.invalid_argument.fetch_add(1, Relaxed),
             Err(RequestError::Unavailable(_)) => self.metrics.redis_error.fetch_add(1, Relaxed),
@@ -318,7 +346,18 @@ impl Service {
         r
     }
 
-    async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, RequestError> {
+    /// The deadline of a call received now whose caller gives up after `timeout` (gRPC's
+    /// `grpc-timeout`, which Envoy sets to its filter's `timeout`): `DEADLINE_MARGIN` earlier,
+    /// for the answer's way back.
+    pub fn deadline(&self, timeout: Duration) -> tokio::time::Instant {
+        tokio::time::Instant::now() + timeout.saturating_sub(self.settings.deadline_margin)
+    }
+
+    async fn decide(
+        &self,
+        req: &RateLimitRequest,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<RateLimitResponse, RequestError> {
         validate(req).map_err(RequestError::Invalid)?;
         let config =
             self.config().ok_or_else(|| RequestError::Internal("no rate limit configuration loaded".into()))?;
@@ -357,10 +396,7 @@ impl Service {
         }
 
         let mut items = Vec::with_capacity(matched.len());
-        let mut checks = Vec::new();
-        // Per check: served from leases (its rule's id), or None.
-        let mut leased: Vec<Option<String>> = Vec::new();
-        let mut refused_locally = false;
+        let mut checks: Vec<DescriptorCheck> = Vec::new();
         for (i, m) in matched.into_iter().enumerate() {
             let Some(m) = m else {
                 items.push(Item::None);
@@ -373,50 +409,86 @@ impl Service {
                 items.push(Item::Unlimited);
                 continue;
             }
-            // Never admissible: a limit of 0 (a blocklist entry: no limit) or more hits than the
-            // capacity.
-            let limit = m.rule.limit.filter(|l| cost <= l.capacity());
-            let local_refusal = limit.is_none();
-            let check = if let Some(limit) = limit {
-                checks.push(DescriptorCheck {
-                    key: redis_key(
-                        &self.settings.key_prefix,
-                        self.settings.hash_tag_domain && self.backend.cluster,
-                        m.rule.algorithm,
-                        domain,
-                        &entries[i],
-                        &m.share_patterns,
-                    ),
-                    limit,
-                    cost,
-                    soft: m.rule.shadow_mode,
-                });
-                // A leased rule's value leases only once hot (crate::leases::Heat); until then
-                // it is decided per request with the request's other per-request checks.
-                let lease = self.leases.as_ref().is_some_and(|l| {
-                    m.rule.algorithm.leasable()
-                        && m.rule.lease.unwrap_or(l.settings.default_on)
-                        && cost > 0
-                        && l.heat.observe(&checks[checks.len() - 1].key)
-                });
-                leased.push(lease.then(|| m.rule.stat_key.full()));
-                Some(checks.len() - 1)
-            } else {
-                refused_locally |= !m.rule.shadow_mode;
-                None
-            };
-            items.push(Item::Limited { m, cost, check, local_refusal });
+            // A limit of 0 (a blocklist entry) has no limit: never admissible.
+            let check = m.rule.limit.map(|limit| {
+                let mut key = redis_key(
+                    &self.settings.key_prefix,
+                    self.settings.hash_tag_domain && self.backend.cluster,
+                    m.rule.algorithm,
+                    domain,
+                    &entries[i],
+                    &m.share_patterns,
+                );
+                if let Some(o) = &req.descriptors[i].limit {
+                    override_key(&mut key, o);
+                }
+                // The same key twice (the same descriptor twice in one request): one check, the
+                // hits summed, as envoyproxy/ratelimit counts both. A key names its rule (an
+                // override's key its limit), so both carry the same limit.
+                match checks.iter().position(|c| c.key == key) {
+                    Some(j) => {
+                        checks[j].cost = checks[j].cost.saturating_add(cost);
+                        j
+                    }
+                    None => {
+                        checks.push(DescriptorCheck { key, limit, cost, soft: m.rule.shadow_mode });
+                        checks.len() - 1
+                    }
+                }
+            });
+            items.push(Item::Limited { m, cost, check, local_refusal: false });
         }
+        // More hits than the capacity (summed over a key) are never admissible either: refused
+        // here, without asking Redis.
+        let mut kept = Vec::with_capacity(checks.len());
+        let mut index = Vec::with_capacity(checks.len());
+        for c in checks {
+            index.push((c.cost <= c.limit.capacity()).then_some(kept.len()));
+            if c.cost <= c.limit.capacity() {
+                kept.push(c);
+            }
+        }
+        let checks = kept;
+        let mut refused_locally = false;
+        for item in &mut items {
+            if let Item::Limited { m, check, local_refusal, .. } = item {
+                *check = check.and_then(|j| index[j]);
+                *local_refusal = check.is_none();
+                refused_locally |= *local_refusal && !m.rule.shadow_mode;
+            }
+        }
+        // Per check: served from leases (its rule's id), or None. A leased rule's value leases
+        // only once hot (crate::leases::Heat); until then it is decided per request with the
+        // request's other per-request checks. A request refused here touches no lease: its
+        // checks are one dry run (issue 31.1: leased units were taken and never given back).
+        let leased: Vec<Option<String>> = checks
+            .iter()
+            .map(|c| {
+                if refused_locally {
+                    return None;
+                }
+                let item = items.iter().find_map(|it| match it {
+                    Item::Limited { m, check: Some(j), .. } if checks[*j].key == c.key => Some(m),
+                    _ => None,
+                })?;
+                let l = self.leases.as_ref()?;
+                let lease = item.rule.algorithm.leasable()
+                    && item.rule.lease.unwrap_or(l.settings.default_on)
+                    && c.cost > 0
+                    && l.heat.observe(&c.key);
+                lease.then(|| item.rule.stat_key.full())
+            })
+            .collect();
 
         let mode = config.domains.get(domain).and_then(|d| d.failure_mode).unwrap_or(self.settings.failure_mode);
         let lease_idx: Vec<usize> = (0..checks.len()).filter(|&i| leased[i].is_some()).collect();
         let same_cost = lease_idx.windows(2).all(|w| checks[w[0]].cost == checks[w[1]].cost);
         if let (Some(leases), false, true) = (&self.leases, lease_idx.is_empty(), same_cost) {
             return self
-                .decide_leased(leases, &config, domain, mode, &items, &checks, &leased, &lease_idx, refused_locally)
+                .decide_leased(leases, &config, domain, mode, &items, &checks, &leased, &lease_idx, deadline)
                 .await;
         }
-        let outcome = match self.backend.decide(&checks, refused_locally).await {
+        let outcome = match self.backend.decide(&checks, refused_locally, deadline).await {
             Ok(o) => RequestResult { admitted: o.admitted && !refused_locally, verdicts: o.verdicts },
             Err(e) => return self.on_failure(&config, domain, &items, &checks, e),
         };
@@ -439,7 +511,7 @@ impl Service {
         checks: &[DescriptorCheck],
         leased: &[Option<String>],
         lease_idx: &[usize],
-        refused_locally: bool,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<RateLimitResponse, RequestError> {
         let cost = checks[lease_idx[0]].cost;
         let limiters: Vec<_> = lease_idx
@@ -448,7 +520,23 @@ impl Service {
             .collect();
         let pairs: Vec<(&Limiter<LeaseConn>, &str)> =
             lease_idx.iter().zip(&limiters).map(|(&i, l)| (l.as_ref(), checks[i].key.as_str())).collect();
-        let all = check_all(&pairs, cost).await;
+        // The limiters' calls have the lease timeout; the request's deadline bounds the wait
+        // (a claim cut short lands in the local pool or expires with its lease).
+        let all = match deadline {
+            None => check_all(&pairs, cost).await,
+            Some(d) => match tokio::time::timeout_at(d, check_all(&pairs, cost)).await {
+                Ok(all) => all,
+                Err(_) => {
+                    return self.on_failure(
+                        config,
+                        domain,
+                        items,
+                        checks,
+                        BackendError::Unavailable("no answer before the caller's deadline".into()),
+                    )
+                }
+            },
+        };
         let refund = |all: &redis_ratelimit_client::AllOutcome| {
             for ((l, k), o) in pairs.iter().zip(&all.outcomes) {
                 if let Some(o) = o.filter(|o| o.enforced && o.allowed) {
@@ -461,10 +549,10 @@ impl Service {
             self.metrics.failure_error.fetch_add(1, Relaxed);
             return Err(RequestError::Unavailable("redis unavailable (leases)".into()));
         }
-        let leased_ok = all.allowed && !refused_locally;
+        let leased_ok = all.allowed;
         let rest_idx: Vec<usize> = (0..checks.len()).filter(|i| leased[*i].is_none()).collect();
         let rest: Vec<DescriptorCheck> = rest_idx.iter().map(|&i| checks[i].clone()).collect();
-        let rest_outcome = match self.backend.decide(&rest, !leased_ok).await {
+        let rest_outcome = match self.backend.decide(&rest, !leased_ok, deadline).await {
             Ok(o) => o,
             Err(e) => {
                 refund(&all);
@@ -604,16 +692,15 @@ impl Service {
                 m.fetch_add(1, Relaxed);
                 checks.iter().map(|c| fallback_verdict(c, admit, Nanos::ZERO)).collect()
             }
-            FailureMode::Local => self.local_decide(checks),
+            FailureMode::Local => self.local_decide(checks, refused_locally(items)),
         };
-        let admitted = decided.iter().zip(checks).all(|(v, c)| v.admitted || c.soft)
-            && !items.iter().any(|i| matches!(i, Item::Limited { local_refusal: true, m, .. } if !m.rule.shadow_mode));
+        let admitted = decided.iter().zip(checks).all(|(v, c)| v.admitted || c.soft) && !refused_locally(items);
         Ok(self.respond(items, &RequestResult { admitted, verdicts: decided }))
     }
 
     /// The local fallback: a token bucket per key at the limit ÷ instances, all or nothing
-    /// over the enforced checks.
-    fn local_decide(&self, checks: &[DescriptorCheck]) -> Vec<CheckResult> {
+    /// over the enforced checks (nothing taken from a request `refused` already).
+    fn local_decide(&self, checks: &[DescriptorCheck], refused: bool) -> Vec<CheckResult> {
         let now = Nanos::from(self.epoch.elapsed());
         let n = self.settings.instances.max(1);
         let params = |c: &DescriptorCheck| {
@@ -635,7 +722,7 @@ impl Service {
                 .unwrap_or_default();
             results.push(b.check(now, c.cost, limit, period, burst));
         }
-        let all = results.iter().zip(checks).all(|(r, c)| r.is_ok() || c.soft);
+        let all = !refused && results.iter().zip(checks).all(|(r, c)| r.is_ok() || c.soft);
         let mut out = Vec::with_capacity(checks.len());
         for (c, r) in checks.iter().zip(&results) {
             let admitted = r.is_ok();
@@ -658,6 +745,12 @@ impl Service {
         }
         out
     }
+}
+
+/// An enforced descriptor refused without asking anyone (no limit, or more hits than its
+/// capacity).
+fn refused_locally(items: &[Item]) -> bool {
+    items.iter().any(|i| matches!(i, Item::Limited { local_refusal: true, m, .. } if !m.rule.shadow_mode))
 }
 
 /// A verdict made without Redis (nothing known of the shared state).

@@ -66,6 +66,17 @@ pub struct Settings {
     /// HTTP listen port.
     #[arg(long = "http-port", env = "PORT", default_value_t = 8080)]
     pub port: u16,
+    /// The longest an HTTP client may take to send a request's headers (an idle keep-alive
+    /// connection's next request included); then the connection is closed.
+    #[arg(long, env = "HTTP_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub http_header_read_timeout: Duration,
+    /// HTTP connections open at once; more are closed at once (gRPC has its own listener and
+    /// is not counted).
+    #[arg(long, env = "HTTP_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub http_max_connections: usize,
+    /// Concurrent gRPC calls (HTTP/2 streams) per connection.
+    #[arg(long, env = "GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 1024)]
+    pub grpc_max_concurrent_streams: u32,
 
     /// A configuration file or directory (every *.yaml / *.yml in it). Default:
     /// RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, as envoyproxy/ratelimit.
@@ -87,6 +98,11 @@ pub struct Settings {
     /// Several files may define one domain (their descriptors are merged).
     #[arg(long, env = "MERGE_DOMAIN_CONFIG", default_value = "false", value_parser = bool_flag, action = clap::ArgAction::Set)]
     pub merge_domain_config: bool,
+    /// A reload may remove every domain (an emptied configuration directory). Off: such a
+    /// reload is refused (logged at WARN, counted in config_load_error) and the last
+    /// configuration keeps serving.
+    #[arg(long, env = "ALLOW_EMPTY_CONFIG", default_value = "false", value_parser = bool_flag, action = clap::ArgAction::Set)]
+    pub allow_empty_config: bool,
     /// /healthcheck (and grpc.health.v1) fails until a configuration with at least one domain
     /// is loaded.
     #[arg(long, env = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", default_value = "false", value_parser = bool_flag, action = clap::ArgAction::Set)]
@@ -189,6 +205,11 @@ pub struct Settings {
     /// Service instances sharing the limits: the `local` failure mode admits limit ÷ this.
     #[arg(long, env = "INSTANCES", default_value_t = 1)]
     pub instances: u64,
+    /// A gRPC call is answered this long before the deadline its caller sent (`grpc-timeout`;
+    /// Envoy sends its filter's `timeout`), by the domain's failure mode if Redis has not
+    /// answered by then: the time the answer needs to get back through Envoy.
+    #[arg(long, env = "DEADLINE_MARGIN", default_value = "10ms", value_parser = duration_or_zero)]
+    pub deadline_margin: Duration,
 
     /// Response headers: `draft` (RateLimit-Policy and RateLimit, IETF draft -08 onwards),
     /// `legacy` (RateLimit-Limit, -Remaining, -Reset) or `off`. Retry-After when over the limit.
@@ -373,6 +394,7 @@ impl Settings {
             hash_tag_domain,
             failure_mode: FailureMode::parse(&self.failure_mode)?,
             instances: self.instances.max(1),
+            deadline_margin: self.deadline_margin,
         })
     }
 }

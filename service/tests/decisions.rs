@@ -115,8 +115,9 @@ async fn every_algorithm_answers_what_the_module_answers() {
             let what = format!("{algo} step {step}: service {got:?}, module {want:?}");
             assert_eq!(s.code == Code::Ok as i32, want[0] as u64 == hits, "{what}");
             assert_eq!(s.limit_remaining as i64, want[2], "{what}");
+            // Whole seconds, rounded up (issue 31.12): never early for a reader of `seconds`.
             let reset = s.duration_until_reset.as_ref().unwrap();
-            assert_eq!(reset.seconds * 1000 + (reset.nanos / 1_000_000) as i64, want[4], "{what}");
+            assert_eq!((reset.seconds, reset.nanos), ((want[4] + 999) / 1000, 0), "{what}");
             if s.code == Code::OverLimit as i32 {
                 let retry = header(&got, "Retry-After").expect("Retry-After on a refusal").parse::<i64>().unwrap();
                 assert_eq!(retry, (want[3] + 999) / 1000, "{what}");
@@ -186,6 +187,63 @@ async fn descriptors_are_decided_together_in_one_command_and_a_refusal_consumes_
     assert_eq!(codes(&got), [Code::OverLimit]);
     assert!(header(&got, "Retry-After").is_none());
     assert_eq!(command_calls(&mut con), 0);
+}
+
+/// Issue 31.2: the same descriptor twice in one request counts on one key with the hits summed
+/// (as envoyproxy/ratelimit counts both), still in one command; a request's override and a
+/// configured rule on the same entries count apart, each against its own limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_descriptor_twice_counts_both_in_one_command() {
+    let f = fixture(&[]);
+    let mut c = f.svc.client().await;
+    let mut con = f.redis.conn();
+    // ip: 2 per minute. Twice in one request: 2 hits, the limit's all.
+    let twice = |ip: &str| request("atomic", vec![desc(&[("ip", ip)]), desc(&[("ip", ip)])]);
+    reset_stats(&mut con);
+    let r = ask(&mut c, twice("1.0.0.1")).await;
+    assert!(ok(&r), "{r:?}");
+    assert_eq!(remaining(&r), [0, 0]);
+    assert_eq!(command_calls(&mut con), 1, "one command");
+    assert_eq!(command_calls_of(&mut con, "rl.fixed"), 1, "one key: the limiter command, COST 2");
+    let r = ask(&mut c, twice("1.0.0.1")).await;
+    assert_eq!(codes(&r), [Code::OverLimit, Code::OverLimit]);
+    // With another descriptor of the same cost: one RL.MULTI over two distinct keys.
+    reset_stats(&mut con);
+    let mut r = twice("1.0.0.2");
+    r.descriptors.push(desc(&[("tenant", "t2")]));
+    r.descriptors[2].hits_addend = Some(2);
+    let got = ask(&mut c, r.clone()).await;
+    assert!(ok(&got), "{got:?}");
+    assert_eq!(remaining(&got), [0, 0, 998]);
+    assert_eq!((command_calls(&mut con), command_calls_of(&mut con, "rl.multi")), (1, 1));
+    let got = ask(&mut c, r).await;
+    assert_eq!(codes(&got), [Code::OverLimit, Code::OverLimit, Code::Ok]);
+    assert_eq!(remaining(&got), [0, 0, 998], "refused: nothing consumed");
+    // Summed hits above the capacity: refused without Redis.
+    reset_stats(&mut con);
+    let mut r = twice("1.0.0.3");
+    r.descriptors[1].hits_addend = Some(2);
+    assert_eq!(codes(&ask(&mut c, r).await), [Code::OverLimit, Code::OverLimit]);
+    assert_eq!(command_calls(&mut con), 0);
+    assert!(ok(&ask(&mut c, twice("1.0.0.3")).await), "the refusal took nothing");
+    assert_eq!(
+        f.svc.metric("ratelimit_service_redis_error"),
+        0,
+        "never a Redis failure (RL.MULTI's 'keys must be distinct' was one)"
+    );
+
+    // An override (1 per minute) beside the configured rule (2 per minute) on the same entries.
+    let mut both = request("atomic", vec![desc(&[("ip", "o")]), desc(&[("ip", "o")])]);
+    both.descriptors[0].limit = Some(RateLimitOverride { requests_per_unit: 1, unit: RateLimitUnit::Minute as i32 });
+    let r = ask(&mut c, both.clone()).await;
+    assert!(ok(&r), "{r:?}");
+    assert_eq!(remaining(&r), [0, 1], "two keys, each its own limit");
+    let r = ask(&mut c, both).await;
+    assert_eq!(codes(&r), [Code::OverLimit, Code::Ok]);
+    assert_eq!(remaining(&r), [0, 1]);
+    let rule_only = request("atomic", vec![desc(&[("ip", "o")])]);
+    assert!(ok(&ask(&mut c, rule_only.clone()).await), "the rule's second unit");
+    assert!(!ok(&ask(&mut c, rule_only).await));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,8 @@
 //! client sees (status, headers) and on what reached the upstream. docs/service.md's Envoy
 //! configuration is read from the doc and run as written (ports aside); the scenarios of
 //! issue 31's opening paragraph; what docs/service.md says Envoy does (`use_remote_address`,
-//! `hits_addend`, the leaky bucket, `timeout`); issue 31's known failures, ignored until fixed.
+//! `hits_addend`, the leaky bucket, `timeout`); issue 31's wrong decisions (31.1, 31.2, 31.3,
+//! 31.12), each a test that failed before its fix.
 //! Each test starts its own processes (support/envoy.rs), the module's clock pinned (no window
 //! rolls mid-test) but for the 50-per-second tests. Without Envoy every test fails, naming how
 //! to install it.
@@ -307,15 +308,41 @@ async fn a_closed_domain_holds_behind_the_docs_timeout_while_redis_stalls() {
     s.assert_service_answered();
 }
 
-/// Issue 31.3: behind Envoy's default 20 ms timeout, the service's `REDIS_TIMEOUT` (100 ms) has
-/// not ended when Envoy gives up and lets the request through (`failure_mode_deny: false`).
-/// Observed: 10 of 10 requests reached the upstream.
+/// Issue 31.3: behind Envoy's default 20 ms timeout, the service answers before Envoy gives up
+/// (it reads Envoy's `grpc-timeout` and answers `DEADLINE_MARGIN` before it), so a `closed`
+/// domain refuses. Before: `REDIS_TIMEOUT` (100 ms) had not ended when Envoy let the request
+/// through (`failure_mode_deny: false`): 10 of 10 reached the upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 31.3: failure_mode closed does not hold behind Envoy's default 20 ms timeout (10 of 10 passed)"]
 async fn a_closed_domain_holds_behind_envoys_default_timeout_while_redis_stalls() {
     let (got, s) = closed_domain_while_redis_stalls("0.02s").await;
     assert_eq!(got, repeat(429, 10), "{}", s.service.log());
     assert_eq!(s.upstream.count(), 1);
+}
+
+/// Issue 31.3, every failure mode behind Envoy's default filter (no `timeout` set: 20 ms), Redis
+/// stalled (SIGSTOP) then killed: `closed` refuses every request, `open` admits every one,
+/// `local` admits its share (4 per minute ÷ `INSTANCES` 2), each answered by the service
+/// (`error` is Envoy's `failure_mode_deny`, as its own errors). Before: with Redis stalled 10 of
+/// 10 and killed 6 of 10 requests passed a `closed` domain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_failure_mode_holds_behind_envoys_default_timeout() {
+    for (mode, want) in
+        [("closed", repeat(429, 10)), ("open", repeat(200, 10)), ("local", [repeat(200, 2), repeat(429, 8)].concat())]
+    {
+        let yaml = format!(
+            "domain: envoy\nfailure_mode: {mode}\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: minute, requests_per_unit: 4 }}\n"
+        );
+        let mut s = stack_with(&yaml, &["--instances", "2"], json!({}), per_header(&[("x-user", "user")]));
+        assert_eq!(s.envoy.get(&[("x-user", "up")]).await.status, 200, "Redis answers");
+        let pid = s.redis.pid().unwrap().to_string();
+        assert!(std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+        let stalled = statuses(&s.envoy.get_n(10, &[("x-user", "stalled")]).await);
+        assert!(std::process::Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+        s.redis.kill9();
+        let killed = statuses(&s.envoy.get_n(10, &[("x-user", "killed")]).await);
+        assert_eq!((&stalled, &killed), (&want, &want), "{mode}: {}", s.service.log());
+        s.assert_service_answered();
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -586,10 +613,10 @@ async fn envoys_own_x_ratelimit_headers_reach_the_client() {
 }
 
 /// Issue 31.12: Envoy renders `x-ratelimit-reset` as the whole seconds of `duration_until_reset`
-/// (the Duration's `seconds`, its `nanos` dropped), and the service sends milliseconds: 0.3 s
-/// into a minute the window ends in 59.7 s and Envoy says 59, early. Never early: 60.
+/// (the Duration's `seconds`, its `nanos` dropped): 0.3 s into a minute the window ends in
+/// 59.7 s, and with the milliseconds the service sent Envoy said 59, early. The service sends
+/// whole seconds rounded up: 60.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 31.12: x-ratelimit-reset says 59 for a window ending in 59.7 s (Envoy drops the fraction)"]
 async fn envoys_x_ratelimit_reset_is_never_early() {
     let s = stack_with(
         TWO_PER_MINUTE,
@@ -603,13 +630,12 @@ async fn envoys_x_ratelimit_reset_is_never_early() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Known failures through Envoy (issue 31), each a test that passes once fixed.
+// Issue 31's wrong decisions through Envoy, each a test that failed before its fix.
 
-/// Issue 31.1: with leases, a leased descriptor is charged when another descriptor of the same
-/// request refuses without Redis (`requests_per_unit: 0`), and never given back. Observed: 5
-/// requests refused by the blocklist, then 5 of the leased 10 left.
+/// Issue 31.1: with leases, a request refused by a descriptor without Redis
+/// (`requests_per_unit: 0`) takes nothing from a leased descriptor. Before: 5 requests refused
+/// by the blocklist, then 5 of the leased 10 left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 31.1: leased units not given back when another descriptor refuses locally (5 of 10 lost)"]
 async fn a_leased_descriptor_loses_nothing_to_a_local_refusal() {
     let yaml = "domain: envoy
 descriptors:
@@ -631,11 +657,10 @@ descriptors:
 }
 
 /// Issue 31.2: the same descriptor twice in one request (two `rate_limits` entries making
-/// it) is answered as a Redis failure (`RL.MULTI`: keys must be distinct): `error` answers
-/// UNAVAILABLE and Envoy lets it through. Observed: 10 of 10 passed a limit of 5. Counted
-/// twice, as envoyproxy/ratelimit does: 2 requests of 2 hits pass, the 3rd is refused.
+/// it) counts twice on its one key, as envoyproxy/ratelimit does: 2 requests of 2 hits pass, the
+/// 3rd is refused. Before: answered as a Redis failure (`RL.MULTI`: keys must be distinct),
+/// `error` answered UNAVAILABLE and Envoy let it through: 10 of 10 passed a limit of 5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 31.2: the same descriptor twice in one request passes unlimited behind Envoy (10 of 10 passed a limit of 5)"]
 async fn the_same_descriptor_twice_counts_twice() {
     let yaml = "domain: envoy
 descriptors:

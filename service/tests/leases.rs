@@ -43,6 +43,8 @@ descriptors:
     rate_limit: {requests_per_unit: 100, unit: hour}
   - key: busy
     rate_limit: {requests_per_unit: 1000000000, unit: hour}
+  - key: block
+    rate_limit: {requests_per_unit: 0, unit: hour}
 ";
 
 fn instances(redis: &Server, dir: &TempDir, n: usize) -> Vec<ServiceProc> {
@@ -351,6 +353,31 @@ async fn a_refusal_by_a_per_request_descriptor_gives_the_leased_units_back() {
     assert_eq!(command_calls_of(&mut con, "rl.leaky"), 5);
     assert_eq!(command_calls_of(&mut con, "rl.slidinglog"), 5);
     assert_eq!(command_calls(&mut con), 10, "nothing else: no claim, no return");
+}
+
+/// Issue 31.1: a request refused without asking Redis (a blocklist entry, or more hits than
+/// another descriptor's capacity) takes nothing from a leased descriptor: its 5 per hour are
+/// all left after 20 such refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_refusal_takes_nothing_from_a_leased_descriptor() {
+    let redis = Server::start();
+    let dir = TempDir::new("leases-local-refusal");
+    dir.write("l.yaml", CONFIG);
+    let svcs = instances_with(&redis, &dir, 1, &["--lease-hot-requests", "1"]);
+    let mut c = svcs[0].client().await;
+    let quota = || desc(&[("quota", "q")]);
+    for _ in 0..10 {
+        let r = ask(&mut c, request("l", vec![quota(), desc(&[("block", "b")])])).await;
+        assert_eq!(codes(&r), [Code::Ok, Code::OverLimit]);
+        let mut over = desc(&[("cap", "c")]);
+        over.hits_addend = Some(101);
+        let r = ask(&mut c, request("l", vec![quota(), over])).await;
+        assert_eq!(codes(&r), [Code::Ok, Code::OverLimit]);
+    }
+    for i in 0..5 {
+        assert!(ok(&ask(&mut c, request("l", vec![quota()])).await), "quota request {i}");
+    }
+    assert!(!ok(&ask(&mut c, request("l", vec![quota()])).await));
 }
 
 /// Redis killed and restarted under each failure mode, with every descriptor served from

@@ -163,6 +163,191 @@ async fn redis_killed_and_restarted_under_each_failure_mode() {
     }
 }
 
+/// Issue 31.9: a configuration that is there but wrong at start stops the process (non-zero,
+/// naming the file and the problem) instead of serving with no limits and /healthcheck 200.
+#[test]
+fn a_bad_configuration_at_start_exits_naming_the_file_and_the_problem() {
+    for (text, problem) in [
+        (
+            "domain: start\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+            "bad.yaml: domain 'start': descriptor 'k': invalid rate limit unit 'fortnight'",
+        ),
+        ("domain: [start\n", "bad.yaml"),
+    ] {
+        let dir = TempDir::new("bad-start");
+        dir.write("good.yaml", &limit_yaml("good", 1));
+        dir.write("bad.yaml", text);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_redis-ratelimit-service"))
+            .args(["--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0"])
+            .args(["--redis-url", "127.0.0.1:1"])
+            .arg("--config")
+            .arg(dir.path())
+            .env_remove("PORT")
+            .env_remove("HOST")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        let line = err.lines().find(|l| l.starts_with("redis-ratelimit-service: ")).unwrap_or_else(|| panic!("{err}"));
+        assert!(line.contains("invalid rate limit configuration") && line.contains(problem), "{line}");
+    }
+}
+
+/// Issue 31.10: emptying the configuration directory does not drop every limit: the reload is
+/// refused (WARN, counted in config_load_error) and the last configuration keeps serving,
+/// unless ALLOW_EMPTY_CONFIG; a configuration with a domain loads again as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_removes_every_domain_is_refused_unless_allowed() {
+    let redis = Server::start();
+    set_clock(&mut redis.conn(), (T0_S + 1) * 1_000_000);
+    let url = format!("127.0.0.1:{}", redis.port);
+    for allow in [false, true] {
+        let dir = TempDir::new("emptied");
+        dir.write("a.yaml", &limit_yaml(&format!("emptied{allow}"), 1));
+        let svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--allow-empty-config", &allow.to_string()]);
+        svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+        let mut c = svc.client().await;
+        let req = || request(&format!("emptied{allow}"), vec![desc(&[("k", "v")])]);
+        assert!(ok(&ask(&mut c, req()).await));
+        std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
+        if allow {
+            svc.wait_log("loaded rate limit configuration: 0 file(s), domains []", Duration::from_secs(10));
+            assert!(ok(&ask(&mut c, req()).await), "no limit any more, as allowed");
+            assert_eq!(svc.metric("ratelimit_service_config_load_error"), 0);
+            continue;
+        }
+        svc.wait_log("it has no domain", Duration::from_secs(10));
+        let log = svc.log();
+        let line = log.lines().find(|l| l.contains("it has no domain")).unwrap();
+        assert!(line.contains("WARN") && line.contains("ALLOW_EMPTY_CONFIG"), "{line}");
+        assert_eq!(svc.metric("ratelimit_service_config_load_error"), 1);
+        assert_eq!(codes(&ask(&mut c, req()).await), [Code::OverLimit], "the last configuration still limits");
+        // Refused once, not at every poll; a configuration with a domain loads.
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(svc.metric("ratelimit_service_config_load_error"), 1);
+        dir.write("b.yaml", &limit_yaml("other", 1));
+        wait_until(Duration::from_secs(10), "b.yaml", || svc.log_count("domains [other]") == 1);
+        assert!(ok(&ask(&mut c, req()).await), "the new configuration has no such domain");
+    }
+}
+
+/// Issue 31.8: Redis without the module (redis-server started without `--loadmodule`): the log
+/// says so at start, /healthcheck and grpc.health fail naming it (an `open` domain would
+/// otherwise answer OK to everything, enforcing nothing), requests are still answered by the
+/// failure mode; after `MODULE LOAD` health recovers and Redis decides again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_without_the_module_is_named_and_unhealthy_until_loaded() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = TempDir::new("no-module");
+    let mut cmd = std::process::Command::new("redis-server");
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--dir", &dir.path().to_string_lossy(), "--enable-module-command", "yes"])
+        .stdout(std::process::Stdio::null());
+    let mut redis = common::spawn_owned(cmd).unwrap();
+    let url = format!("127.0.0.1:{port}");
+    wait_until(Duration::from_secs(10), "redis-server", || {
+        redis::Client::open(format!("redis://{url}")).unwrap().get_connection().is_ok()
+    });
+    let mut con = redis::Client::open(format!("redis://{url}")).unwrap().get_connection().unwrap();
+    let config = TempDir::new("no-module-config");
+    config.write(
+        "open.yaml",
+        "domain: open\nfailure_mode: open\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 4}\n",
+    );
+    let svc = ServiceProc::start(config.path(), &["--redis-url", &url]);
+    let log = svc.log();
+    let line =
+        log.lines().find(|l| l.contains("does not have the redis-ratelimit module")).unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains("ERROR") && line.contains("MODULE LOAD"), "{line}");
+    let (status, body) = svc.http("GET", "/healthcheck", "");
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("Redis does not have the redis-ratelimit module loaded"), "{body}");
+    for name in ["ratelimit", ""] {
+        assert_eq!(svc.grpc_health(name).await.unwrap(), ServingStatus::NotServing, "grpc.health {name:?}");
+    }
+    let mut c = svc.client().await;
+    let req = || request("open", vec![desc(&[("k", "v")])]);
+    assert!(ok(&ask(&mut c, req()).await), "open: answered by the failure mode");
+
+    redis::cmd("MODULE")
+        .arg("LOAD")
+        .arg(common::module_path().to_string_lossy().as_ref())
+        .query::<()>(&mut con)
+        .unwrap();
+    wait_until(Duration::from_secs(10), "/healthcheck 200", || svc.http("GET", "/healthcheck", "").0 == 200);
+    assert_eq!(svc.log_count("the redis-ratelimit module is loaded in Redis now"), 1);
+    for name in ["ratelimit", ""] {
+        let rt = tokio::runtime::Handle::current();
+        wait_until(Duration::from_secs(10), &format!("grpc.health {name:?} SERVING"), || {
+            matches!(futures_block(&rt, svc.grpc_health(name)), Ok(ServingStatus::Serving))
+        });
+    }
+    assert_eq!(remaining(&ask(&mut c, req()).await), [3], "Redis decides again");
+    let _ = redis.kill();
+    let _ = redis.wait();
+}
+
+/// Issue 31.7: 2,000 HTTP connections that never finish their headers. The listener holds at
+/// most HTTP_MAX_CONNECTIONS (1,000 here) and closes the others at once; the ones it holds are
+/// closed after HTTP_HEADER_READ_TIMEOUT (15 s). Meanwhile gRPC answers and a reload loads
+/// (file descriptors to spare); afterwards /healthcheck answers again (about 20 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_half_sent_http_connections_are_bounded_and_closed() {
+    use std::io::{Read, Write};
+    use std::time::Instant;
+    let redis = Server::start();
+    set_clock(&mut redis.conn(), (T0_S + 1) * 1_000_000);
+    let dir = TempDir::new("http-flood");
+    dir.write("a.yaml", &limit_yaml("flood", 5));
+    let url = format!("127.0.0.1:{}", redis.port);
+    let timeout = Duration::from_secs(15);
+    let svc = ServiceProc::start(
+        dir.path(),
+        &["--redis-url", &url, "--http-header-read-timeout", "15s", "--http-max-connections", "1000"],
+    );
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut idle: Vec<(Instant, std::net::TcpStream)> = (0..2000)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(&svc.http).unwrap();
+            // An unfinished request: no blank line ends its headers (a write to a connection
+            // the listener closed at once may fail: that is the point).
+            let _ = s.write_all(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n");
+            (Instant::now(), s)
+        })
+        .collect();
+    let first_made = idle[0].0;
+    let mut c = svc.client().await;
+    assert_eq!(remaining(&ask(&mut c, request("flood", vec![desc(&[("k", "v")])])).await), [4], "gRPC answers");
+    dir.write("b.yaml", &limit_yaml("flood2", 1));
+    svc.wait_log("domains [flood, flood2]", Duration::from_secs(10));
+    assert!(ok(&ask(&mut c, request("flood2", vec![desc(&[("k", "v")])])).await), "the reload serves");
+    assert!(first_made.elapsed() < timeout, "checked while every held connection was open");
+    // Beyond the limit closed at once, the others held; after the timeout every one closed.
+    let open_now = |idle: &mut Vec<(Instant, std::net::TcpStream)>| {
+        idle.iter_mut()
+            .filter(|(_, s)| {
+                let mut s: &std::net::TcpStream = s;
+                s.set_nonblocking(true).unwrap();
+                let mut buf = [0u8; 256];
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => return false,
+                        Ok(_) => {}
+                        Err(e) => return e.kind() == std::io::ErrorKind::WouldBlock,
+                    }
+                }
+            })
+            .count()
+    };
+    let held = open_now(&mut idle);
+    assert!((900..=1000).contains(&held), "{held} held (at most HTTP_MAX_CONNECTIONS), the others closed");
+    assert!(first_made.elapsed() < timeout, "counted before the timeout");
+    let last_made = idle.iter().map(|(m, _)| *m).max().unwrap();
+    std::thread::sleep((timeout + Duration::from_secs(2)).saturating_sub(last_made.elapsed()));
+    assert_eq!(open_now(&mut idle), 0, "every idle connection closed after the timeout");
+    assert_eq!(svc.http("GET", "/healthcheck", "").0, 200, "/healthcheck answers again");
+}
+
 fn futures_block<F: std::future::Future>(rt: &tokio::runtime::Handle, f: F) -> F::Output {
     tokio::task::block_in_place(|| rt.block_on(f))
 }
@@ -312,6 +497,56 @@ async fn a_stalled_redis_times_out_into_each_failure_mode() {
         }
         assert_eq!(seen, [(true, 3), (true, 2), (true, 1), (true, 0), (false, 0)], "{m}");
     }
+}
+
+/// Issue 31.3: a call carrying `grpc-timeout` (as Envoy's carries its filter's `timeout`, 20 ms
+/// by default) is answered before it, by the domain's failure mode when Redis cannot answer in
+/// time: Redis stalled (SIGSTOP), then killed, with REDIS_TIMEOUT (100 ms) far longer than the
+/// caller's 20 ms. An answer after the deadline would be tonic's own `CANCELLED` ("Timeout
+/// expired"), which Envoy takes as a failure and lets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_is_answered_before_its_grpc_timeout_by_the_failure_mode() {
+    let mut redis = Server::start();
+    set_clock(&mut redis.conn(), (T0_S + 1) * 1_000_000);
+    let pid = redis.pid().unwrap();
+    let dir = failure_mode_configs("deadline", "p", "minute");
+    let url = format!("127.0.0.1:{}", redis.port);
+    let svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--instances", "2"]);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    let call = |m: &str, v: &str| {
+        let mut r = tonic::Request::new(request(&format!("p_{m}"), vec![desc(&[("k", v)])]));
+        r.set_timeout(Duration::from_millis(20));
+        r
+    };
+    for m in ["error", "open", "closed", "local"] {
+        let r = c.should_rate_limit(call(m, "up")).await.unwrap().into_inner();
+        assert_eq!(remaining(&r), [3], "{m} with Redis up");
+    }
+    for (how, stalled) in [("stalled", true), ("killed", false)] {
+        if stalled {
+            signal(pid, "-STOP");
+        } else {
+            signal(pid, "-CONT");
+            redis.kill9();
+        }
+        for i in 0..10 {
+            let v = format!("{how}{i}");
+            let e = c.should_rate_limit(call("error", &v)).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unavailable, "Redis {how}, error: {e:?}");
+            let r = c.should_rate_limit(call("open", &v)).await.unwrap().into_inner();
+            assert!(ok(&r), "Redis {how}, open: {r:?}");
+            let r = c.should_rate_limit(call("closed", &v)).await.unwrap().into_inner();
+            assert_eq!(codes(&r), [Code::OverLimit], "Redis {how}, closed");
+        }
+        // local: the limit ÷ INSTANCES, 2 of 4 per minute.
+        let mut local = Vec::new();
+        for _ in 0..4 {
+            local.push(ok(&c.should_rate_limit(call("local", how)).await.unwrap().into_inner()));
+        }
+        assert_eq!(local, [true, true, false, false], "Redis {how}, local");
+    }
+    assert!(svc.metric("ratelimit_service_redis_deadline_exceeded") >= 1, "the stalled calls were cut");
 }
 
 /// With DRAIN_PERIOD: from SIGTERM on /healthcheck answers 500 and grpc.health.v1 NOT_SERVING,
