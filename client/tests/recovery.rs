@@ -42,17 +42,6 @@ fn signal(s: &Server, sig: &str) {
     std::process::Command::new("kill").arg(sig).arg(s.pid().unwrap().to_string()).status().unwrap();
 }
 
-/// The most admissions certainly inside any closed window of length `w` (spans sorted by start).
-fn certain_max_in_window(spans: &[(u64, u64)], w: u64) -> u64 {
-    let mut best = 0;
-    for (i, &(start, _)) in spans.iter().enumerate() {
-        let end = start + w;
-        let n = spans[i..].iter().take_while(|(b, _)| *b <= end).filter(|(_, a)| *a <= end).count();
-        best = best.max(n as u64);
-    }
-    best
-}
-
 async fn outage(policy: FailurePolicy, fault: Fault) {
     let keep_state = fault != Fault::Kill { keep_state: false };
     let mut opts = Opts { debug_clock: false, ..Default::default() };
@@ -165,7 +154,7 @@ async fn outage(policy: FailurePolicy, fault: Fault) {
     for w in [Duration::from_secs(1), Duration::from_millis(100)] {
         let (w_ns, l_ns) = (w.as_nanos() as u64, LEASE.as_nanos() as u64);
         let bound = BURST + extra + RATE * (w_ns + l_ns) / 1_000_000_000;
-        let max = certain_max_in_window(&spans, w_ns);
+        let max = common::certain_max_in_window(&spans, w_ns);
         assert!(max <= bound, "{policy:?} {fault:?}: {max} enforced admissions in {w:?} > {bound}");
     }
 }

@@ -159,17 +159,6 @@ async fn nothing_is_written_to_a_stopped_primary_after_the_switch() {
     assert!(late > 100, "{late} writes after the switch");
 }
 
-/// The most admissions certainly inside any closed window of length `w` (spans sorted by start).
-fn certain_max_in_window(spans: &[(u64, u64)], w: u64) -> u64 {
-    let mut best = 0;
-    for (i, &(start, _)) in spans.iter().enumerate() {
-        let end = start + w;
-        let n = spans[i..].iter().take_while(|(b, _)| *b <= end).filter(|(_, a)| *a <= end).count();
-        best = best.max(n as u64);
-    }
-    best
-}
-
 /// A `Limiter` with leases over Sentinel, traffic at twice its rate, the primary killed: the gap
 /// is refused (fail-closed), decisions resume from the new primary, and the bound
 /// `c + r·(W + L)` holds over the whole run, plus at most one claim's units: the claim in flight at the kill, which
@@ -232,7 +221,7 @@ async fn a_limiter_with_leases_keeps_its_bound_across_a_failover() {
     for w in [Duration::from_secs(1), Duration::from_millis(100)] {
         let (w_ns, l_ns) = (w.as_nanos() as u64, LEASE.as_nanos() as u64);
         let bound = BURST + RATE * (w_ns + l_ns) / 1_000_000_000 + one_claim;
-        let max = certain_max_in_window(&spans, w_ns);
+        let max = common::certain_max_in_window(&spans, w_ns);
         assert!(max <= bound, "{max} enforced admissions in {w:?} > {bound}");
     }
     limiter.shutdown().await;

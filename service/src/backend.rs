@@ -239,7 +239,7 @@ impl Backend {
     /// [`Backend::call`] ending by `deadline` too (the request's: see `Service::deadline`),
     /// getting a connection included. A call cut by the deadline is no verdict on Redis: the
     /// breaker does not count it (a deadline shorter than Redis's usual answer would open it).
-    async fn call_by(
+    pub(crate) async fn call_by(
         &self,
         op: RedisOp,
         cmd: &Cmd,

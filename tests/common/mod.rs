@@ -997,3 +997,16 @@ pub fn redis_cell_set(key: &str, tat_ns: i64, now_ns: i64) -> Vec<String> {
 pub fn redis_cell_keys() -> Opts {
     Opts { module_args: vec!["REDIS_CELL_KEYS".to_string()], ..Opts::default() }
 }
+
+/// The most admissions certainly inside any closed window of length `w`: `spans` are each
+/// admission's (sent, answered) instants in ns, sorted by the first (an admission is certainly
+/// inside a window when both fall in it). For the client's bound tests.
+pub fn certain_max_in_window(spans: &[(u64, u64)], w: u64) -> u64 {
+    let mut best = 0;
+    for (i, &(start, _)) in spans.iter().enumerate() {
+        let end = start + w;
+        let n = spans[i..].iter().take_while(|(b, _)| *b <= end).filter(|(_, a)| *a <= end).count();
+        best = best.max(n as u64);
+    }
+    best
+}

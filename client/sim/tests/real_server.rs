@@ -30,18 +30,6 @@ const LIMIT: u64 = 2_000;
 const BURST: u64 = 200;
 const LEASE: Duration = Duration::from_millis(200);
 
-/// The most admissions certainly inside any closed window of length `w`: (before, after)
-/// instants in ns, sorted by `before`.
-fn certain_max_in_window(spans: &[(u64, u64)], w: u64) -> u64 {
-    let mut best = 0;
-    for (i, &(start, _)) in spans.iter().enumerate() {
-        let end = start + w;
-        let n = spans[i..].iter().take_while(|(b, _)| *b <= end).filter(|(_, a)| *a <= end).count();
-        best = best.max(n as u64);
-    }
-    best
-}
-
 async fn instance(
     url: String,
     key: &'static str,
@@ -98,7 +86,7 @@ async fn instances_sharing_a_key_stay_within_the_bound() {
     let lease = LEASE.as_nanos() as i64;
     let mut report = Vec::new();
     for w in [NANOS_PER_SEC, NANOS_PER_SEC / 10] {
-        let got = certain_max_in_window(&spans, w as u64);
+        let got = common::certain_max_in_window(&spans, w as u64);
         let b = bound(&spec, w, Lag::Lease(lease));
         report.push(format!("W = {} ms: {got} (bound {b})", w / 1_000_000));
         assert!(got <= b, "{} admitted in a window of {w} ns > bound {b}", got);
@@ -116,8 +104,8 @@ async fn instances_sharing_a_key_stay_within_the_bound() {
 #[test]
 fn certain_window_counts_only_spans_inside() {
     let spans = [(0, 5), (3, 20), (10, 12), (11, 11)];
-    assert_eq!(certain_max_in_window(&spans, 5), 2);
-    assert_eq!(certain_max_in_window(&spans, 1), 1);
-    assert_eq!(certain_max_in_window(&spans, 10), 2);
-    assert_eq!(certain_max_in_window(&spans, 20), 4);
+    assert_eq!(common::certain_max_in_window(&spans, 5), 2);
+    assert_eq!(common::certain_max_in_window(&spans, 1), 1);
+    assert_eq!(common::certain_max_in_window(&spans, 10), 2);
+    assert_eq!(common::certain_max_in_window(&spans, 20), 4);
 }

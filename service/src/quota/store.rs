@@ -1,11 +1,13 @@
 //! The quota service's one need from Redis, behind a narrow seam: claim units of a limit
 //! (`<RL.cmd> key limit period [BURST b] COST n PARTIAL`) and give unused units back
 //! (`RL.RETURN key n AGE ms`), each within a deadline. [`Backend`] implements it with its own
-//! connections, timeout, breaker and metrics (`Backend::call`, the client crate's
+//! connections, timeout, breaker and metrics (`Backend::call_by`, the deadline passed down to the connection layer; the client crate's
 //! `limit_cmd` / `give_back_cmd`), so the quota service follows the service's Redis layer as it
 //! changes.
 
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::future::BoxFuture;
 use redis::FromRedisValue;
@@ -37,10 +39,6 @@ pub trait QuotaStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<u64, BackendError>>;
 }
 
-fn late(deadline: Duration) -> BackendError {
-    BackendError::Unavailable(format!("no answer within the deadline ({deadline:?})"))
-}
-
 impl QuotaStore for Backend {
     fn claim<'a>(
         &'a self,
@@ -52,9 +50,7 @@ impl QuotaStore for Backend {
         Box::pin(async move {
             let cmd = limit_cmd(key, limit, Options::claim(units));
             let slot = self.slot_of(key);
-            let v = tokio::time::timeout(deadline, self.call(RedisOp::Claim, &cmd, slot))
-                .await
-                .map_err(|_| late(deadline))??;
+            let v = self.call_by(RedisOp::Claim, &cmd, slot, Some(Instant::now() + deadline)).await?;
             Decision::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string()))
         })
     }
@@ -69,10 +65,7 @@ impl QuotaStore for Backend {
         Box::pin(async move {
             let cmd = give_back_cmd(key, units, Some(age));
             let slot = self.slot_of(key);
-            match tokio::time::timeout(deadline, self.call(RedisOp::Return, &cmd, slot))
-                .await
-                .map_err(|_| late(deadline))?
-            {
+            match self.call_by(RedisOp::Return, &cmd, slot, Some(Instant::now() + deadline)).await {
                 Ok(v) => Ok(i64::from_redis_value(v).map(|n| n.max(0) as u64).unwrap_or(0)),
                 Err(BackendError::Reply(m)) if m.contains("no limiter at this key") => Ok(0),
                 Err(e) => Err(e),
