@@ -10,19 +10,27 @@
 //!   `role:master` and runs whatever is in its sockets, as a demoted primary does for seconds;
 //!   no key written 10 ms or more after the switch is on it (the layer hears of the switch
 //!   from the same sentinels as the test: 10 ms to act on it).
+//!
+//! And the same over TLS (issue 35.2): sentinels and data nodes that the layer reaches only on
+//! their TLS ports (replication and the sentinels' own links over TLS too), certificates of a
+//! private CA made in the test; a wrong CA is named by the status.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
 #[path = "../../tests/common/sentinel.rs"]
 mod sentinel;
+#[path = "../../tests/common/tls.rs"]
+mod tls;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Opts, Server};
+use redis_ratelimit_client::connection::TlsConfig;
 use redis_ratelimit_client::{Connection, ConnectionConfig};
-use sentinel::{Sentinels, MASTER};
+use sentinel::{SentinelTls, Sentinels, MASTER};
+use tls::Certs;
 
 const DEADLINE: Duration = Duration::from_millis(100);
 const SLACK: Duration = Duration::from_millis(50);
@@ -56,9 +64,19 @@ fn signal(s: &Server, sig: &str) {
     assert!(std::process::Command::new("kill").arg(sig).arg(s.pid().unwrap().to_string()).status().unwrap().success());
 }
 
-/// Kills or stops the primary under load; returns the calls, the switch's time and the new port.
-async fn failover(stop_it: bool) -> (Vec<Call>, Instant, u16, Server, Vec<Server>, Sentinels, Connection) {
-    // The primary cannot be demoted (see the module docs): only the layer keeps writes off it.
+/// A primary, its replicas and sentinels, and how the layer reaches them.
+struct Deployment {
+    primary: Server,
+    replicas: Vec<Server>,
+    sentinels: Sentinels,
+    config: ConnectionConfig,
+    /// The port the sentinels name the primary by (its TLS port, over TLS).
+    primary_port: u16,
+}
+
+/// A primary that cannot be demoted (see the module docs: only the layer keeps writes off it),
+/// two replicas, three sentinels, over plain TCP.
+fn plain_deployment() -> Deployment {
     let opts = Opts {
         debug_clock: false,
         extra: vec![
@@ -67,7 +85,7 @@ async fn failover(stop_it: bool) -> (Vec<Call>, Instant, u16, Server, Vec<Server
         ],
         ..Default::default()
     };
-    let mut primary = Server::start_with(opts);
+    let primary = Server::start_with(opts);
     let replicas: Vec<Server> = (0..2)
         .map(|_| Server::start_with(Opts { debug_clock: false, replica_of: Some(primary.port), ..Default::default() }))
         .collect();
@@ -75,13 +93,33 @@ async fn failover(stop_it: bool) -> (Vec<Call>, Instant, u16, Server, Vec<Server
         common::wait_replica_synced(&primary, r);
     }
     let sentinels = Sentinels::start(&primary, 3);
-    let conn = ConnectionConfig::sentinel(MASTER, &sentinels.addrs()).pool_size(2).connect().unwrap();
+    let config = ConnectionConfig::sentinel(MASTER, &sentinels.addrs());
+    Deployment { primary_port: primary.port, primary, replicas, sentinels, config }
+}
+
+/// The same over TLS (see the module docs): the layer is given the sentinels' TLS ports and
+/// learns the data nodes' TLS ports from them (by IP, which their certificates name: the host
+/// name is verified too).
+fn tls_deployment(certs: &Certs) -> Deployment {
+    let mut nodes = sentinel::replicated_tls(2, || certs.node_opts());
+    let (primary, primary_port) = nodes.remove(0);
+    let files = SentinelTls { cert: certs.path("node.crt"), key: certs.path("node.key"), ca: certs.path("ca.crt") };
+    let sentinels = Sentinels::start_tls(primary_port, 3, &files);
+    let tls = TlsConfig::new().ca_file(certs.path("ca.crt"));
+    let config = ConnectionConfig::sentinel(MASTER, &sentinels.tls_addrs()).tls(tls);
+    let replicas = nodes.into_iter().map(|(s, _)| s).collect();
+    Deployment { primary, replicas, sentinels, config, primary_port }
+}
+
+/// Kills or stops the primary under load; returns the calls, the switch's time and the new port.
+async fn failover(
+    d: Deployment,
+    stop_it: bool,
+) -> (Vec<Call>, Instant, u16, Server, Vec<Server>, Sentinels, Connection) {
+    let Deployment { mut primary, replicas, sentinels, config, primary_port } = d;
+    let conn = config.pool_size(2).connect().unwrap();
     conn.ready(tokio::time::Instant::now() + Duration::from_secs(5)).await.unwrap();
-    assert!(
-        conn.status().to_string().contains(&format!("connected to 127.0.0.1:{}", primary.port)),
-        "{}",
-        conn.status()
-    );
+    assert!(conn.status().to_string().contains(&format!("connected to 127.0.0.1:{primary_port}")), "{}", conn.status());
     let watch = sentinels.watch_switch();
     let stop = Arc::new(AtomicBool::new(false));
     let (task, calls) = load(conn.clone(), stop.clone());
@@ -123,7 +161,7 @@ fn check_gap(calls: &[Call], switched: Instant) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_is_replaced_within_100_ms_of_the_switch() {
-    let (calls, switched, new_port, _p, _r, sentinels, conn) = failover(false).await;
+    let (calls, switched, new_port, _p, _r, sentinels, conn) = failover(plain_deployment(), false).await;
     check_gap(&calls, switched);
     assert!(
         conn.status().to_string().contains(&format!("connected to 127.0.0.1:{new_port}")),
@@ -133,9 +171,40 @@ async fn a_killed_primary_is_replaced_within_100_ms_of_the_switch() {
     );
 }
 
+/// Over TLS (the sentinels, the primary they name and replication): the same gap, the same
+/// 100 ms after the switch; a CA the servers' certificates do not chain to is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_over_tls() {
+    let certs = Certs::generate();
+    let deployment = tls_deployment(&certs);
+    let sentinel_addrs = deployment.sentinels.tls_addrs();
+    let (calls, switched, new_port, _p, _r, sentinels, conn) = failover(deployment, false).await;
+    check_gap(&calls, switched);
+    assert!(
+        conn.status().to_string().contains(&format!("connected to 127.0.0.1:{new_port}")),
+        "{}\n{}",
+        conn.status(),
+        sentinels.log()
+    );
+    // Another CA: the sentinels' certificates are refused, and the status says so.
+    let wrong = TlsConfig::new().ca_file(certs.path("other-ca.crt"));
+    let conn = ConnectionConfig::sentinel(MASTER, &sentinel_addrs).tls(wrong).connect().unwrap();
+    let e = conn.call(&redis::cmd("PING"), tokio::time::Instant::now() + Duration::from_secs(2)).await.unwrap_err();
+    assert!(e.is_unavailable(), "{e}");
+    let t = Instant::now();
+    while !conn.status().to_string().contains("not signed by a trusted CA") {
+        assert!(t.elapsed() < Duration::from_secs(5), "{}", conn.status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Plain TCP to the sentinels' TLS ports names no master.
+    let conn = ConnectionConfig::sentinel(MASTER, &sentinel_addrs).connect().unwrap();
+    let e = conn.call(&redis::cmd("PING"), tokio::time::Instant::now() + Duration::from_secs(1)).await.unwrap_err();
+    assert!(e.is_unavailable(), "{e}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_written_to_a_stopped_primary_after_the_switch() {
-    let (calls, switched, new_port, primary, replicas, _sentinels, conn) = failover(true).await;
+    let (calls, switched, new_port, primary, replicas, _sentinels, conn) = failover(plain_deployment(), true).await;
     check_gap(&calls, switched);
     assert!(conn.status().to_string().contains(&format!("connected to 127.0.0.1:{new_port}")), "{}", conn.status());
     // Resumed, the old primary runs what was sent to it while it was stopped, and stays a
