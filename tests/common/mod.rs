@@ -730,6 +730,17 @@ impl Cluster {
 
     /// Like `start`, with options for every node (cluster directives are added).
     pub fn start_with(primaries: usize, replicas_per_primary: usize, opts: Opts) -> Cluster {
+        Cluster::start_with_each(primaries, replicas_per_primary, opts, Vec::new)
+    }
+
+    /// Like `start_with`, each node also given the directives `each()` makes for it (a TLS port
+    /// of its own, ...).
+    pub fn start_with_each(
+        primaries: usize,
+        replicas_per_primary: usize,
+        opts: Opts,
+        mut each: impl FnMut() -> Vec<(String, String)>,
+    ) -> Cluster {
         assert!(primaries >= 3, "redis-cli --cluster create needs at least 3 primaries");
         let total = primaries * (1 + replicas_per_primary);
         let mut opts = opts;
@@ -743,7 +754,8 @@ impl Cluster {
         // Start all nodes in parallel threads (each waits for its own PING).
         let handles: Vec<_> = (0..total)
             .map(|_| {
-                let o = opts.clone();
+                let mut o = opts.clone();
+                o.extra.extend(each());
                 std::thread::spawn(move || Server::start_with(o))
             })
             .collect();

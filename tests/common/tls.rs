@@ -13,6 +13,8 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::{Cluster, Opts};
+
 pub struct Certs {
     pub dir: PathBuf,
 }
@@ -112,6 +114,27 @@ impl Certs {
             ("tls-auth-clients".to_string(), if mtls { "yes" } else { "no" }.to_string()),
         ];
         (port, opts)
+    }
+}
+
+impl Certs {
+    /// A Redis Cluster of `primaries` nodes that listen only on TLS once started (`tls-cluster
+    /// yes`, the bus and replication over TLS; the plain ports, which `redis-cli --cluster
+    /// create` used, closed with `CONFIG SET port 0`), and each node's `127.0.0.1:<TLS port>`.
+    /// The harness's plain connections to its nodes no longer work.
+    pub fn tls_only_cluster(&self, primaries: usize) -> (Cluster, Vec<String>) {
+        let mut addrs = Vec::new();
+        let cluster = Cluster::start_with_each(primaries, 0, Opts::default(), || {
+            let (port, mut extra) = self.node_opts();
+            addrs.push(format!("127.0.0.1:{port}"));
+            extra.push(("tls-cluster".into(), "yes".into()));
+            extra.push(("tls-replication".into(), "yes".into()));
+            extra
+        });
+        for n in &cluster.nodes {
+            n.config_set("port", "0");
+        }
+        (cluster, addrs)
     }
 }
 
