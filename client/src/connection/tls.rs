@@ -351,3 +351,25 @@ pub(crate) fn cluster_client(
     }
     b.build().map_err(|e| ConfigError(format!("invalid Redis Cluster nodes {urls:?}: {e}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// redis-rs's cluster client keeps its nodes' errors as text: the problem is still named.
+    #[test]
+    fn a_certificate_problem_carried_as_text_is_named() {
+        let named = |text: &str| flattened(text).map(|r| name_problem(&r, "the server", true));
+        let e = named("Failed to create initial connections - Io: invalid peer certificate: UnknownIssuer").unwrap();
+        assert!(e.contains("not signed by a trusted CA"), "{e}");
+        let e = named("Io: invalid peer certificate: NotValidForName").unwrap();
+        assert!(e.contains("not valid for the name"), "{e}");
+        let e = named("Io: invalid peer certificate: Expired").unwrap();
+        assert!(e.contains("has expired"), "{e}");
+        let e = named("Io: invalid peer certificate: BadSignature").unwrap();
+        assert!(e.contains("was refused") && e.contains("BadSignature"), "{e}");
+        let e = named("Io: received fatal alert: CertificateRequired").unwrap();
+        assert!(e.contains("client certificate"), "{e}");
+        assert!(named("Io: Connection refused (os error 111)").is_none());
+    }
+}
