@@ -270,7 +270,7 @@ async fn nothing_is_written_to_a_stopped_primary_after_the_switch() {
     assert!(conn.status().to_string().contains(&format!("connected to 127.0.0.1:{new_port}")), "{}", conn.status());
     // Resumed, the old primary runs what was sent to it while it was stopped, and stays a
     // primary (it cannot be demoted here).
-    signal(&primary, "-CONT");
+    signal(primary, "-CONT");
     std::thread::sleep(Duration::from_millis(300));
     assert!(primary.info("replication").contains("role:master"));
     let mut old = primary.conn();
