@@ -567,3 +567,53 @@ async fn a_binding_window_loses_few_units_to_lease_headroom() {
     // 113 with nothing given back (the leases sized to the reported demand left no provable
     // headroom that run), so the give-back count is printed, not required.
 }
+
+/// A load that surges far below the limit is not refused at the edge: leases follow the
+/// reported demand, but while the limit has room (what Redis had left after the last claim)
+/// each lease holds at least the even split of the rate (docs/quota-service.md, "Sizing b").
+/// Two requests a second for 6.5 s (a periodic report has measured that demand, about 3 units
+/// per lease), then 150 requests as fast as one connection sends them, on a limit of 1,000 per
+/// second (gcra, burst 1,000): every one passes. (Leases sized from the demand alone refused
+/// nearly all of the surge until the next report.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_surge_far_below_the_limit_passes_at_the_edge() {
+    let redis = Server::start();
+    let config = TempDir::new("quota-surge");
+    config.write(
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: api\n    value: public\n    rate_limit: {requests_per_unit: 1000, unit: second, burst: 1000, algorithm: gcra}\n",
+    );
+    let url = format!("127.0.0.1:{}", redis.port);
+    let svc = ServiceProc::start(config.path(), &["--redis-url", &url]);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let upstream = Upstream::start();
+    let mut c = EnvoyConfig::new(&svc.grpc, upstream.port);
+    c.http_filters = vec![edge_filter("rate_limit_cluster")];
+    let envoy = Envoy::start(&c.render());
+    let mut client = Client::new(envoy.port);
+    // The first request meets DENY_ALL until the bucket's first lease: wait for one to pass.
+    let t0 = Instant::now();
+    while client.get(&[]).await != 200 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "no lease within 5 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let slow_until = Instant::now() + Duration::from_millis(6_500);
+    let mut slow_refused = 0;
+    while Instant::now() < slow_until {
+        slow_refused += usize::from(client.get(&[]).await != 200);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut surge_refused = 0;
+    let surge = Instant::now();
+    for _ in 0..150 {
+        surge_refused += usize::from(client.get(&[]).await != 200);
+    }
+    let took = surge.elapsed();
+    println!(
+        "2/s for 6.5 s ({slow_refused} refused), then 150 in {took:?}: {surge_refused} refused; \
+         {} units granted",
+        svc.metric("ratelimit_service_quota_units_granted")
+    );
+    assert_eq!(slow_refused, 0, "the slow load was refused");
+    assert_eq!(surge_refused, 0, "a surge at a fraction of the limit was refused at the edge");
+}

@@ -180,6 +180,10 @@ pub struct Ledger {
     pub unsettled: VecDeque<Lease>,
     /// When the next lease is due.
     pub next: u64,
+    /// What the limit still had after this bucket's last claim (the answer's `remaining`):
+    /// room nobody was using, of which the next lease may take a share ([`Ledger::want`]).
+    /// 0 before a claim and after a failed one.
+    pub room: u64,
     /// The current window's leases (a window limit of at least [`MIN_SETTLED_WINDOW`]).
     pub window: Option<Window>,
     /// Totals, for the metrics and the tests.
@@ -193,16 +197,23 @@ impl Ledger {
     /// Units to claim for the next lease: the demand over the time until the lease after it
     /// (a quarter more, plus one), doubled after a report with refusals; before any periodic
     /// report, an even split of the limit's rate over that time among `sharers` Envoys (plus
-    /// one). At most the capacity and `u32::MAX` (a token bucket's `max_tokens`).
+    /// one). While the limit has room (its answer to the last claim left at least twice the
+    /// even split per sharer), at least that even split: a load that surges above the last
+    /// report's demand is not refused at the edge while the limit is far from binding, and
+    /// once claims take the room the share shrinks back to the demand. At most the capacity
+    /// and `u32::MAX` (a token bucket's `max_tokens`).
     pub fn want(&self, p: &Params, rate: &Rate, sharers: u64) -> u64 {
         let span = replace_after(p, rate) as u128;
+        let sharers = sharers.max(1) as u128;
+        let even = div_ceil_u128(rate.units as u128 * span, rate.period.max(1) as u128 * sharers);
+        let room = (self.room as u128 / (2 * sharers)).min(even);
         let base = match self.demand {
             Some((n, per)) if per > 0 => {
                 let d = div_ceil_u128(n as u128 * span, per as u128);
-                d + d.div_ceil(4)
+                (d + d.div_ceil(4)).max(room)
             }
-            Some(_) => 0,
-            None => div_ceil_u128(rate.units as u128 * span, rate.period.max(1) as u128 * sharers.max(1) as u128),
+            Some(_) => room,
+            None => even,
         };
         let mut b = to_u64(base).saturating_add(1);
         if self.starved {
@@ -253,6 +264,7 @@ impl Ledger {
     pub fn pushed_nothing(&mut self, p: &Params, now: u64) {
         self.current = None;
         self.short = true;
+        self.room = 0;
         self.next = now.saturating_add(p.refresh);
     }
 
@@ -404,6 +416,35 @@ mod tests {
         // Never above the capacity, never zero.
         assert_eq!(l.want(&p, &per_second(1000, 50), 1), 50);
         assert_eq!(l.want(&p, &Rate { units: 10, period: 60 * SECOND, capacity: 10 }, 3), 2);
+    }
+
+    #[test]
+    fn a_limit_with_room_leases_its_even_split_whatever_the_last_demand() {
+        let p = params();
+        let rate = per_second(10_000, 10_000);
+        let mut l = Ledger::default();
+        l.report(&p, 0, 1, 0);
+        // 10 requests in 5 s: a lease of 2, plus one, while the limit's room is unknown.
+        l.report(&p, 5 * SECOND, 10, 0);
+        assert_eq!(l.want(&p, &rate, 2), 3);
+        // The last claim left 10,000 units: at least the even split of 500 ms between two
+        // Envoys (2,500, half the room per sharer), plus one.
+        l.room = 10_000;
+        assert_eq!(l.want(&p, &rate, 2), 2_501);
+        l.room = 1_000_000;
+        assert_eq!(l.want(&p, &rate, 2), 2_501);
+        // Little room left: half of it per sharer, never more.
+        l.room = 1_000;
+        assert_eq!(l.want(&p, &rate, 2), 251);
+        // None: the demand again; a demand above the room keeps its own size.
+        l.room = 0;
+        assert_eq!(l.want(&p, &rate, 2), 3);
+        l.report(&p, 10 * SECOND, 40_000, 0);
+        l.room = 9_000;
+        assert_eq!(l.want(&p, &rate, 2), 5_001);
+        // A failed claim leaves no room.
+        l.pushed_nothing(&p, 10 * SECOND);
+        assert_eq!(l.room, 0);
     }
 
     #[test]

@@ -631,6 +631,7 @@ impl StreamState {
                         .then(|| pushed.saturating_add(d.reset_after.as_nanos().min(u64::MAX as u128) as u64));
                     b.ledger.pushed(&params, &l.rate, sent, pushed, granted, window_end);
                     b.ledger.short |= granted < want;
+                    b.ledger.room = d.remaining;
                     let m = if granted > 0 { &q.metrics.lease_assignments } else { &q.metrics.deny_assignments };
                     add(m, 1);
                     groups.push(actions::lease(&b.id, granted, life));
