@@ -222,6 +222,35 @@ fn edge_filter(cluster: &str) -> serde_json::Value {
     })
 }
 
+/// redis-server with the module, the service with one rule `{api: public}` of domain `edge`
+/// (`rate_limit`: the rule's YAML), an upstream, and one Envoy with [`edge_filter`] in front.
+struct Edge {
+    envoy: Envoy,
+    _upstream: Upstream,
+    svc: ServiceProc,
+    _config: TempDir,
+    _redis: Server,
+}
+
+impl Edge {
+    fn start(rate_limit: &str) -> Edge {
+        let redis = Server::start();
+        let config = TempDir::new("quota-edge");
+        config.write(
+            "edge.yaml",
+            &format!("domain: edge\ndescriptors:\n  - key: api\n    value: public\n    rate_limit: {rate_limit}\n"),
+        );
+        let url = format!("127.0.0.1:{}", redis.port);
+        let svc = ServiceProc::start(config.path(), &["--redis-url", &url]);
+        svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+        let upstream = Upstream::start();
+        let mut c = EnvoyConfig::new(&svc.grpc, upstream.port);
+        c.http_filters = vec![edge_filter("rate_limit_cluster")];
+        let envoy = Envoy::start(&c.render());
+        Edge { envoy, _upstream: upstream, svc, _config: config, _redis: redis }
+    }
+}
+
 /// The fleet bound (docs/quota-service.md, "The bound"), measured: three Envoys with uneven load
 /// on one bucket (gcra 300/s, burst 100; L = 1 s), two service replicas; Envoy B is killed at
 /// 3 s holding a lease, replica 1 (Envoys A and C) is killed at 5 s and started again at
@@ -522,19 +551,8 @@ fn pb_allow_with_ttl_ms(id: &BucketId, ms: u64) -> BucketAction {
 /// `limit·(⌈(W + L + d)/w⌉ + 1)` = 200 × 3 for W = w = 20 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binding_window_loses_few_units_to_lease_headroom() {
-    let redis = Server::start();
-    let config = TempDir::new("quota-settle");
-    config.write(
-        "edge.yaml",
-        "domain: edge\ndescriptors:\n  - key: api\n    value: public\n    rate_limit: {requests_per_unit: 200, period: 20s, algorithm: fixed}\n",
-    );
-    let url = format!("127.0.0.1:{}", redis.port);
-    let svc = ServiceProc::start(config.path(), &["--redis-url", &url]);
-    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
-    let upstream = Upstream::start();
-    let mut c = EnvoyConfig::new(&svc.grpc, upstream.port);
-    c.http_filters = vec![edge_filter("rate_limit_cluster")];
-    let envoy = Envoy::start(&c.render());
+    let edge = Edge::start("{requests_per_unit: 200, period: 20s, algorithm: fixed}");
+    let (svc, envoy) = (&edge.svc, &edge.envoy);
     // The first whole window (fixed windows of 20 s are aligned to the epoch) at least 11 s
     // away: two reports (5 s apart) have measured the demand by then.
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
@@ -577,19 +595,8 @@ async fn a_binding_window_loses_few_units_to_lease_headroom() {
 /// nearly all of the surge until the next report.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_surge_far_below_the_limit_passes_at_the_edge() {
-    let redis = Server::start();
-    let config = TempDir::new("quota-surge");
-    config.write(
-        "edge.yaml",
-        "domain: edge\ndescriptors:\n  - key: api\n    value: public\n    rate_limit: {requests_per_unit: 1000, unit: second, burst: 1000, algorithm: gcra}\n",
-    );
-    let url = format!("127.0.0.1:{}", redis.port);
-    let svc = ServiceProc::start(config.path(), &["--redis-url", &url]);
-    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
-    let upstream = Upstream::start();
-    let mut c = EnvoyConfig::new(&svc.grpc, upstream.port);
-    c.http_filters = vec![edge_filter("rate_limit_cluster")];
-    let envoy = Envoy::start(&c.render());
+    let edge = Edge::start("{requests_per_unit: 1000, unit: second, burst: 1000, algorithm: gcra}");
+    let (svc, envoy) = (&edge.svc, &edge.envoy);
     let mut client = Client::new(envoy.port);
     // The first request meets DENY_ALL until the bucket's first lease: wait for one to pass.
     let t0 = Instant::now();
