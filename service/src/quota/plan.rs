@@ -184,6 +184,9 @@ pub struct Ledger {
     /// room nobody was using, of which the next lease may take a share ([`Ledger::want`]).
     /// 0 before a claim and after a failed one.
     pub room: u64,
+    /// The last claim was granted less than it asked: the limit binds, and the next lease
+    /// asks at most the even split ([`Ledger::want`]).
+    pub bound: bool,
     /// The current window's leases (a window limit of at least [`MIN_SETTLED_WINDOW`]).
     pub window: Option<Window>,
     /// Totals, for the metrics and the tests.
@@ -200,8 +203,11 @@ impl Ledger {
     /// one). While the limit has room (its answer to the last claim left at least twice the
     /// even split per sharer), at least that even split: a load that surges above the last
     /// report's demand is not refused at the edge while the limit is far from binding, and
-    /// once claims take the room the share shrinks back to the demand. At most the capacity
-    /// and `u32::MAX` (a token bucket's `max_tokens`).
+    /// once claims take the room the share shrinks back to the demand. While the limit binds
+    /// (the last claim got less than it asked), at most the even split: Envoys on one replica
+    /// sharing a binding limit claim alike, where the largest demand would otherwise take
+    /// every refill from the Envoys whose claims come after it. At most the capacity and
+    /// `u32::MAX` (a token bucket's `max_tokens`).
     pub fn want(&self, p: &Params, rate: &Rate, sharers: u64) -> u64 {
         let span = replace_after(p, rate) as u128;
         let sharers = sharers.max(1) as u128;
@@ -218,6 +224,9 @@ impl Ledger {
         let mut b = to_u64(base).saturating_add(1);
         if self.starved {
             b = b.saturating_mul(2);
+        }
+        if self.bound {
+            b = b.min(to_u64(even).saturating_add(1));
         }
         b.min(rate.capacity.max(1)).min(u32::MAX as u64)
     }
@@ -259,12 +268,20 @@ impl Ledger {
         self.next = next;
     }
 
+    /// What the limit answered a claim of `want` units: `granted` of them, `remaining` left.
+    pub fn answered(&mut self, want: u64, granted: u64, remaining: u64) {
+        self.short |= granted < want;
+        self.bound = granted < want;
+        self.room = remaining;
+    }
+
     /// A push that holds no units (a failure mode's action, a refusal): the next lease is due
     /// after `refresh`.
     pub fn pushed_nothing(&mut self, p: &Params, now: u64) {
         self.current = None;
         self.short = true;
         self.room = 0;
+        self.bound = false;
         self.next = now.saturating_add(p.refresh);
     }
 
@@ -445,6 +462,26 @@ mod tests {
         // A failed claim leaves no room.
         l.pushed_nothing(&p, 10 * SECOND);
         assert_eq!(l.room, 0);
+    }
+
+    #[test]
+    fn a_binding_limit_is_claimed_in_even_splits() {
+        let p = params();
+        let rate = per_second(300, 100);
+        let mut l = Ledger::default();
+        l.report(&p, 0, 1, 0);
+        // Flat out: 20,000 requests in 5 s; a lease asks the whole burst.
+        l.report(&p, 5 * SECOND, 20_000, 0);
+        assert_eq!(l.want(&p, &rate, 2), 100);
+        // The limit granted 40 of 100: the next lease asks at most the even split of the
+        // rate between two Envoys over a lease's 333.3 ms (51, rounded up), plus one.
+        l.answered(100, 40, 0);
+        assert!(l.short && l.bound);
+        assert_eq!(l.want(&p, &rate, 2), 52);
+        // Granted in full: the demand again.
+        l.answered(52, 52, 0);
+        assert!(!l.bound);
+        assert_eq!(l.want(&p, &rate, 2), 100);
     }
 
     #[test]

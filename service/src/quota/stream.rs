@@ -630,8 +630,7 @@ impl StreamState {
                     let window_end = is_window(l.limit.algorithm())
                         .then(|| pushed.saturating_add(d.reset_after.as_nanos().min(u64::MAX as u128) as u64));
                     b.ledger.pushed(&params, &l.rate, sent, pushed, granted, window_end);
-                    b.ledger.short |= granted < want;
-                    b.ledger.room = d.remaining;
+                    b.ledger.answered(want, granted, d.remaining);
                     let m = if granted > 0 { &q.metrics.lease_assignments } else { &q.metrics.deny_assignments };
                     add(m, 1);
                     groups.push(actions::lease(&b.id, granted, life));
