@@ -222,6 +222,12 @@ fn edge_filter(cluster: &str) -> serde_json::Value {
     })
 }
 
+/// Domain `edge` with one rule, `{api: public}` (the bucket of [`edge_filter`]), limited by
+/// `rate_limit` (its YAML).
+fn edge_rule(rate_limit: &str) -> String {
+    format!("domain: edge\ndescriptors:\n  - key: api\n    value: public\n    rate_limit: {rate_limit}\n")
+}
+
 /// redis-server with the module, the service with one rule `{api: public}` of domain `edge`
 /// (`rate_limit`: the rule's YAML), an upstream, and one Envoy with [`edge_filter`] in front.
 struct Edge {
@@ -236,10 +242,7 @@ impl Edge {
     fn start(rate_limit: &str) -> Edge {
         let redis = Server::start();
         let config = TempDir::new("quota-edge");
-        config.write(
-            "edge.yaml",
-            &format!("domain: edge\ndescriptors:\n  - key: api\n    value: public\n    rate_limit: {rate_limit}\n"),
-        );
+        config.write("edge.yaml", &edge_rule(rate_limit));
         let url = format!("127.0.0.1:{}", redis.port);
         let svc = ServiceProc::start(config.path(), &["--redis-url", &url]);
         svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
@@ -259,66 +262,32 @@ impl Edge {
 /// after the restart (at their next report, within 5 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_bound_holds_on_three_envoys_through_a_crash_and_a_restart() {
-    let redis = Server::start();
-    let mut con = redis.conn();
-    let config = TempDir::new("quota-fleet");
-    config.write(
-        "edge.yaml",
-        "domain: edge\ndescriptors:\n  - key: api\n    value: public\n    rate_limit: {requests_per_unit: 300, unit: second, algorithm: gcra, burst: 100}\n",
-    );
-    let url = format!("127.0.0.1:{}", redis.port);
-    let ports = [free_port(), free_port()];
-    let replica = |port: u16| {
-        let p = port.to_string();
-        let svc = ServiceProc::start(config.path(), &["--redis-url", &url, "--grpc-port", &p, "--instances", "2"]);
-        svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
-        svc
-    };
-    let mut replicas = [replica(ports[0]), replica(ports[1])];
-    let upstream = Upstream::start();
-    let envoy_on = |port: u16| {
-        let mut c = EnvoyConfig::new(&format!("127.0.0.1:{port}"), upstream.port);
-        c.http_filters = vec![edge_filter("rate_limit_cluster")];
-        Envoy::start(&c.render())
-    };
-    let (a, b, c) = (envoy_on(ports[0]), envoy_on(ports[1]), envoy_on(ports[0]));
+    let fleet = Fleet::start("{requests_per_unit: 300, unit: second, algorithm: gcra, burst: 100}");
+    let mut con = fleet.redis.conn();
+    let mut replicas = [fleet.replica(0), fleet.replica(1)];
+    let (a, b, c) = (fleet.envoy_on(0), fleet.envoy_on(1), fleet.envoy_on(0));
     reset_stats(&mut con);
     let t0 = Instant::now();
     let end = Duration::from_secs(12);
     // Uneven: A three clients flat out, B one until it is killed, C one at about 200/s.
-    let load = |port: u16, until: Duration, pause: Duration| {
-        tokio::spawn(async move {
-            let mut client = Client::new(port);
-            let mut seen = Vec::new();
-            while t0.elapsed() < until {
-                let sent = t0.elapsed();
-                let status = client.get(&[]).await;
-                seen.push((sent, t0.elapsed(), status));
-                if !pause.is_zero() {
-                    tokio::time::sleep(pause).await;
-                }
-            }
-            seen
-        })
-    };
-    let mut tasks = vec![(0, load(b.port, Duration::from_millis(2900), Duration::ZERO))];
+    let mut tasks = vec![(0, load(b.port, t0, Duration::from_millis(2900), Duration::ZERO))];
     for _ in 0..3 {
-        tasks.push((1, load(a.port, end, Duration::ZERO)));
+        tasks.push((1, load(a.port, t0, end, Duration::ZERO)));
     }
-    tasks.push((2, load(c.port, end, Duration::from_millis(5))));
+    tasks.push((2, load(c.port, t0, end, Duration::from_millis(5))));
     tokio::time::sleep(Duration::from_secs(3).saturating_sub(t0.elapsed())).await;
     drop(b); // killed holding its lease
     tokio::time::sleep(Duration::from_secs(5).saturating_sub(t0.elapsed())).await;
     replicas[0].signal("-KILL");
     replicas[0].wait_exit(Duration::from_secs(5));
     tokio::time::sleep(Duration::from_millis(5500).saturating_sub(t0.elapsed())).await;
-    replicas[0] = replica(ports[0]);
-    let mut by_envoy: Vec<Vec<(Duration, Duration, u16)>> = vec![Vec::new(); 3];
+    replicas[0] = fleet.replica(0);
+    let mut by_envoy: Vec<Vec<Seen>> = vec![Vec::new(); 3];
     for (e, t) in tasks {
         by_envoy[e].extend(t.await.unwrap());
     }
     let commands = command_calls(&mut con);
-    let all: Vec<(Duration, Duration, u16)> = by_envoy.concat();
+    let all: Vec<Seen> = by_envoy.concat();
     let admitted: Vec<(Duration, Duration)> = all.iter().filter(|r| r.2 == 200).map(|r| (r.0, r.1)).collect();
     let worst = most_in_any_window(admitted.clone(), Duration::from_secs(1));
     let count = |e: usize, from: f64, to: f64| {
@@ -346,7 +315,117 @@ async fn the_fleet_bound_holds_on_three_envoys_through_a_crash_and_a_restart() {
     // After the restart A and C are served again (their next report reaches a replica).
     assert!(count(1, 10.5, 12.0) + count(2, 10.5, 12.0) > 0, "no lease after the restart");
     assert!(commands * 1000 <= 10 * all.len() as u64, "{commands} Redis commands for {} requests", all.len());
-    assert_eq!(upstream.count(), admitted.len());
+    assert_eq!(fleet.upstream.count(), admitted.len());
+}
+
+/// The fleet bound of a window limit at its edges (docs/quota-service.md, "Every algorithm"):
+/// three Envoys with uneven load on two replicas, a fixed window of 100 per 2 s (L = 1 s,
+/// d = 0.1 s). Any 2 s admits at most `limit·(⌈(W + L + d)/w⌉ + 1)` = 100 × (2 + 1) = 300; each
+/// window (aligned to the epoch, as the module's are) is served again after its edge (the
+/// next lease is due at the window's end): at least half its limit admitted in every whole
+/// window of the run, and never more than the limit from its own claims plus the previous
+/// window's last leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_bound_holds_for_a_fixed_window_at_its_edges() {
+    let fleet = Fleet::start("{requests_per_unit: 100, period: 2s, algorithm: fixed}");
+    let _replicas = [fleet.replica(0), fleet.replica(1)];
+    let (a, b, c) = (fleet.envoy_on(0), fleet.envoy_on(1), fleet.envoy_on(0));
+    let t0 = Instant::now();
+    let t0_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let end = Duration::from_secs(9);
+    // Uneven: A two clients flat out, B one flat out, C one at about 100/s.
+    let mut tasks = vec![load(a.port, t0, end, Duration::ZERO), load(a.port, t0, end, Duration::ZERO)];
+    tasks.push(load(b.port, t0, end, Duration::ZERO));
+    tasks.push(load(c.port, t0, end, Duration::from_millis(10)));
+    let mut all: Vec<Seen> = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let admitted: Vec<(Duration, Duration)> = all.iter().filter(|r| r.2 == 200).map(|r| (r.0, r.1)).collect();
+    let worst = most_in_any_window(admitted.clone(), Duration::from_secs(2));
+    // Whole windows of the run, on the Unix clock: admissions certainly inside each (sent
+    // after it began, answered before it ended), and those possibly inside.
+    let unix = |d: Duration| t0_unix + d;
+    let first = unix(Duration::from_millis(1500)).as_secs().div_ceil(2) * 2;
+    let mut windows = Vec::new();
+    let mut w = first;
+    while Duration::from_secs(w + 2) <= unix(end) {
+        let (lo, hi) = (Duration::from_secs(w), Duration::from_secs(w + 2));
+        let inside = admitted.iter().filter(|(s, r)| unix(*s) >= lo && unix(*r) <= hi).count();
+        let touching = admitted.iter().filter(|(s, r)| unix(*r) >= lo && unix(*s) < hi).count();
+        windows.push((w, inside, touching));
+        w += 2;
+    }
+    println!(
+        "fixed window fleet: {} requests, {} admitted, worst 2 s {worst} (bound 300); whole windows \
+         (start, certainly inside, possibly inside): {windows:?}",
+        all.len(),
+        admitted.len()
+    );
+    assert!(windows.len() >= 2, "whole windows: {windows:?}");
+    assert!(worst <= 300, "{worst} admitted in 2 s");
+    for (w, inside, touching) in &windows {
+        assert!(*touching >= 50, "window at {w}: only {touching} admitted: not served again after its edge");
+        assert!(*inside <= 200, "window at {w}: {inside} admitted");
+    }
+    assert_eq!(fleet.upstream.count(), admitted.len());
+}
+
+/// A request's send, its answer (both from the test's start) and its status.
+type Seen = (Duration, Duration, u16);
+
+/// One keep-alive client sending GET / to `port` until `until` after `t0`, `pause` between
+/// requests.
+fn load(port: u16, t0: Instant, until: Duration, pause: Duration) -> tokio::task::JoinHandle<Vec<Seen>> {
+    tokio::spawn(async move {
+        let mut client = Client::new(port);
+        let mut seen = Vec::new();
+        while t0.elapsed() < until {
+            let sent = t0.elapsed();
+            let status = client.get(&[]).await;
+            seen.push((sent, t0.elapsed(), status));
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+        }
+        seen
+    })
+}
+
+/// Two service replicas (`--instances 2`) on fixed gRPC ports sharing one redis-server, one rule
+/// `{api: public}` (`rate_limit`: its YAML), and an upstream for the Envoys in front.
+struct Fleet {
+    upstream: Upstream,
+    ports: [u16; 2],
+    url: String,
+    config: TempDir,
+    redis: Server,
+}
+
+impl Fleet {
+    fn start(rate_limit: &str) -> Fleet {
+        let redis = Server::start();
+        let config = TempDir::new("quota-fleet");
+        config.write("edge.yaml", &edge_rule(rate_limit));
+        let url = format!("127.0.0.1:{}", redis.port);
+        Fleet { upstream: Upstream::start(), ports: [free_port(), free_port()], url, config, redis }
+    }
+
+    /// Starts replica `i` (again, after a crash: on the same port).
+    fn replica(&self, i: usize) -> ServiceProc {
+        let p = self.ports[i].to_string();
+        let svc =
+            ServiceProc::start(self.config.path(), &["--redis-url", &self.url, "--grpc-port", &p, "--instances", "2"]);
+        svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+        svc
+    }
+
+    /// An Envoy whose quota filter streams to replica `i`.
+    fn envoy_on(&self, i: usize) -> Envoy {
+        let mut c = EnvoyConfig::new(&format!("127.0.0.1:{}", self.ports[i]), self.upstream.port);
+        c.http_filters = vec![edge_filter("rate_limit_cluster")];
+        Envoy::start(&c.render())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
