@@ -371,6 +371,39 @@ async fn the_fleet_bound_holds_for_a_fixed_window_at_its_edges() {
     assert_eq!(fleet.upstream.count(), admitted.len());
 }
 
+/// The fleet bound of a slow limit (`L_b > L`, docs/quota-service.md, "The bound"): three
+/// Envoys on two replicas, each client sending every 2 ms, on a GCRA of 1 per 2 s with a burst
+/// of 2 (`c` = 2, `r` = 0.5/s): a lease lives `L_b = ⌈1/r⌉` = 2 s, so any 4 s admits at most
+/// `c + r·(W + L_b + d)` = 2 + 0.5 × (4 + 2 + 0.1) = 5.05, that is 5; over the 10 s run at most
+/// `c + r × 10 s` = 7 in all, since every unit was granted by Redis, and the Envoys are served
+/// (at least 3 admitted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_bound_holds_for_a_slow_limit() {
+    let fleet = Fleet::start("{requests_per_unit: 1, period: 2s, algorithm: gcra, burst: 2}");
+    let _replicas = [fleet.replica(0), fleet.replica(1)];
+    let (a, b, c) = (fleet.envoy_on(0), fleet.envoy_on(1), fleet.envoy_on(0));
+    let t0 = Instant::now();
+    let end = Duration::from_secs(10);
+    let pause = Duration::from_millis(2);
+    let tasks = [load(a.port, t0, end, pause), load(b.port, t0, end, pause), load(c.port, t0, end, pause)];
+    let mut all: Vec<Seen> = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let admitted: Vec<(Duration, Duration)> = all.iter().filter(|r| r.2 == 200).map(|r| (r.0, r.1)).collect();
+    let worst = most_in_any_window(admitted.clone(), Duration::from_secs(4));
+    println!(
+        "slow limit fleet: {} requests, {} admitted at {:?}, worst 4 s {worst} (bound 5)",
+        all.len(),
+        admitted.len(),
+        admitted.iter().map(|a| a.0).collect::<Vec<_>>()
+    );
+    assert!(worst <= 5, "{worst} admitted in 4 s");
+    assert!(admitted.len() <= 7, "{} admitted in 10 s", admitted.len());
+    assert!(admitted.len() >= 3, "{} admitted in 10 s: the Envoys were not served", admitted.len());
+    assert_eq!(fleet.upstream.count(), admitted.len());
+}
+
 /// A request's send, its answer (both from the test's start) and its status.
 type Seen = (Duration, Duration, u16);
 
