@@ -549,12 +549,26 @@ impl Server {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
-    /// A new RESP2 connection, without read or write timeouts (see [`watchdog`]).
+    /// A new RESP2 connection, without read or write timeouts (see [`watchdog`]). redis-rs sets
+    /// a read timeout for the connection's setup, so a signal can cut that read short (EINTR):
+    /// tried again on a new connection, as [`ping_port`] does.
     pub fn conn(&self) -> redis::Connection {
         let client = redis::Client::open(self.url()).expect("redis url");
-        client
-            .get_connection_with_timeout(Duration::from_secs(5))
-            .unwrap_or_else(|e| panic!("cannot connect to port {}: {e}\n--- log ---\n{}", self.port, self.log()))
+        let mut tries = 0;
+        loop {
+            match client.get_connection_with_timeout(Duration::from_secs(5)) {
+                Ok(c) => return c,
+                Err(e) if interrupted(&e) && tries < 5 => tries += 1,
+                Err(e) => {
+                    let pong = self.alive();
+                    panic!(
+                        "cannot connect to port {} (answers PING now: {pong}): {e}\n--- log ---\n{}",
+                        self.port,
+                        self.log()
+                    )
+                }
+            }
+        }
     }
 
     fn try_info(&self, section: &str) -> Result<String, String> {
