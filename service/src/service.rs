@@ -14,6 +14,7 @@ use redis_ratelimit_client::spec::{Algorithm, Limit};
 use redis_ratelimit_client::Nanos;
 
 use crate::backend::{Backend, BackendError, CheckResult, DescriptorCheck, RequestResult};
+use crate::decision::{settle, Action, Answer, Plan};
 use crate::config::{unit_period, Config, FailureMode, Matched, Rule};
 use crate::headers::{self, HeaderMode, LimitStatus};
 use crate::leases::{LeaseConn, Leases};
@@ -537,37 +538,61 @@ impl Service {
                 }
             },
         };
-        let refund = |all: &redis_ratelimit_client::AllOutcome| {
-            for ((l, k), o) in pairs.iter().zip(&all.outcomes) {
-                if let Some(o) = o.filter(|o| o.enforced && o.allowed) {
-                    l.refund(k, &o);
+        // Each leased limit's own answer: check_all took the units of the enforced ones that
+        // admitted, unless it refused (then it gave them back itself).
+        let leased_answers: Vec<Answer> = lease_idx
+            .iter()
+            .zip(&all.outcomes)
+            .map(|(&i, o)| {
+                let soft = checks[i].soft;
+                match o {
+                    // A shadow limit always allows; `enforced` says what it would have done.
+                    Some(o) => Answer {
+                        admits: if soft { o.enforced } else { o.allowed },
+                        enforced: !soft,
+                        taken: all.allowed && o.enforced && o.allowed,
+                    },
+                    // Not consulted: another limit refused first from its local cache.
+                    None => Answer { admits: false, enforced: !soft, taken: false },
+                }
+            })
+            .collect();
+        let refund = |plan: &Plan| {
+            for (((l, k), o), action) in pairs.iter().zip(&all.outcomes).zip(&plan.actions) {
+                if let (Some(o), Action::GiveBack) = (o, action) {
+                    l.refund(k, o);
                 }
             }
         };
         if mode == FailureMode::Error && all.outcomes.iter().flatten().any(|o| o.unavailable()) {
-            refund(&all);
+            refund(&settle(&leased_answers, true));
             self.metrics.failure_error.fetch_add(1, Relaxed);
             return Err(RequestError::Unavailable("redis unavailable (leases)".into()));
         }
-        let leased_ok = all.allowed;
         let rest_idx: Vec<usize> = (0..checks.len()).filter(|i| leased[*i].is_none()).collect();
         let rest: Vec<DescriptorCheck> = rest_idx.iter().map(|&i| checks[i].clone()).collect();
-        let rest_outcome = match self.backend.decide(&rest, !leased_ok, deadline).await {
+        // A leased refusal makes the rest a dry run.
+        let rest_outcome = match self.backend.decide(&rest, !all.allowed, deadline).await {
             Ok(o) => o,
             Err(e) => {
-                refund(&all);
+                refund(&settle(&leased_answers, true));
                 return self.on_failure(config, domain, items, checks, e);
             }
         };
-        let admitted = leased_ok && rest_outcome.admitted;
-        if leased_ok && !admitted {
-            refund(&all);
-        }
+        let rest_answers = rest_idx.iter().zip(&rest_outcome.verdicts).map(|(&i, v)| Answer {
+            admits: v.admitted,
+            enforced: !checks[i].soft,
+            taken: v.consumed,
+        });
+        let plan = settle(&leased_answers.iter().copied().chain(rest_answers).collect::<Vec<_>>(), false);
+        // (The rest is all or nothing in itself: only leased units are ever given back here.)
+        refund(&plan);
+        let admitted = plan.admitted;
         let mut verdicts: Vec<Option<CheckResult>> = vec![None; checks.len()];
         for (&i, v) in rest_idx.iter().zip(rest_outcome.verdicts) {
             verdicts[i] = Some(v);
         }
-        for (&i, o) in lease_idx.iter().zip(&all.outcomes) {
+        for ((&i, o), a) in lease_idx.iter().zip(&all.outcomes).zip(&leased_answers) {
             let c = &checks[i];
             verdicts[i] = Some(match o {
                 Some(o) => CheckResult {
@@ -579,11 +604,9 @@ impl Service {
                         reset_after: o.reset_after().unwrap_or_default(),
                         delay: None,
                     },
-                    // A shadow limit always allows; `enforced` says what it would have done.
-                    admitted: if c.soft { o.enforced } else { o.allowed },
+                    admitted: a.admits,
                     consumed: admitted && o.allowed,
                 },
-                // Not consulted: another limit refused first from its local cache.
                 None => fallback_verdict(c, true, Nanos::ZERO),
             });
         }
@@ -680,6 +703,8 @@ impl Service {
         e: BackendError,
     ) -> Result<RateLimitResponse, RequestError> {
         let mode = config.domains.get(domain).and_then(|d| d.failure_mode).unwrap_or(self.settings.failure_mode);
+        // (An invalid request was logged at ERROR and counted where Redis refused it:
+        // Backend::invalid.)
         tracing::debug!("redis failed ({e}); domain '{domain}' fails {mode:?}");
         let decided: Vec<CheckResult> = match mode {
             FailureMode::Error => {
@@ -694,7 +719,12 @@ impl Service {
             }
             FailureMode::Local => self.local_decide(checks, refused_locally(items)),
         };
-        let admitted = decided.iter().zip(checks).all(|(v, c)| v.admitted || c.soft) && !refused_locally(items);
+        let answers: Vec<Answer> = decided
+            .iter()
+            .zip(checks)
+            .map(|(v, c)| Answer { admits: v.admitted, enforced: !c.soft, taken: v.consumed })
+            .collect();
+        let admitted = settle(&answers, refused_locally(items)).admitted;
         Ok(self.respond(items, &RequestResult { admitted, verdicts: decided }))
     }
 
@@ -722,11 +752,13 @@ impl Service {
                 .unwrap_or_default();
             results.push(b.check(now, c.cost, limit, period, burst));
         }
-        let all = !refused && results.iter().zip(checks).all(|(r, c)| r.is_ok() || c.soft);
+        let answers: Vec<Answer> =
+            results.iter().zip(checks).map(|(r, c)| Answer { admits: r.is_ok(), enforced: !c.soft, taken: false }).collect();
+        let plan = settle(&answers, refused);
         let mut out = Vec::with_capacity(checks.len());
-        for (c, r) in checks.iter().zip(&results) {
+        for ((c, r), action) in checks.iter().zip(&results).zip(&plan.actions) {
             let admitted = r.is_ok();
-            if admitted && all {
+            if *action == Action::Take {
                 let (limit, period, burst) = params(c);
                 let mut shard = self.local.shard(&c.key).lock().unwrap_or_else(|e| e.into_inner());
                 if shard.len() >= self.local.cap_per_shard && !shard.contains_key(&c.key) {
