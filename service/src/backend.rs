@@ -35,8 +35,8 @@ use redis_ratelimit_client::spec::Limit;
 use redis_ratelimit_client::{Decision, MultiDecision, Nanos};
 
 use crate::connection::Conns;
-use crate::decision::{settle, Action, Answer};
 pub use crate::connection::{BackendError, Target};
+use crate::decision::{settle, Action, Answer};
 use crate::metrics::{Metrics, RedisOp};
 
 /// The script for a group that cannot be one `RL.MULTI` (see the module docs).
@@ -93,6 +93,9 @@ pub struct DescriptorCheck {
     pub cost: u64,
     /// Shadow mode: never vetoes the request.
     pub soft: bool,
+    /// Served from leases: the leasing rule's id (the service decides which checks lease; the
+    /// backend decides every check it is given per request).
+    pub lease: Option<String>,
 }
 
 /// A check's result.

@@ -83,7 +83,8 @@ mod tests {
     fn a_refused_request_consumes_nothing() {
         // One enforced refusal: what was taken goes back (a committed slot, a leased unit, an
         // admitting shadow descriptor), what ran dry stays untouched.
-        let p = settle(&[a(true, true, true), a(false, true, false), a(true, false, true), a(true, true, false)], false);
+        let p =
+            settle(&[a(true, true, true), a(false, true, false), a(true, false, true), a(true, true, false)], false);
         assert_eq!(p, Plan { admitted: false, actions: vec![GiveBack, Keep, GiveBack, Keep] });
         // Refused elsewhere (a descriptor without a limit, hits above a capacity): the leased
         // units taken before it was known go back.

@@ -153,7 +153,10 @@ impl<S: tonic::server::NamedService> tonic::server::NamedService for OversizedIs
 
 impl<S, B> tonic::codegen::Service<tonic::codegen::http::Request<B>> for OversizedIsExhausted<S>
 where
-    S: tonic::codegen::Service<tonic::codegen::http::Request<B>, Response = tonic::codegen::http::Response<tonic::body::Body>>,
+    S: tonic::codegen::Service<
+        tonic::codegen::http::Request<B>,
+        Response = tonic::codegen::http::Response<tonic::body::Body>,
+    >,
     S::Future: Send + 'static,
 {
     type Response = S::Response;

@@ -257,7 +257,9 @@ async fn a_cluster_domain_behind_stalled_nodes_answers_before_the_grpc_timeout()
     let mut c = svc.client().await;
     let values = |tag: &str| -> Vec<String> { ["a", "b", "c", "d"].iter().map(|v| format!("{tag}{v}")).collect() };
     let slots = |vs: &[String]| -> std::collections::HashSet<Slot> {
-        vs.iter().map(|v| Slot::for_key(redis_key("rls:", false, Algorithm::Fixed, "p_open", &[("k", v)], &[]))).collect()
+        vs.iter()
+            .map(|v| Slot::for_key(redis_key("rls:", false, Algorithm::Fixed, "p_open", &[("k", v)], &[])))
+            .collect()
     };
     for m in FAILURE_MODES {
         let r = ask(&mut c, request(&format!("p_{m}"), values("up").iter().map(|v| desc(&[("k", v)])).collect())).await;

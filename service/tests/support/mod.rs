@@ -380,10 +380,8 @@ pub async fn assert_failure_modes_answer_in_time(
     timeout: Duration,
 ) {
     for m in FAILURE_MODES {
-        let mut r = tonic::Request::new(request(
-            &format!("{prefix}_{m}"),
-            values.iter().map(|v| desc(&[("k", v)])).collect(),
-        ));
+        let mut r =
+            tonic::Request::new(request(&format!("{prefix}_{m}"), values.iter().map(|v| desc(&[("k", v)])).collect()));
         r.set_timeout(timeout);
         let asked = std::time::Instant::now();
         let answer = c.should_rate_limit(r).await;
