@@ -36,6 +36,7 @@ use redis_ratelimit_client::{Decision, MultiDecision, Nanos};
 
 use crate::connection::Conns;
 pub use crate::connection::{BackendError, Target};
+use crate::decision::{settle, Action, Answer};
 use crate::metrics::{Metrics, RedisOp};
 
 /// The script for a group that cannot be one `RL.MULTI` (see the module docs).
@@ -92,6 +93,9 @@ pub struct DescriptorCheck {
     pub cost: u64,
     /// Shadow mode: never vetoes the request.
     pub soft: bool,
+    /// Served from leases: the leasing rule's id (the service decides which checks lease; the
+    /// backend decides every check it is given per request).
+    pub lease: Option<String>,
 }
 
 /// A check's result.
@@ -122,17 +126,17 @@ pub struct BackendConfig {
     /// Per call (and per connection attempt).
     pub timeout: Duration,
     pub breaker: BreakerConfig,
-    /// Benchmark baseline: send what envoyproxy/ratelimit sends (a pipelined `INCRBY` +
-    /// `EXPIRE` per descriptor, on fixed-window keys) instead of the module's commands.
+    /// Benchmark baseline ([`crate::baseline`]): send what envoyproxy/ratelimit sends instead
+    /// of the module's commands.
     pub baseline: bool,
 }
 
 /// The Redis backend of the service.
 pub struct Backend {
-    conns: Conns,
-    timeout: Duration,
+    pub(crate) conns: Conns,
+    pub(crate) timeout: Duration,
     pub breaker: Breaker,
-    metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     sha: String,
     epoch: Instant,
     /// Cluster: keys carry a `{domain}` hash tag (set by the service), so this is informative.
@@ -264,16 +268,17 @@ impl Backend {
             return Err(BackendError::Unavailable("no answer before the caller's deadline".into()));
         }
         self.metrics.redis_latency.observe(started.elapsed());
-        if let Err(BackendError::Reply(m)) = &result {
-            // "unknown command 'RL.MULTI'", or from a script "Unknown Redis command called from
-            // script": Redis without the module.
-            let m = m.to_ascii_lowercase();
-            if m.contains("unknown command") || m.contains("unknown redis command") {
-                self.set_module(false);
-            }
-        }
+        let result = match result {
+            // RL.RETURN refuses (ERR) only a key that is gone: a limiter that expired is full,
+            // nothing to give back (the service gives back only to limits that take returns).
+            Err(BackendError::Invalid(_)) if op == RedisOp::Return => Ok(Value::Int(0)),
+            Err(BackendError::Invalid(m)) => Err(self.invalid(m)),
+            r => r,
+        };
         match &result {
-            Ok(_) | Err(BackendError::Reply(_)) => self.breaker.on_success(),
+            Ok(_) | Err(BackendError::Reply(_) | BackendError::NoScript | BackendError::Invalid(_)) => {
+                self.breaker.on_success()
+            }
             Err(BackendError::Unavailable(_)) => {
                 self.metrics.redis_failures.fetch_add(1, Ordering::Relaxed);
                 if self.breaker.on_failure(self.now_ns()) {
@@ -287,6 +292,28 @@ impl Backend {
             }
         }
         result
+    }
+
+    /// Redis refused a request as invalid, or answered what the command never answers. With
+    /// the module loaded that is the service's bug: counted, logged at ERROR (at powers of two:
+    /// a flood stays a few lines), and the request is decided by the failure mode like any
+    /// request Redis did not decide (never an accidental fail-open). Redis is asked again
+    /// whether it has the module (the health loop asks within a second): an unknown command
+    /// is the module missing, which the health checks report instead.
+    pub(crate) fn invalid(&self, m: String) -> BackendError {
+        if !self.module_missing() {
+            let n = self.metrics.redis_invalid_requests.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_power_of_two() {
+                tracing::error!("Redis refused a request of the service as invalid ({n} so far; a bug): {m}");
+            }
+            let _ = self.module.compare_exchange(MODULE_LOADED, MODULE_UNKNOWN, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        BackendError::Invalid(m)
+    }
+
+    /// A reply read as `T`; one that is not is [`Backend::invalid`].
+    pub(crate) fn parse<T: FromRedisValue>(&self, v: Value) -> Result<T, BackendError> {
+        T::from_redis_value(v).map_err(|e| self.invalid(format!("unexpected reply: {e}")))
     }
 
     pub(crate) fn slot_of(&self, key: &str) -> Option<Slot> {
@@ -305,7 +332,7 @@ impl Backend {
             return Ok(RequestResult { admitted: true, verdicts: Vec::new() });
         }
         if self.baseline {
-            return self.decide_baseline(checks).await;
+            return crate::baseline::decide(self, checks).await;
         }
         // Group by slot, keeping request order inside a group.
         let mut groups: Vec<(Option<Slot>, Vec<usize>)> = Vec::new();
@@ -316,59 +343,15 @@ impl Backend {
                 None => groups.push((s, vec![i])),
             }
         }
-        if groups.len() == 1 {
-            let (slot, idx) = &groups[0];
-            let (ok, verdicts) = self.exec_group(checks, idx, *slot, dry_run, deadline).await?;
-            return Ok(RequestResult { admitted: ok, verdicts });
+        if let [(slot, idx)] = groups.as_slice() {
+            let (admitted, verdicts) = self.exec_group(checks, idx, *slot, dry_run, deadline).await?;
+            return Ok(RequestResult { admitted, verdicts });
         }
         self.decide_across_slots(checks, &groups, dry_run, deadline).await
     }
 
-    /// The benchmark baseline: envoyproxy/ratelimit's Redis traffic, a pipeline of `INCRBY key
-    /// hits` + `EXPIRE key unit` per descriptor on a key carrying the window's start (its
-    /// clock: this process's), every descriptor counted even when refused.
-    async fn decide_baseline(&self, checks: &[DescriptorCheck]) -> Result<RequestResult, BackendError> {
-        let now_s =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        let mut pipe = redis::pipe();
-        for c in checks {
-            let div = c.limit.period().as_secs().max(1);
-            let key = format!("{}_{}", c.key, (now_s / div) * div);
-            pipe.cmd("INCRBY").arg(&key).arg(c.cost).cmd("EXPIRE").arg(&key).arg(div).ignore();
-        }
-        self.metrics.redis_call(RedisOp::Check, 2 * checks.len() as u64);
-        let started = Instant::now();
-        let replies = self.conns.pipeline(&pipe, tokio::time::Instant::now() + self.timeout).await?;
-        let counts: Vec<u64> = replies
-            .into_iter()
-            .map(|v| u64::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string())))
-            .collect::<Result<_, _>>()?;
-        self.metrics.redis_latency.observe(started.elapsed());
-        let mut admitted = true;
-        let verdicts = checks
-            .iter()
-            .zip(counts)
-            .map(|(c, n)| {
-                let ok = n <= c.limit.limit();
-                admitted &= ok;
-                let div = c.limit.period().as_secs().max(1);
-                CheckResult {
-                    decision: Decision {
-                        allowed: if ok { c.cost } else { 0 },
-                        limit: c.limit.limit(),
-                        remaining: c.limit.limit().saturating_sub(n),
-                        retry_after: (!ok).then(|| Duration::from_secs(div - now_s % div)),
-                        reset_after: Duration::from_secs(div - now_s % div),
-                        delay: None,
-                    },
-                    admitted: ok,
-                    consumed: true,
-                }
-            })
-            .collect();
-        Ok(RequestResult { admitted, verdicts })
-    }
-
+    /// Check every slot, then commit (see the module docs); [`settle`] decides after each phase
+    /// what the request is and what must be given back.
     async fn decide_across_slots(
         self: &Arc<Self>,
         checks: &[DescriptorCheck],
@@ -377,46 +360,49 @@ impl Backend {
         deadline: Option<tokio::time::Instant>,
     ) -> Result<RequestResult, BackendError> {
         let mut verdicts: Vec<Option<CheckResult>> = vec![None; checks.len()];
-        // Phase 1: dry-run every group.
+        let answers = |vs: &[Option<CheckResult>]| -> Vec<Answer> {
+            checks
+                .iter()
+                .zip(vs)
+                .map(|(c, v)| {
+                    let v = v.expect("every check has a verdict");
+                    Answer { admits: v.admitted, enforced: !c.soft, taken: v.consumed }
+                })
+                .collect()
+        };
+        let done = |admitted: bool, vs: Vec<Option<CheckResult>>| RequestResult {
+            admitted,
+            verdicts: vs.into_iter().map(|v| v.expect("every check has a verdict")).collect(),
+        };
+        // Phase 1: every group dry.
         let phase1 = join_all(groups.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, true, deadline))).await;
-        let mut all_ok = true;
         for ((_, idx), r) in groups.iter().zip(phase1) {
-            let (ok, vs) = r?;
-            all_ok &= ok;
-            for (i, v) in idx.iter().zip(vs) {
+            for (i, v) in idx.iter().zip(r?.1) {
                 verdicts[*i] = Some(v);
             }
         }
-        if !all_ok || dry_run {
-            return Ok(RequestResult {
-                admitted: all_ok,
-                verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect(),
-            });
+        let plan = settle(&answers(&verdicts), false);
+        if !plan.admitted || dry_run {
+            return Ok(done(plan.admitted, verdicts));
         }
-        // Phase 2: commit, returnable groups first.
+        // Phase 2: commit, the groups whose limits all take returns first.
         let returnable = |idx: &Vec<usize>| idx.iter().all(|i| checks[*i].limit.algorithm().returnable());
-        let mut committed: Vec<(Nanos, &Vec<usize>)> = Vec::new();
-        let mut refused = false;
+        let mut sent = vec![Nanos::ZERO; checks.len()];
         let mut failure: Option<BackendError> = None;
         for pass in [true, false] {
             let batch: Vec<&(Option<Slot>, Vec<usize>)> =
                 groups.iter().filter(|(_, idx)| returnable(idx) == pass).collect();
-            if batch.is_empty() {
-                continue;
-            }
-            let sent = self.now_ns();
+            let at = self.now_ns();
             let results =
                 join_all(batch.iter().map(|(s, idx)| self.exec_group(checks, idx, *s, false, deadline))).await;
+            let mut refused = false;
             for ((_, idx), r) in batch.iter().zip(results) {
                 match r {
                     Ok((ok, vs)) => {
-                        if ok {
-                            committed.push((sent, idx));
-                        } else {
-                            refused = true;
-                        }
+                        refused |= !ok;
                         for (i, v) in idx.iter().zip(vs) {
                             verdicts[*i] = Some(v);
+                            sent[*i] = at;
                         }
                     }
                     Err(e) => failure = Some(e),
@@ -426,54 +412,48 @@ impl Backend {
                 break;
             }
         }
-        if refused || failure.is_some() {
-            self.compensate(checks, &committed, &mut verdicts, deadline).await;
-            if let Some(e) = failure {
-                return Err(e);
+        let plan = settle(&answers(&verdicts), failure.is_some());
+        let give_back: Vec<usize> = (0..checks.len()).filter(|&i| plan.actions[i] == Action::GiveBack).collect();
+        if !give_back.is_empty() {
+            for &i in &give_back {
+                let v = verdicts[i].as_mut().expect("every check has a verdict");
+                if checks[i].limit.algorithm().returnable() {
+                    v.consumed = false;
+                    v.decision.remaining = (v.decision.remaining + checks[i].cost).min(v.decision.limit);
+                }
             }
-            return Ok(RequestResult {
-                admitted: false,
-                verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect(),
-            });
+            self.give_back(checks, &give_back, &sent, deadline).await;
         }
-        Ok(RequestResult { admitted: true, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() })
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(done(plan.admitted, verdicts)),
+        }
     }
 
-    /// Gives back what the committed groups of a refused request took (`RL.RETURN … AGE`),
-    /// waiting for it until `deadline`; past it the returns go on in the background.
-    async fn compensate(
+    /// Gives back what the committed groups of a refused request took (`RL.RETURN … AGE`, to
+    /// the limits that take returns), waiting for it until `deadline`; past it the returns go
+    /// on in the background.
+    async fn give_back(
         self: &Arc<Self>,
         checks: &[DescriptorCheck],
-        committed: &[(Nanos, &Vec<usize>)],
-        verdicts: &mut [Option<CheckResult>],
+        which: &[usize],
+        sent: &[Nanos],
         deadline: Option<tokio::time::Instant>,
     ) {
-        if committed.is_empty() {
-            return;
-        }
         self.metrics.cluster_compensations.fetch_add(1, Ordering::Relaxed);
-        let mut calls = Vec::new();
-        for (sent, idx) in committed {
-            for i in idx.iter() {
-                let v = verdicts[*i].as_mut().expect("filled");
-                if !v.consumed || !checks[*i].limit.algorithm().returnable() {
-                    continue;
-                }
-                v.consumed = false;
-                v.decision.remaining = (v.decision.remaining + checks[*i].cost).min(v.decision.limit);
-                let age = return_age(*sent, self.now_ns(), self.timeout.into());
-                let cmd = give_back_cmd(&checks[*i].key, checks[*i].cost, Some(age));
-                calls.push((cmd, self.slot_of(&checks[*i].key)));
-            }
-        }
+        let calls: Vec<(Cmd, Option<Slot>)> = which
+            .iter()
+            .filter(|&&i| checks[i].limit.algorithm().returnable())
+            .map(|&i| {
+                let age = return_age(sent[i], self.now_ns(), self.timeout.into());
+                (give_back_cmd(&checks[i].key, checks[i].cost, Some(age)), self.slot_of(&checks[i].key))
+            })
+            .collect();
         let me = self.clone();
         let returns = tokio::spawn(async move {
-            let results = join_all(calls.iter().map(|(c, s)| me.call(RedisOp::Return, c, *s))).await;
-            for r in results {
+            for r in join_all(calls.iter().map(|(c, s)| me.call(RedisOp::Return, c, *s))).await {
                 if let Err(e) = r {
-                    if !e.to_string().contains("no limiter at this key") {
-                        tracing::warn!("RL.RETURN after a cross-slot refusal failed: {e}");
-                    }
+                    tracing::warn!("RL.RETURN after a cross-slot refusal failed: {e}");
                 }
             }
         });
@@ -483,7 +463,8 @@ impl Backend {
         }
     }
 
-    /// One group (one slot) in one command.
+    /// One group (one slot) in one command: the limiter command for one check, `RL.MULTI` for
+    /// several enforced ones of one cost, else the script. Returns whether the group admits.
     async fn exec_group(
         &self,
         checks: &[DescriptorCheck],
@@ -499,7 +480,7 @@ impl Backend {
             let c = group[0];
             let opts = Options { cost: Some(c.cost), dry_run: dry, partial: false };
             let v = self.call_by(RedisOp::Check, &limit_cmd(&c.key, &c.limit, opts), slot, deadline).await?;
-            let d = Decision::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string()))?;
+            let d: Decision = self.parse(v)?;
             let admitted = d.allowed == c.cost;
             return Ok((admitted, vec![verdict(d, c.cost, admitted, admitted && !dry)]));
         }
@@ -507,26 +488,21 @@ impl Backend {
             let opts = Options { cost: Some(cost), dry_run: dry, partial: false };
             let cmd = multi_cmd(group.iter().map(|c| (c.key.as_str(), &c.limit)), opts);
             let v = self.call_by(RedisOp::Multi, &cmd, slot, deadline).await?;
-            let m = MultiDecision::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string()))?;
+            let m: MultiDecision = self.parse(v)?;
             if m.limits.len() != group.len() {
-                return Err(BackendError::Reply(format!(
-                    "RL.MULTI answered {} limits for {}",
-                    m.limits.len(),
-                    group.len()
-                )));
+                return Err(self.invalid(format!("RL.MULTI answered {} limits for {}", m.limits.len(), group.len())));
             }
             let ok = m.allowed == cost;
+            // On a refusal each limit reports its own retry (None: it would have admitted, since
+            // no cost here is above a capacity) and its unchanged remaining.
             let vs = m
                 .limits
                 .iter()
                 .map(|d| {
-                    // On a refusal each limit reports its own retry (None: it would have admitted,
-                    // since no cost here is above a capacity) and its unchanged remaining.
-                    let admitted = if ok { true } else { d.retry_after.is_none() };
                     if ok {
                         verdict(*d, cost, true, !dry)
                     } else {
-                        CheckResult { decision: *d, admitted, consumed: false }
+                        CheckResult { decision: *d, admitted: d.retry_after.is_none(), consumed: false }
                     }
                 })
                 .collect();
@@ -549,14 +525,14 @@ impl Backend {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&self.sha).arg(&args);
         let v = match self.call_by(RedisOp::Script, &cmd, slot, deadline).await {
-            Err(BackendError::Reply(m)) if m.contains("NOSCRIPT") => {
+            Err(BackendError::NoScript) => {
                 let mut eval = redis::cmd("EVAL");
                 eval.arg(SCRIPT).arg(&args);
                 self.call_by(RedisOp::Script, &eval, slot, deadline).await?
             }
             r => r?,
         };
-        parse_script_reply(&v, &group)
+        parse_script_reply(&v, &group).map_err(|m| self.invalid(m))
     }
 }
 
@@ -568,8 +544,8 @@ fn verdict(mut d: Decision, cost: u64, admitted: bool, consumed: bool) -> CheckR
     CheckResult { decision: d, admitted, consumed }
 }
 
-fn parse_script_reply(v: &Value, group: &[&DescriptorCheck]) -> Result<(bool, Vec<CheckResult>), BackendError> {
-    let bad = || BackendError::Reply(format!("unexpected script reply {v:?}"));
+fn parse_script_reply(v: &Value, group: &[&DescriptorCheck]) -> Result<(bool, Vec<CheckResult>), String> {
+    let bad = || format!("unexpected script reply {v:?}");
     let items = match v {
         Value::Array(a) if a.len() == 2 + 2 * group.len() => a,
         _ => return Err(bad()),
@@ -583,7 +559,7 @@ fn parse_script_reply(v: &Value, group: &[&DescriptorCheck]) -> Result<(bool, Ve
     let mut vs = Vec::with_capacity(group.len());
     for (k, c) in group.iter().enumerate() {
         let admitted = int(&items[2 + 2 * k])? == 1;
-        let d = Decision::from_redis_value_ref(&items[3 + 2 * k]).map_err(|e| BackendError::Reply(e.to_string()))?;
+        let d = Decision::from_redis_value_ref(&items[3 + 2 * k]).map_err(|e| e.to_string())?;
         let consumed = real && admitted && c.cost > 0;
         if admitted && !consumed {
             vs.push(verdict(d, c.cost, true, false));

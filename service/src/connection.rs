@@ -14,12 +14,23 @@ use tokio::time::Instant;
 /// Where Redis is and how to reach it (from the settings).
 pub type Target = ConnectionConfig;
 
+/// Why Redis gave no verdict, by kind (never by the message's text): what the service does
+/// next depends on it (docs/service.md, Failures).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BackendError {
-    /// No answer: connection refused or lost, timeout, TLS refused, breaker open.
+    /// Redis could not answer in time or at all: connection refused or lost, the deadline,
+    /// TLS refused, the breaker open, or Redis saying it cannot serve now (`LOADING`,
+    /// `CLUSTERDOWN`, `MASTERDOWN`, `TRYAGAIN`). The breaker counts it.
     Unavailable(String),
-    /// Redis answered an error (OOM at maxmemory, a script error, an ACL refusal).
+    /// Redis answered an error about its own state (`OOM` at maxmemory, `NOPERM`, `READONLY`,
+    /// `BUSY`, a script aborted): there, answering, and refusing.
     Reply(String),
+    /// The script is not in Redis's cache (`NOSCRIPT`): send it whole.
+    NoScript,
+    /// Redis found our request invalid (`ERR`: wrong arguments, or a command it does not know:
+    /// the module missing), or answered what the command never answers: a bug of the service
+    /// unless the module is missing (the backend tells which, logs and counts it).
+    Invalid(String),
 }
 
 impl std::fmt::Display for BackendError {
@@ -27,18 +38,37 @@ impl std::fmt::Display for BackendError {
         match self {
             BackendError::Unavailable(m) => write!(f, "redis unavailable: {m}"),
             BackendError::Reply(m) => write!(f, "redis error: {m}"),
+            BackendError::NoScript => write!(f, "redis error: NOSCRIPT"),
+            BackendError::Invalid(m) => write!(f, "invalid request to redis: {m}"),
         }
     }
 }
 
-/// The layer's error, by its kind.
+impl From<redis::ParsingError> for BackendError {
+    /// A reply that is not what the command answers (the service's or the module's bug).
+    fn from(e: redis::ParsingError) -> BackendError {
+        BackendError::Invalid(format!("unexpected reply: {e}"))
+    }
+}
+
+/// The connection layer's error, by kind (the layer's [`Error::kind`], then redis-rs's
+/// [`redis::ErrorKind`] of Redis's own answer).
 pub(crate) fn classify(e: Error) -> BackendError {
+    use redis::ErrorKind as K;
     if e.is_unavailable() {
-        BackendError::Unavailable(e.to_string())
-    } else if e.server_kind() == Some(ServerErrorKind::NoScript) {
-        BackendError::Reply(format!("NOSCRIPT {e}"))
-    } else {
-        BackendError::Reply(e.to_string())
+        return BackendError::Unavailable(e.to_string());
+    }
+    match e.redis_error().map(redis::RedisError::kind) {
+        Some(K::Server(ServerErrorKind::NoScript)) => BackendError::NoScript,
+        // `ERR` (the generic code: arguments refused, unknown command), a command sent across
+        // slots, a reply redis-rs could not read, or a misuse of the client: our request.
+        Some(
+            K::Server(ServerErrorKind::ResponseError | ServerErrorKind::CrossSlot)
+            | K::Parse
+            | K::UnexpectedReturnType
+            | K::Client,
+        ) => BackendError::Invalid(e.to_string()),
+        _ => BackendError::Reply(e.to_string()),
     }
 }
 

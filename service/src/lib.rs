@@ -6,7 +6,9 @@
 //! * [`service`]: a request's descriptors decided together (one Redis command per request on a
 //!   single server; the slot protocol on Redis Cluster), with the failure policies, metrics and
 //!   response headers.
+//! * [`decision`]: the all-or-nothing rule of a request's descriptors (pure).
 //! * [`backend`]: the Redis side: the commands, the cross-slot protocol.
+//! * [`baseline`]: the benchmark's baseline (envoyproxy/ratelimit's Redis traffic).
 //! * [`connection`]: the Redis connections.
 //! * [`quota`]: the Rate Limit Quota Service (`StreamRateLimitQuotas`): Envoy enforces leases of
 //!   the module's limits in process.
@@ -16,8 +18,10 @@
 //! docs/service.md is the manual.
 
 pub mod backend;
+pub mod baseline;
 pub mod config;
 pub mod connection;
+pub mod decision;
 pub mod headers;
 pub mod json;
 pub mod leases;

@@ -196,6 +196,8 @@ pub struct Metrics {
     pub breaker_rejects: AtomicU64,
     /// Redis calls cut short by the request's deadline (`grpc-timeout` less the margin).
     pub deadline_exceeded: AtomicU64,
+    /// Requests Redis refused as invalid (`ERR`) while it has the module: the service's bugs.
+    pub redis_invalid_requests: AtomicU64,
     pub cluster_compensations: AtomicU64,
     pub failure_open: AtomicU64,
     pub failure_closed: AtomicU64,
@@ -229,6 +231,7 @@ impl Metrics {
             breaker_opens: AtomicU64::new(0),
             breaker_rejects: AtomicU64::new(0),
             deadline_exceeded: AtomicU64::new(0),
+            redis_invalid_requests: AtomicU64::new(0),
             cluster_compensations: AtomicU64::new(0),
             failure_open: AtomicU64::new(0),
             failure_closed: AtomicU64::new(0),
@@ -396,6 +399,11 @@ impl Metrics {
                 "ratelimit_service_redis_deadline_exceeded",
                 "Redis calls cut short by the caller's deadline (grpc-timeout less DEADLINE_MARGIN)",
                 self.deadline_exceeded.load(Relaxed),
+            ),
+            (
+                "ratelimit_service_redis_invalid_requests",
+                "Requests Redis refused as invalid while it has the module (a bug of the service: the log says more)",
+                self.redis_invalid_requests.load(Relaxed),
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} counter\n{name} {v}");

@@ -140,6 +140,47 @@ impl RateLimitService for Grpc {
     }
 }
 
+/// A unary gRPC service whose oversized requests are answered `RESOURCE_EXHAUSTED`, as gRPC
+/// says a message over the receiver's limit is (issue 31.7): tonic's decoder answers
+/// `OUT_OF_RANGE` for it, before the handler runs, in the response's headers (a trailers-only
+/// response). `OUT_OF_RANGE` has no other source here (`status_of`), so it is that.
+#[derive(Clone)]
+struct OversizedIsExhausted<S>(S);
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for OversizedIsExhausted<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> tonic::codegen::Service<tonic::codegen::http::Request<B>> for OversizedIsExhausted<S>
+where
+    S: tonic::codegen::Service<
+        tonic::codegen::http::Request<B>,
+        Response = tonic::codegen::http::Response<tonic::body::Body>,
+    >,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
+        let answer = self.0.call(req);
+        Box::pin(async move {
+            let mut r = answer.await?;
+            let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
+            if r.headers().get("grpc-status").is_some_and(|v| v.as_bytes() == out_of_range.as_bytes()) {
+                let exhausted = (tonic::Code::ResourceExhausted as i32).to_string();
+                r.headers_mut().insert("grpc-status", exhausted.parse().expect("a number is a header value"));
+            }
+            Ok(r)
+        })
+    }
+}
+
 /// A `grpc-timeout` value (gRPC over HTTP/2: at most 8 digits and a unit, `H M S m u n`); None
 /// when malformed (the call then has no deadline of its own, as gRPC servers treat it).
 pub fn grpc_timeout(v: &str) -> Option<Duration> {
@@ -416,7 +457,9 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     let grpc = tonic::transport::Server::builder()
         .max_concurrent_streams(settings.grpc_max_concurrent_streams.max(1))
         .add_service(health_server)
-        .add_service(RateLimitServiceServer::new(Grpc(service)))
+        .add_service(OversizedIsExhausted(
+            RateLimitServiceServer::new(Grpc(service)).max_decoding_message_size(settings.grpc_max_message_bytes),
+        ))
         .add_service(quota.server())
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = rx2.wait_for(|v| *v).await;

@@ -15,6 +15,7 @@ use redis_ratelimit_client::Nanos;
 
 use crate::backend::{Backend, BackendError, CheckResult, DescriptorCheck, RequestResult};
 use crate::config::{unit_period, Config, FailureMode, Matched, Rule};
+use crate::decision::{settle, Action, Answer, Plan};
 use crate::headers::{self, HeaderMode, LimitStatus};
 use crate::leases::{LeaseConn, Leases};
 use crate::metrics::{Metrics, RuleStats, StatKey};
@@ -79,17 +80,29 @@ pub enum RequestError {
     Internal(String),
 }
 
-/// One descriptor's part in a request.
+/// One descriptor's decision in a request: what it matched, its hits, and how it is decided
+/// (its result: the verdict of its check, or its kind's fixed answer).
 enum Item {
     /// No rule: OK, nothing counted.
-    None,
+    NoRule,
+    /// `unlimited`: OK, without Redis.
     Unlimited,
     Limited {
         m: Matched,
         cost: u64,
-        check: Option<usize>,
-        local_refusal: bool,
+        how: How,
     },
+}
+
+/// How a limited descriptor is decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum How {
+    /// Never admissible (a limit of 0, or more hits than its capacity): refused without asking
+    /// anyone.
+    RefusedLocally,
+    /// By the request's check `i` (its key's; two descriptors of one key share it): per request,
+    /// or from a lease when the check leases.
+    Checked(usize),
 }
 
 /// Local token buckets for the `local` failure mode, sharded, bounded.
@@ -395,11 +408,12 @@ impl Service {
             }
         }
 
+        let mode = config.domains.get(domain).and_then(|d| d.failure_mode).unwrap_or(self.settings.failure_mode);
         let mut items = Vec::with_capacity(matched.len());
         let mut checks: Vec<DescriptorCheck> = Vec::new();
         for (i, m) in matched.into_iter().enumerate() {
             let Some(m) = m else {
-                items.push(Item::None);
+                items.push(Item::NoRule);
                 continue;
             };
             let cost = hits(req, i);
@@ -410,164 +424,165 @@ impl Service {
                 continue;
             }
             // A limit of 0 (a blocklist entry) has no limit: never admissible.
-            let check = m.rule.limit.map(|limit| {
-                let mut key = redis_key(
-                    &self.settings.key_prefix,
-                    self.settings.hash_tag_domain && self.backend.cluster,
-                    m.rule.algorithm,
-                    domain,
-                    &entries[i],
-                    &m.share_patterns,
-                );
-                if let Some(o) = &req.descriptors[i].limit {
-                    override_key(&mut key, o);
-                }
-                // The same key twice (the same descriptor twice in one request): one check, the
-                // hits summed, as envoyproxy/ratelimit counts both. A key names its rule (an
-                // override's key its limit), so both carry the same limit.
-                match checks.iter().position(|c| c.key == key) {
-                    Some(j) => {
-                        checks[j].cost = checks[j].cost.saturating_add(cost);
-                        j
+            let how = match m.rule.limit {
+                None => How::RefusedLocally,
+                Some(limit) => {
+                    let mut key = redis_key(
+                        &self.settings.key_prefix,
+                        self.settings.hash_tag_domain && self.backend.cluster,
+                        m.rule.algorithm,
+                        domain,
+                        &entries[i],
+                        &m.share_patterns,
+                    );
+                    if let Some(o) = &req.descriptors[i].limit {
+                        override_key(&mut key, o);
                     }
-                    None => {
-                        checks.push(DescriptorCheck { key, limit, cost, soft: m.rule.shadow_mode });
-                        checks.len() - 1
+                    // The same key twice (the same descriptor twice in one request): one check,
+                    // the hits summed, as envoyproxy/ratelimit counts both. A key names its rule
+                    // (an override's key its limit), so both carry the same limit.
+                    match checks.iter().position(|c| c.key == key) {
+                        Some(j) => {
+                            checks[j].cost = checks[j].cost.saturating_add(cost);
+                            How::Checked(j)
+                        }
+                        None => {
+                            // (Whether it leases is settled below, once the request's checks are.)
+                            let lease = self
+                                .leases
+                                .as_ref()
+                                .filter(|l| {
+                                    m.rule.algorithm.leasable() && m.rule.lease.unwrap_or(l.settings.default_on)
+                                })
+                                .map(|_| m.rule.stat_key.full());
+                            checks.push(DescriptorCheck { key, limit, cost, soft: m.rule.shadow_mode, lease });
+                            How::Checked(checks.len() - 1)
+                        }
                     }
                 }
-            });
-            items.push(Item::Limited { m, cost, check, local_refusal: false });
+            };
+            items.push(Item::Limited { m, cost, how });
         }
         // More hits than the capacity (summed over a key) are never admissible either: refused
         // here, without asking Redis.
-        let mut kept = Vec::with_capacity(checks.len());
         let mut index = Vec::with_capacity(checks.len());
+        let mut kept = Vec::with_capacity(checks.len());
         for c in checks {
             index.push((c.cost <= c.limit.capacity()).then_some(kept.len()));
             if c.cost <= c.limit.capacity() {
                 kept.push(c);
             }
         }
-        let checks = kept;
-        let mut refused_locally = false;
+        let mut checks = kept;
         for item in &mut items {
-            if let Item::Limited { m, check, local_refusal, .. } = item {
-                *check = check.and_then(|j| index[j]);
-                *local_refusal = check.is_none();
-                refused_locally |= *local_refusal && !m.rule.shadow_mode;
+            if let Item::Limited { how, .. } = item {
+                if let How::Checked(j) = *how {
+                    *how = index[j].map_or(How::RefusedLocally, How::Checked);
+                }
             }
         }
-        // Per check: served from leases (its rule's id), or None. A leased rule's value leases
-        // only once hot (crate::leases::Heat); until then it is decided per request with the
-        // request's other per-request checks. A request refused here touches no lease: its
-        // checks are one dry run (issue 31.1: leased units were taken and never given back).
-        let leased: Vec<Option<String>> = checks
-            .iter()
-            .map(|c| {
-                if refused_locally {
-                    return None;
-                }
-                let item = items.iter().find_map(|it| match it {
-                    Item::Limited { m, check: Some(j), .. } if checks[*j].key == c.key => Some(m),
-                    _ => None,
-                })?;
-                let l = self.leases.as_ref()?;
-                let lease = item.rule.algorithm.leasable()
-                    && item.rule.lease.unwrap_or(l.settings.default_on)
-                    && c.cost > 0
-                    && l.heat.observe(&c.key);
-                lease.then(|| item.rule.stat_key.full())
-            })
-            .collect();
-
-        let mode = config.domains.get(domain).and_then(|d| d.failure_mode).unwrap_or(self.settings.failure_mode);
-        let lease_idx: Vec<usize> = (0..checks.len()).filter(|&i| leased[i].is_some()).collect();
-        let same_cost = lease_idx.windows(2).all(|w| checks[w[0]].cost == checks[w[1]].cost);
-        if let (Some(leases), false, true) = (&self.leases, lease_idx.is_empty(), same_cost) {
-            return self
-                .decide_leased(leases, &config, domain, mode, &items, &checks, &leased, &lease_idx, deadline)
-                .await;
+        let refused_locally = refused_locally(&items);
+        // Which checks lease: a leased rule's value once hot (crate::leases::Heat), and only in a
+        // request not refused already (issue 31.1: it touches no lease; its checks are one dry
+        // run). Cold values are decided per request with the request's other checks.
+        for c in &mut checks {
+            if refused_locally || c.cost == 0 || !self.leases.as_ref().is_some_and(|l| l.heat.observe(&c.key)) {
+                c.lease = None;
+            }
         }
-        let outcome = match self.backend.decide(&checks, refused_locally, deadline).await {
-            Ok(o) => RequestResult { admitted: o.admitted && !refused_locally, verdicts: o.verdicts },
-            Err(e) => return self.on_failure(&config, domain, &items, &checks, e),
+        let leased_cost = checks.iter().find(|c| c.lease.is_some()).map(|c| c.cost);
+        let outcome = match (&self.leases, leased_cost) {
+            // check_all takes one cost for all its limits: mixed costs are decided per request.
+            (Some(leases), Some(cost)) if checks.iter().all(|c| c.lease.is_none() || c.cost == cost) => {
+                self.decide_leased(leases, &checks, mode, deadline).await
+            }
+            _ => self.backend.decide(&checks, refused_locally, deadline).await,
         };
-        Ok(self.respond(&items, &outcome))
+        match outcome {
+            Ok(o) => Ok(self.respond(&items, &RequestResult { admitted: o.admitted && !refused_locally, ..o })),
+            Err(e) => self.on_failure(mode, domain, &items, &checks, e),
+        }
     }
 
-    /// Some checks served from leases (`check_all` over their limiters: the hot values of leased
-    /// rules), the others per request (every other check, cold values of leased rules included,
-    /// in one backend decision: one command on one slot); all or nothing: when the per-request
-    /// part refuses, the leased units go back to their local pools (`refund`), and a leased
-    /// refusal makes the rest a dry run.
-    #[allow(clippy::too_many_arguments)]
+    /// The leased checks served from leases (`check_all` over their limiters: the hot values of
+    /// leased rules), the others per request (one backend decision: one command on one slot);
+    /// all or nothing by [`settle`]: when the per-request part refuses, the leased units go back
+    /// to their local pools (`refund`), and a leased refusal makes the rest a dry run.
     async fn decide_leased(
         &self,
         leases: &Leases,
-        config: &Config,
-        domain: &str,
-        mode: FailureMode,
-        items: &[Item],
         checks: &[DescriptorCheck],
-        leased: &[Option<String>],
-        lease_idx: &[usize],
+        mode: FailureMode,
         deadline: Option<tokio::time::Instant>,
-    ) -> Result<RateLimitResponse, RequestError> {
-        let cost = checks[lease_idx[0]].cost;
-        let limiters: Vec<_> = lease_idx
+    ) -> Result<RequestResult, BackendError> {
+        let (leased, rest): (Vec<usize>, Vec<usize>) = (0..checks.len()).partition(|&i| checks[i].lease.is_some());
+        let cost = checks[leased[0]].cost;
+        let limiters: Vec<_> = leased
             .iter()
-            .map(|&i| leases.limiter(leased[i].as_deref().unwrap_or(""), checks[i].limit, checks[i].soft, mode))
+            .map(|&i| leases.limiter(checks[i].lease.as_deref().unwrap_or(""), checks[i].limit, checks[i].soft, mode))
             .collect();
         let pairs: Vec<(&Limiter<LeaseConn>, &str)> =
-            lease_idx.iter().zip(&limiters).map(|(&i, l)| (l.as_ref(), checks[i].key.as_str())).collect();
+            leased.iter().zip(&limiters).map(|(&i, l)| (l.as_ref(), checks[i].key.as_str())).collect();
         // The limiters' calls have the lease timeout; the request's deadline bounds the wait
         // (a claim cut short lands in the local pool or expires with its lease).
         let all = match deadline {
             None => check_all(&pairs, cost).await,
-            Some(d) => match tokio::time::timeout_at(d, check_all(&pairs, cost)).await {
-                Ok(all) => all,
-                Err(_) => {
-                    return self.on_failure(
-                        config,
-                        domain,
-                        items,
-                        checks,
-                        BackendError::Unavailable("no answer before the caller's deadline".into()),
-                    )
-                }
-            },
+            Some(d) => tokio::time::timeout_at(d, check_all(&pairs, cost))
+                .await
+                .map_err(|_| BackendError::Unavailable("no answer before the caller's deadline".into()))?,
         };
-        let refund = |all: &redis_ratelimit_client::AllOutcome| {
-            for ((l, k), o) in pairs.iter().zip(&all.outcomes) {
-                if let Some(o) = o.filter(|o| o.enforced && o.allowed) {
-                    l.refund(k, &o);
+        // Each leased limit's own answer: check_all took the units of the enforced ones that
+        // admitted, unless it refused (then it gave them back itself).
+        let leased_answers: Vec<Answer> = leased
+            .iter()
+            .zip(&all.outcomes)
+            .map(|(&i, o)| {
+                let soft = checks[i].soft;
+                match o {
+                    // A shadow limit always allows; `enforced` says what it would have done.
+                    Some(o) => Answer {
+                        admits: if soft { o.enforced } else { o.allowed },
+                        enforced: !soft,
+                        taken: all.allowed && o.enforced && o.allowed,
+                    },
+                    // Not consulted: another limit refused first from its local cache.
+                    None => Answer { admits: false, enforced: !soft, taken: false },
+                }
+            })
+            .collect();
+        let refund = |plan: &Plan| {
+            for (((l, k), o), action) in pairs.iter().zip(&all.outcomes).zip(&plan.actions) {
+                if let (Some(o), Action::GiveBack) = (o, action) {
+                    l.refund(k, o);
                 }
             }
         };
         if mode == FailureMode::Error && all.outcomes.iter().flatten().any(|o| o.unavailable()) {
-            refund(&all);
-            self.metrics.failure_error.fetch_add(1, Relaxed);
-            return Err(RequestError::Unavailable("redis unavailable (leases)".into()));
+            refund(&settle(&leased_answers, true));
+            return Err(BackendError::Unavailable("redis unavailable (leases)".into()));
         }
-        let leased_ok = all.allowed;
-        let rest_idx: Vec<usize> = (0..checks.len()).filter(|i| leased[*i].is_none()).collect();
-        let rest: Vec<DescriptorCheck> = rest_idx.iter().map(|&i| checks[i].clone()).collect();
-        let rest_outcome = match self.backend.decide(&rest, !leased_ok, deadline).await {
+        let rest_checks: Vec<DescriptorCheck> = rest.iter().map(|&i| checks[i].clone()).collect();
+        // A leased refusal makes the rest a dry run.
+        let rest_outcome = match self.backend.decide(&rest_checks, !all.allowed, deadline).await {
             Ok(o) => o,
             Err(e) => {
-                refund(&all);
-                return self.on_failure(config, domain, items, checks, e);
+                refund(&settle(&leased_answers, true));
+                return Err(e);
             }
         };
-        let admitted = leased_ok && rest_outcome.admitted;
-        if leased_ok && !admitted {
-            refund(&all);
-        }
+        let rest_answers = rest.iter().zip(&rest_outcome.verdicts).map(|(&i, v)| Answer {
+            admits: v.admitted,
+            enforced: !checks[i].soft,
+            taken: v.consumed,
+        });
+        let plan = settle(&leased_answers.iter().copied().chain(rest_answers).collect::<Vec<_>>(), false);
+        // (The rest is all or nothing in itself: only leased units are ever given back here.)
+        refund(&plan);
         let mut verdicts: Vec<Option<CheckResult>> = vec![None; checks.len()];
-        for (&i, v) in rest_idx.iter().zip(rest_outcome.verdicts) {
+        for (&i, v) in rest.iter().zip(rest_outcome.verdicts) {
             verdicts[i] = Some(v);
         }
-        for (&i, o) in lease_idx.iter().zip(&all.outcomes) {
+        for ((&i, o), a) in leased.iter().zip(&all.outcomes).zip(&leased_answers) {
             let c = &checks[i];
             verdicts[i] = Some(match o {
                 Some(o) => CheckResult {
@@ -579,16 +594,16 @@ impl Service {
                         reset_after: o.reset_after().unwrap_or_default(),
                         delay: None,
                     },
-                    // A shadow limit always allows; `enforced` says what it would have done.
-                    admitted: if c.soft { o.enforced } else { o.allowed },
-                    consumed: admitted && o.allowed,
+                    admitted: a.admits,
+                    consumed: plan.admitted && o.allowed,
                 },
-                // Not consulted: another limit refused first from its local cache.
                 None => fallback_verdict(c, true, Nanos::ZERO),
             });
         }
-        let outcome = RequestResult { admitted, verdicts: verdicts.into_iter().map(|v| v.expect("filled")).collect() };
-        Ok(self.respond(items, &outcome))
+        Ok(RequestResult {
+            admitted: plan.admitted,
+            verdicts: verdicts.into_iter().map(|v| v.expect("every check has a verdict")).collect(),
+        })
     }
 
     fn respond(&self, items: &[Item], outcome: &RequestResult) -> RateLimitResponse {
@@ -596,21 +611,21 @@ impl Service {
         let mut header_limits = Vec::new();
         for item in items {
             match item {
-                Item::None => statuses.push(DescriptorStatus { code: Code::Ok as i32, ..Default::default() }),
+                Item::NoRule => statuses.push(DescriptorStatus { code: Code::Ok as i32, ..Default::default() }),
                 Item::Unlimited => statuses.push(DescriptorStatus {
                     code: Code::Ok as i32,
                     limit_remaining: u32::MAX,
                     ..Default::default()
                 }),
-                Item::Limited { m, cost, check, local_refusal } => {
+                Item::Limited { m, cost, how } => {
                     let rule = &m.rule;
-                    let (admitted, remaining, reset, retry) = match (check, local_refusal) {
-                        (Some(c), _) => {
+                    let (admitted, remaining, reset, retry) = match how {
+                        How::Checked(c) => {
                             let v: &CheckResult = &outcome.verdicts[*c];
                             (v.admitted, v.decision.remaining, v.decision.reset_after, v.decision.retry_after)
                         }
                         // Refused without asking Redis: nothing remains for this request.
-                        _ => (false, 0, Duration::ZERO, None),
+                        How::RefusedLocally => (false, 0, Duration::ZERO, None),
                     };
                     self.count(&m.stats, rule, *cost, admitted, remaining);
                     let shadowed = !admitted && rule.shadow_mode;
@@ -673,13 +688,14 @@ impl Service {
     /// Redis could not answer: the domain's failure mode decides.
     fn on_failure(
         &self,
-        config: &Config,
+        mode: FailureMode,
         domain: &str,
         items: &[Item],
         checks: &[DescriptorCheck],
         e: BackendError,
     ) -> Result<RateLimitResponse, RequestError> {
-        let mode = config.domains.get(domain).and_then(|d| d.failure_mode).unwrap_or(self.settings.failure_mode);
+        // (An invalid request was logged at ERROR and counted where Redis refused it:
+        // Backend::invalid.)
         tracing::debug!("redis failed ({e}); domain '{domain}' fails {mode:?}");
         let decided: Vec<CheckResult> = match mode {
             FailureMode::Error => {
@@ -694,7 +710,12 @@ impl Service {
             }
             FailureMode::Local => self.local_decide(checks, refused_locally(items)),
         };
-        let admitted = decided.iter().zip(checks).all(|(v, c)| v.admitted || c.soft) && !refused_locally(items);
+        let answers: Vec<Answer> = decided
+            .iter()
+            .zip(checks)
+            .map(|(v, c)| Answer { admits: v.admitted, enforced: !c.soft, taken: v.consumed })
+            .collect();
+        let admitted = settle(&answers, refused_locally(items)).admitted;
         Ok(self.respond(items, &RequestResult { admitted, verdicts: decided }))
     }
 
@@ -722,11 +743,16 @@ impl Service {
                 .unwrap_or_default();
             results.push(b.check(now, c.cost, limit, period, burst));
         }
-        let all = !refused && results.iter().zip(checks).all(|(r, c)| r.is_ok() || c.soft);
+        let answers: Vec<Answer> = results
+            .iter()
+            .zip(checks)
+            .map(|(r, c)| Answer { admits: r.is_ok(), enforced: !c.soft, taken: false })
+            .collect();
+        let plan = settle(&answers, refused);
         let mut out = Vec::with_capacity(checks.len());
-        for (c, r) in checks.iter().zip(&results) {
+        for ((c, r), action) in checks.iter().zip(&results).zip(&plan.actions) {
             let admitted = r.is_ok();
-            if admitted && all {
+            if *action == Action::Take {
                 let (limit, period, burst) = params(c);
                 let mut shard = self.local.shard(&c.key).lock().unwrap_or_else(|e| e.into_inner());
                 if shard.len() >= self.local.cap_per_shard && !shard.contains_key(&c.key) {
@@ -750,7 +776,7 @@ impl Service {
 /// An enforced descriptor refused without asking anyone (no limit, or more hits than its
 /// capacity).
 fn refused_locally(items: &[Item]) -> bool {
-    items.iter().any(|i| matches!(i, Item::Limited { local_refusal: true, m, .. } if !m.rule.shadow_mode))
+    items.iter().any(|i| matches!(i, Item::Limited { how: How::RefusedLocally, m, .. } if !m.rule.shadow_mode))
 }
 
 /// A verdict made without Redis (nothing known of the shared state).

@@ -77,6 +77,10 @@ pub struct Settings {
     /// Concurrent gRPC calls (HTTP/2 streams) per connection.
     #[arg(long, env = "GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 1024)]
     pub grpc_max_concurrent_streams: u32,
+    /// The largest `ShouldRateLimit` request (its protobuf message, bytes); a larger one is
+    /// answered RESOURCE_EXHAUSTED without being read (4 MiB: gRPC's usual receive limit).
+    #[arg(long, env = "GRPC_MAX_MESSAGE_BYTES", default_value_t = 4 << 20)]
+    pub grpc_max_message_bytes: usize,
 
     /// A configuration file or directory (every *.yaml / *.yml in it). Default:
     /// RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY, as envoyproxy/ratelimit.

@@ -296,3 +296,36 @@ async fn a_cluster_that_listens_only_on_tls() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Issue 31.3 on Redis Cluster: every node stalled (SIGSTOP), a request whose descriptors are
+/// in one slot (one command) and one across slots (check, then commit) are each answered
+/// before their grpc-timeout (100 ms) by the domain's failure mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_domain_behind_stalled_nodes_answers_before_the_grpc_timeout() {
+    let cluster = Cluster::start(3, 0);
+    let dir = failure_mode_configs("cluster-deadline", "p", "minute");
+    let svc = ServiceProc::start(dir.path(), &["--redis-type", "cluster", "--redis-url", &nodes(&cluster)]);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    let values = |tag: &str| -> Vec<String> { ["a", "b", "c", "d"].iter().map(|v| format!("{tag}{v}")).collect() };
+    let slots = |vs: &[String]| -> std::collections::HashSet<Slot> {
+        vs.iter()
+            .map(|v| Slot::for_key(redis_key("rls:", false, Algorithm::Fixed, "p_open", &[("k", v)], &[])))
+            .collect()
+    };
+    for m in FAILURE_MODES {
+        let r = ask(&mut c, request(&format!("p_{m}"), values("up").iter().map(|v| desc(&[("k", v)])).collect())).await;
+        assert!(ok(&r), "{m}, Redis up: {r:?}");
+    }
+    let pids: Vec<u32> = cluster.nodes.iter().map(|n| n.pid().unwrap()).collect();
+    pids.iter().for_each(|p| signal(*p, "-STOP"));
+    for i in 0..3 {
+        let timeout = Duration::from_millis(100);
+        assert_failure_modes_answer_in_time(&mut c, "p", &[format!("one{i}")], timeout).await;
+        let across: Vec<String> = values("s").iter().map(|v| format!("{v}{i}")).collect();
+        assert!(slots(&across).len() >= 2, "several slots: {:?}", slots(&across));
+        assert_failure_modes_answer_in_time(&mut c, "p", &across, timeout).await;
+    }
+    pids.iter().for_each(|p| signal(*p, "-CONT"));
+    assert!(svc.metric("ratelimit_service_redis_deadline_exceeded") >= 1, "the stalled calls were cut");
+}

@@ -535,3 +535,27 @@ async fn sigterm_gives_the_held_units_back() {
     assert!(svc.terminate(), "a clean exit at SIGTERM");
     assert_eq!(counted(), n as i64, "after the shutdown Redis counts the admitted requests only");
 }
+
+/// Issue 31.3 on the leased path: with every value leased from its first request and Redis
+/// stalled (SIGSTOP), a new value's claim cannot be answered; each call (grpc-timeout 100 ms)
+/// is answered before its timeout by its domain's failure mode, and the stalled claims were
+/// cut by the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_descriptor_behind_a_stalled_redis_answers_before_the_grpc_timeout() {
+    let redis = Server::start();
+    let dir = failure_mode_configs("leases-deadline", "p", "minute");
+    let svcs = instances_with(&redis, &dir, 2, &["--lease-hot-requests", "1"]);
+    let mut c = svcs[0].client().await;
+    for m in FAILURE_MODES {
+        assert!(ok(&ask(&mut c, request(&format!("p_{m}"), vec![desc(&[("k", "up")])])).await), "{m}, Redis up");
+    }
+    let hot = svcs[0].metric("ratelimit_service_lease_hot_checks");
+    assert!(hot >= 4, "the values were leased: {hot} leased checks");
+    let pid = redis.pid().unwrap();
+    signal(pid, "-STOP");
+    for i in 0..5 {
+        assert_failure_modes_answer_in_time(&mut c, "p", &[format!("stalled{i}")], Duration::from_millis(100)).await;
+    }
+    signal(pid, "-CONT");
+    assert!(svcs[0].metric("ratelimit_service_lease_hot_checks") >= hot + 20, "the stalled values were leased too");
+}

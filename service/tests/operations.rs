@@ -430,11 +430,6 @@ async fn the_example_configuration_answers_what_the_readme_shows() {
     assert_eq!(header(&r, "RateLimit-Policy"), Some("\"edge_proxy_per_ip.api_key\";q=50;w=5"));
 }
 
-fn signal(pid: u32, sig: &str) {
-    let st = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().unwrap();
-    assert!(st.success(), "kill {sig} {pid}");
-}
-
 /// Redis slow rather than down: the process stopped (SIGSTOP), its connections open and
 /// silent. Each call gives up after REDIS_TIMEOUT and the domain's failure mode answers; once
 /// Redis runs again (SIGCONT) every domain is decided by Redis again, and the late replies of
@@ -776,4 +771,80 @@ async fn a_grpc_health_watch_sees_not_serving_and_ends_at_the_stop() {
     assert_eq!(seen, [ServingStatus::NotServing], "then the stream ended");
     let st = svc.wait_exit(Duration::from_secs(10));
     assert!(st.success(), "exit status {st}:\n{}", svc.log());
+}
+
+/// Issue 31.7: a `ShouldRateLimit` request larger than GRPC_MAX_MESSAGE_BYTES is answered
+/// RESOURCE_EXHAUSTED (tonic alone answers OUT_OF_RANGE), and the connection keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_request_is_resource_exhausted() {
+    let (_redis, dir, url) = one_domain("oversized", "big");
+    let svc = ServiceProc::start(dir.path(), &["--redis-url", &url, "--grpc-max-message-bytes", "1048576"]);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    let huge = "x".repeat(5 << 20);
+    let e = c.should_rate_limit(request("big", vec![desc(&[("k", &huge)])])).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    // Just under the limit: decoded, then refused by the request's own rules (an entry is at
+    // most 4096 bytes), not by its size.
+    let big = "x".repeat((1 << 20) - 100);
+    let e = c.should_rate_limit(request("big", vec![desc(&[("k", &big)])])).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert_eq!(remaining(&ask(&mut c, request("big", vec![desc(&[("k", "v")])])).await), [99]);
+}
+
+/// Issue 31.7: a client with more calls in flight on one connection than
+/// GRPC_MAX_CONCURRENT_STREAMS (2 here) gets no more streams at once than that (h2 clients wait
+/// for a stream; a stream beyond the cap would be refused with REFUSED_STREAM): with Redis
+/// stalled, each call holding its stream for REDIS_TIMEOUT (600 ms), 6 calls are answered in 3
+/// waves, every one answered; meanwhile the service answers on other connections at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_beyond_the_stream_cap_wait_and_the_service_stays_responsive() {
+    use std::time::Instant;
+    let (redis, dir, url) = one_domain("streams", "streams");
+    let svc = ServiceProc::start(
+        dir.path(),
+        &[
+            "--redis-url",
+            &url,
+            "--grpc-max-concurrent-streams",
+            "2",
+            "--redis-timeout",
+            "600ms",
+            "--redis-breaker-failures",
+            "1000",
+        ],
+    );
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let c = svc.client().await;
+    assert_eq!(remaining(&ask(&mut c.clone(), request("streams", vec![desc(&[("k", "v")])])).await), [99]);
+    let pid = redis.pid().unwrap();
+    signal(pid, "-STOP");
+    let started = Instant::now();
+    let calls: Vec<_> = (0..6)
+        .map(|i| {
+            let mut c = c.clone();
+            tokio::spawn(async move {
+                let r = c.should_rate_limit(request("streams", vec![desc(&[("k", &format!("v{i}"))])])).await;
+                (r.map(|_| ()).map_err(|e| e.code()), started.elapsed())
+            })
+        })
+        .collect();
+    // The service answers on another connection while those hold theirs.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let asked = Instant::now();
+    assert_eq!(svc.grpc_health("").await.unwrap(), ServingStatus::Serving);
+    assert!(asked.elapsed() < Duration::from_millis(300), "health took {:?}", asked.elapsed());
+    let mut done = Vec::new();
+    for call in calls {
+        done.push(call.await.unwrap());
+    }
+    signal(pid, "-CONT");
+    // `error` domain: every call answered UNAVAILABLE by the failure mode, none lost.
+    assert!(done.iter().all(|(r, _)| *r == Err(tonic::Code::Unavailable)), "{done:?}");
+    let mut at: Vec<Duration> = done.iter().map(|(_, t)| *t).collect();
+    at.sort();
+    // Two at a time: the last pair starts after two REDIS_TIMEOUTs.
+    assert!(at[5] >= Duration::from_millis(3 * 600 - 100), "answered at {at:?}: more than 2 streams at once");
+    assert!(at[1] < Duration::from_millis(600 + 400), "the first pair at once: {at:?}");
+    assert_eq!(remaining(&ask(&mut c.clone(), request("streams", vec![desc(&[("k", "v")])])).await), [98]);
 }

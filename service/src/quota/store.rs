@@ -10,7 +10,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use futures::future::BoxFuture;
-use redis::FromRedisValue;
 use redis_ratelimit_client::commands::{give_back_cmd, limit_cmd, Options};
 use redis_ratelimit_client::spec::Limit;
 use redis_ratelimit_client::{Decision, Nanos};
@@ -51,7 +50,7 @@ impl QuotaStore for Backend {
             let cmd = limit_cmd(key, limit, Options::claim(units));
             let slot = self.slot_of(key);
             let v = self.call_by(RedisOp::Claim, &cmd, slot, Some(Instant::now() + deadline)).await?;
-            Decision::from_redis_value(v).map_err(|e| BackendError::Reply(e.to_string()))
+            self.parse(v)
         })
     }
 
@@ -65,11 +64,9 @@ impl QuotaStore for Backend {
         Box::pin(async move {
             let cmd = give_back_cmd(key, units, Some(age));
             let slot = self.slot_of(key);
-            match self.call_by(RedisOp::Return, &cmd, slot, Some(Instant::now() + deadline)).await {
-                Ok(v) => Ok(i64::from_redis_value(v).map(|n| n.max(0) as u64).unwrap_or(0)),
-                Err(BackendError::Reply(m)) if m.contains("no limiter at this key") => Ok(0),
-                Err(e) => Err(e),
-            }
+            // (A key that is gone credits nothing: Backend::call_by answers 0 for it.)
+            let v = self.call_by(RedisOp::Return, &cmd, slot, Some(Instant::now() + deadline)).await?;
+            Ok(self.parse::<i64>(v)?.max(0) as u64)
         })
     }
 }

@@ -377,3 +377,38 @@ pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Sends `sig` (`-STOP`, `-CONT`, …) to process `pid`.
+pub fn signal(pid: u32, sig: &str) {
+    let st = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().unwrap();
+    assert!(st.success(), "kill {sig} {pid}");
+}
+
+/// Issue 31.3: with Redis unable to answer, a call to each domain of
+/// [`failure_mode_configs`]`(_, prefix, _)` with a descriptor `k` per value of `values` (new
+/// values: nothing known of them locally) and a `grpc-timeout` of `timeout` is answered before
+/// the timeout by its domain's failure mode: `error` UNAVAILABLE, `open` OK, `closed`
+/// OVER_LIMIT, `local` OK (new values, within their share). An answer after the deadline would
+/// be tonic's own CANCELLED instead.
+pub async fn assert_failure_modes_answer_in_time(
+    c: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    prefix: &str,
+    values: &[String],
+    timeout: Duration,
+) {
+    for m in FAILURE_MODES {
+        let mut r =
+            tonic::Request::new(request(&format!("{prefix}_{m}"), values.iter().map(|v| desc(&[("k", v)])).collect()));
+        r.set_timeout(timeout);
+        let asked = std::time::Instant::now();
+        let answer = c.should_rate_limit(r).await;
+        let took = asked.elapsed();
+        assert!(took < timeout, "{m}: answered after {took:?}, beyond the grpc-timeout {timeout:?}: {answer:?}");
+        match (m, answer) {
+            ("error", Err(e)) => assert_eq!(e.code(), tonic::Code::Unavailable, "{m}: {e:?}"),
+            ("closed", Ok(r)) => assert_eq!(r.get_ref().overall_code, Code::OverLimit as i32, "{m}: {r:?}"),
+            ("open" | "local", Ok(r)) => assert!(ok(r.get_ref()), "{m}: {r:?}"),
+            (m, r) => panic!("{m}: {r:?}"),
+        }
+    }
+}
