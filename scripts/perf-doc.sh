@@ -12,7 +12,8 @@
 #
 # Reports (paths from the repository's root): server=target/bench-report.md (make bench),
 # service=target/bench-service/report.md (make bench-service), profile=target/profile/profile.md
-# (make profile), client=target/bench-client/report.md. PERF_DOC names another doc.
+# (make profile), client=target/bench-client/report.md, cold=target/bench-cold.md (make bench).
+# PERF_DOC names another doc.
 #
 # The splice is exact: the lines between the markers become the report's lines, less its title
 # (a first line starting with `#`: the doc has its own headings) and the blank lines at its
@@ -27,6 +28,7 @@ DEFAULT_REPORTS=(
   service=$ROOT/target/bench-service/report.md
   profile=$ROOT/target/profile/profile.md
   client=$ROOT/target/bench-client/report.md
+  cold=$ROOT/target/bench-cold.md
 )
 # "- Commit: `<short sha>[-dirty]` · Machine: <CPU model>, <n> CPUs" (no interval expressions:
 # mawk has none)

@@ -17,8 +17,6 @@
 //!         resume(now, key, waiter)           → the next step
 //!   A claim is a request's own (a remembered key's, or a one-off claim of a key not remembered:
 //!   decided by its reply alone), a peek's DRYRUN, or a background refill: all reported alike.
-//!   unanswered(now, key, cost, take)         a request its driver could not carry to its end:
-//!                                            the failure policy decides it
 //! After a request:
 //!   refund(now, key, &outcome)               puts an admitted outcome's units back
 //!   peek_local(now, key, cost)               what local knowledge alone decides (takes nothing)
@@ -806,24 +804,6 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         let (lease, m) = (&self.shared.config.lease, &self.metrics);
         let v = self.slots[i].state.resume(now, waiter.cost, Some(waiter.claim), lease, m);
         self.step(now, i, waiter.cost, v)
-    }
-
-    /// A request its driver could not carry to its end (its task was cancelled: the runtime
-    /// shutting down): the failure policy decides it, as a request whose claim got no answer
-    /// (`take`: false for a peek, which consumes nothing).
-    pub fn unanswered<Q>(&mut self, now: Nanos, key: &Q, cost: u64, take: bool) -> Outcome
-    where
-        K: Borrow<Q> + From<Q::Owned>,
-        Q: Hash + Eq + ToOwned + ?Sized,
-    {
-        let i = self.find_or_insert(now, self.hash(key), key);
-        let o = self.fallback(now, i, cost, self.shared.config.breaker.cool_down, take);
-        self.arm(now, i);
-        if take {
-            self.shadow(o)
-        } else {
-            self.shadow_quiet(o)
-        }
     }
 
     /// The reply to `claim`. `Some(step)` for the request that sent it, `None` for a background
