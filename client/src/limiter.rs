@@ -523,9 +523,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         shard.engine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `f` on the shard of `hash`, then publishes the shard's next deadline (waking the
-    /// housekeeping task if it is earlier than its sleep) and sends what the engine queued (the
-    /// returns of a key evicted by the `max_keys` cap).
+    /// Runs `f` on the shard of `hash`, then publishes the shard's next deadline and sends what
+    /// the engine queued (the returns of a key evicted by the `max_keys` cap).
     fn with_engine<T>(self: &Arc<Self>, hash: u64, f: impl FnOnce(&mut Engine<StoredKey>, Nanos) -> T) -> T {
         let shard = self.shard(hash);
         let mut e = Inner::<C>::lock(shard);
@@ -534,15 +533,24 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
         out
     }
 
-    /// Unlocks a shard after a call: publishes its next deadline (waking the housekeeping task
-    /// if it is earlier than its sleep) and sends what the engine queued.
+    /// Unlocks a shard after a call: publishes its next deadline for the housekeeping task,
+    /// under the lock (so the value left is the last engine state's, whatever the order the
+    /// holders unlock in), written only when it changed (the usual check leaves it where it
+    /// was), then sends what the engine queued. A shard that had no deadline wakes the task,
+    /// which may be sleeping until woken (`notify_one` leaves a permit if it is not waiting
+    /// yet: no wake-up is lost); an earlier deadline than before is seen at the task's next
+    /// wake-up, at most the wheel's resolution later.
     #[inline]
     fn release(self: &Arc<Self>, shard: &Shard, mut e: MutexGuard<'_, Engine<StoredKey>>) {
         let next = e.poll_timeout().unwrap_or(Nanos::MAX);
+        let was = shard.next_wake.load(Ordering::Relaxed);
+        if was != next {
+            shard.next_wake.store(next, Ordering::Relaxed);
+        }
         let transmit = e.poll_transmit();
         if transmit.is_none() {
             drop(e);
-            self.publish(shard, next);
+            self.woken(was, next);
             return;
         }
         let mut returns: Vec<Return<StoredKey>> = transmit.into_iter().collect();
@@ -550,25 +558,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Inner<C> {
             returns.push(r);
         }
         drop(e);
-        self.publish(shard, next);
+        self.woken(was, next);
         for r in returns {
             tokio::spawn(self.clone().give_back(r));
         }
     }
 
-    /// A shard's next deadline for the housekeeping task: written only when it changed (the
-    /// usual check leaves it where it was; only the shard's lock holder writes it). A shard
-    /// that had none wakes the task, which may be sleeping until woken (`notify_one` leaves a
-    /// permit if it is not waiting yet: no wake-up is lost); an earlier deadline than before
-    /// is seen at its next wake-up, at most the wheel's resolution later.
+    /// Wakes the housekeeping task when a shard's deadline went from none to some.
     #[inline]
-    fn publish(&self, shard: &Shard, next: Nanos) {
-        let was = shard.next_wake.load(Ordering::Relaxed);
-        if was != next {
-            shard.next_wake.store(next, Ordering::Relaxed);
-            if was == Nanos::MAX {
-                self.housekeeper.notify_one();
-            }
+    fn woken(&self, was: Nanos, next: Nanos) {
+        if was == Nanos::MAX && next != Nanos::MAX {
+            self.housekeeper.notify_one();
         }
     }
 
