@@ -13,7 +13,8 @@
 # Reports (paths from the repository's root): server=target/bench-report.md (make bench),
 # service=target/bench-service/report.md (make bench-service), service-connection=
 # target/bench-service/connection.md (make bench-service's TLS and failover rows),
-# profile=target/profile/profile.md (make profile), client=target/bench-client/report.md.
+# profile=target/profile/profile.md (make profile), client=target/bench-client/report.md,
+# cold=target/bench-cold.md (make bench).
 # PERF_DOC names another doc.
 #
 # The splice is exact: the lines between the markers become the report's lines, less its title
@@ -30,6 +31,7 @@ DEFAULT_REPORTS=(
   service-connection=$ROOT/target/bench-service/connection.md
   profile=$ROOT/target/profile/profile.md
   client=$ROOT/target/bench-client/report.md
+  cold=$ROOT/target/bench-cold.md
 )
 # "- Commit: `<short sha>[-dirty]` · Machine: <CPU model>, <n> CPUs" (no interval expressions:
 # mawk has none)
