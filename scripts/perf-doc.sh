@@ -14,7 +14,7 @@
 # service=target/bench-service/report.md (make bench-service), service-connection=
 # target/bench-service/connection.md (make bench-service's TLS and failover rows),
 # profile=target/profile/profile.md (make profile), client=target/bench-client/report.md,
-# cold=target/bench-cold.md (make bench).
+# cold=target/bench-cold.md and warm=target/bench-warm.md (make bench).
 # PERF_DOC names another doc.
 #
 # The splice is exact: the lines between the markers become the report's lines, less its title
@@ -32,6 +32,7 @@ DEFAULT_REPORTS=(
   profile=$ROOT/target/profile/profile.md
   client=$ROOT/target/bench-client/report.md
   cold=$ROOT/target/bench-cold.md
+  warm=$ROOT/target/bench-warm.md
 )
 # "- Commit: `<short sha>[-dirty]` · Machine: <CPU model>, <n> CPUs" (no interval expressions:
 # mawk has none)
