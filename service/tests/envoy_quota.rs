@@ -319,15 +319,26 @@ async fn the_fleet_bound_holds_on_three_envoys_through_a_crash_and_a_restart() {
 }
 
 /// The fleet bound of a window limit at its edges (docs/quota-service.md, "Every algorithm"):
-/// three Envoys with uneven load on two replicas, a fixed window of 100 per 2 s (L = 1 s,
-/// d = 0.1 s). Any 2 s admits at most `limit·(⌈(W + L + d)/w⌉ + 1)` = 100 × (2 + 1) = 300; each
-/// window (aligned to the epoch, as the module's are) is served again after its edge (the
-/// next lease is due at the window's end): at least half its limit admitted in every whole
-/// window of the run, and never more than the limit from its own claims plus the previous
-/// window's last leases.
+/// three Envoys with uneven load on two replicas, a window of 100 per 2 s (L = 1 s, d = 0.1 s).
+/// Any 2 s admits at most `limit·(⌈(W + L + d)/w⌉ + 1)` = 100 × (2 + 1) = 300; each window
+/// (aligned to the epoch, as the module's are) is served again after its edge (the next lease
+/// is due at the window's end): at least half its limit admitted in every whole window of the
+/// run, and never more than the limit from its own claims plus the previous window's last
+/// leases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_bound_holds_for_a_fixed_window_at_its_edges() {
-    let fleet = Fleet::start("{requests_per_unit: 100, period: 2s, algorithm: fixed}");
+    window_fleet("fixed").await;
+}
+
+/// As [`the_fleet_bound_holds_for_a_fixed_window_at_its_edges`], on a sliding window (the
+/// same bound: docs/quota-service.md, "Every algorithm").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_bound_holds_for_a_sliding_window_at_its_edges() {
+    window_fleet("sliding").await;
+}
+
+async fn window_fleet(algorithm: &str) {
+    let fleet = Fleet::start(&format!("{{requests_per_unit: 100, period: 2s, algorithm: {algorithm}}}"));
     let _replicas = [fleet.replica(0), fleet.replica(1)];
     let (a, b, c) = (fleet.envoy_on(0), fleet.envoy_on(1), fleet.envoy_on(0));
     let t0 = Instant::now();
@@ -357,7 +368,7 @@ async fn the_fleet_bound_holds_for_a_fixed_window_at_its_edges() {
         w += 2;
     }
     println!(
-        "fixed window fleet: {} requests, {} admitted, worst 2 s {worst} (bound 300); whole windows \
+        "{algorithm} window fleet: {} requests, {} admitted, worst 2 s {worst} (bound 300); whole windows \
          (start, certainly inside, possibly inside): {windows:?}",
         all.len(),
         admitted.len()
