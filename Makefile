@@ -67,10 +67,14 @@ fuzz-long:
 
 # Benchmarks: server CPU per op of every RL command against INCR, SET EX, redis-cell (built from
 # ../shared/peers, or BENCH_REDIS_CELL_SRC) and the seeds' Lua scripts, alone and with a replica
-# (target/bench-report.md; knobs: benches/server/main.rs), then the cores alone (criterion).
+# (target/bench-report.md; knobs: benches/server/main.rs), then the cores alone (criterion), then
+# the client's cold path end to end against direct calls (target/bench-cold.md; client/benches/cold.rs)
+# and its warm path against governor's keyed check (target/bench-warm.md; client/benches/warm.rs).
 bench: build
 	$(CARGO) bench --locked --bench server
 	$(CARGO) bench --locked --bench core
+	$(CARGO) bench --locked -p redis-ratelimit-client --bench cold
+	$(CARGO) bench --locked -p redis-ratelimit-client --bench warm
 
 # Instructions per call under callgrind (repeatable whatever the machine load).
 profile: build

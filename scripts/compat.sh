@@ -137,7 +137,9 @@ run_server() {
     else
       failed+=("$test")
       log "$name: $test FAILED (log: target/compat/$1/$test.log)"
-      grep -E '^(test .* FAILED|---- .* stdout ----|thread .* panicked)' "$out/$test.log" | head -20 >&2 || true
+      # The failing tests and each panic with its message (the lines after "panicked at").
+      grep -E '^test .* FAILED' "$out/$test.log" | head -10 >&2 || true
+      grep -E -A6 '^thread .* panicked' "$out/$test.log" | cut -c1-300 | head -40 >&2 || true
     fi
     total=$((total + $(awk '/^test result:/ { n += $4 } END { print n + 0 }' "$out/$test.log")))
   done < <(printf '%s\n' "${BINARIES[@]}")

@@ -11,8 +11,11 @@
 #   bash scripts/perf-doc.sh stamp           the stamp line every report carries
 #
 # Reports (paths from the repository's root): server=target/bench-report.md (make bench),
-# service=target/bench-service/report.md (make bench-service), profile=target/profile/profile.md
-# (make profile), client=target/bench-client/report.md. PERF_DOC names another doc.
+# service=target/bench-service/report.md (make bench-service), service-connection=
+# target/bench-service/connection.md (make bench-service's TLS and failover rows),
+# profile=target/profile/profile.md (make profile), client=target/bench-client/report.md,
+# cold=target/bench-cold.md and warm=target/bench-warm.md (make bench).
+# PERF_DOC names another doc.
 #
 # The splice is exact: the lines between the markers become the report's lines, less its title
 # (a first line starting with `#`: the doc has its own headings) and the blank lines at its
@@ -25,8 +28,11 @@ DOC=${PERF_DOC:-$ROOT/docs/PERFORMANCE.md}
 DEFAULT_REPORTS=(
   server=$ROOT/target/bench-report.md
   service=$ROOT/target/bench-service/report.md
+  service-connection=$ROOT/target/bench-service/connection.md
   profile=$ROOT/target/profile/profile.md
   client=$ROOT/target/bench-client/report.md
+  cold=$ROOT/target/bench-cold.md
+  warm=$ROOT/target/bench-warm.md
 )
 # "- Commit: `<short sha>[-dirty]` · Machine: <CPU model>, <n> CPUs" (no interval expressions:
 # mawk has none)

@@ -2,17 +2,14 @@
 //! shared machine are not): one process per case runs `IR_N` checks after a warm-up, and
 //! `client/benches/ir.sh` runs each case at N and 2N checks and reports the difference ÷ N
 //! (the warm-up, the server's start and the runtime's cancel out). The cases are those of
-//! `local_path.rs`, with governor's keyed limiter and a direct `commands::check` measured the
-//! same way in the same run:
+//! `local_path.rs`, with governor's keyed limiter measured the same way in the same run:
 //!
 //! * `limiter_1`, `limiter_1000`: `Limiter::check` of a key holding units (polled once; a check
 //!   that must wait is finished on the runtime, the same future); `engine_*`: the sans-IO
-//!   engine alone; `governor_*`: `RateLimiter::keyed` `check_key`;
-//! * `cold_limiter`, `cold_direct`: a key never seen (an exact claim, a round trip) against
-//!   `commands::check`, on the same connection type, against a real redis-server;
-//!   `cold_direct_timeout`: that call under `tokio::time::timeout` (the limiter's 100 ms), as a
-//!   service makes it; `cold_direct_timer`: the bare call with one idle timer pending in the
-//!   runtime (what the tokio time driver costs at every park once any timer exists).
+//!   engine alone; `governor_*`: `RateLimiter::keyed` `check_key`.
+//!
+//! The cold path (a key never seen) is measured end to end, CPU per request and p99 at a fixed
+//! rate against a direct `commands::check`, by `client/benches/cold.rs` (`make bench`).
 //!
 //! `bash client/benches/ir.sh` (needs valgrind and the module: `make build`).
 
@@ -27,7 +24,6 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use governor::{Quota, RateLimiter};
-use redis_ratelimit_client::commands::{self, Options};
 use redis_ratelimit_client::{ConnectionConfig, Decision, Engine, Limit, Limiter, LimiterConfig, Nanos, Step};
 
 /// A limit no case reaches: every check is admitted.
@@ -218,46 +214,6 @@ fn main() {
                     });
                     report(c, n * 2, t);
                     eprintln!("wall {c} {:.1} ns/check/thread", wall.as_nanos() as f64 / n as f64);
-                }
-                "cold_limiter" => {
-                    let limit = Limit::token_bucket(1000, Duration::from_secs(60)).unwrap();
-                    let l = Limiter::new(conn, LimiterConfig::new(limit)).unwrap();
-                    let t = cpu_now();
-                    rt.block_on(async {
-                        for i in 0..n {
-                            black_box(l.check(&format!("cold:{i}"), 1).await);
-                        }
-                    });
-                    report(c, n, cpu_now() - t);
-                    let m = l.metrics();
-                    eprintln!("{c}: {n} checks, {} one-off claims, {} keys remembered", m.one_off_claims, m.keys);
-                }
-                // `cold_direct_timeout`: the direct call as a service must make it, under a
-                // timeout (the limiter's default, 100 ms), so that a hung Redis cannot hang
-                // requests.
-                // `cold_direct_timer`: the bare call in a runtime with one timer pending (an
-                // hour's sleep that never fires), as a service's runtime always has one: the
-                // time driver's work at every park, which the limiter's timeouts cause too.
-                "cold_direct" | "cold_direct_timeout" | "cold_direct_timer" => {
-                    let limit = Limit::token_bucket(1000, Duration::from_secs(60)).unwrap();
-                    let timeout = (c == "cold_direct_timeout").then_some(Duration::from_millis(100));
-                    let mut conn = conn;
-                    if c == "cold_direct_timer" {
-                        rt.spawn(tokio::time::sleep(Duration::from_secs(3600)));
-                    }
-                    let t = cpu_now();
-                    rt.block_on(async {
-                        for i in 0..n {
-                            let key = format!("direct:{i}");
-                            let call = commands::check(&mut conn, &key, &limit, Options::cost(1));
-                            let d = match timeout {
-                                Some(t) => tokio::time::timeout(t, call).await.unwrap(),
-                                None => call.await,
-                            };
-                            black_box(d.unwrap());
-                        }
-                    });
-                    report(c, n, cpu_now() - t);
                 }
                 other => panic!("unknown IR_CASE {other}"),
             }

@@ -10,10 +10,9 @@
 //!   keys run dry while their refill is out, so checks wait, so the loop and each key's
 //!   demand stay slow) that open-loop traffic, whose rate does not depend on the latency,
 //!   leaves within a time constant of the demand estimate (1 s);
-//! * `threads_2/*`: the same from 2 threads at once (time per check per thread);
-//! * `cold_key_cpu/*`: the client process's CPU time (CLOCK_PROCESS_CPUTIME_ID) per check of a
-//!   key never seen (a claim round trip) against a direct `commands::check`, against a real
-//!   redis-server with the module.
+//! * `threads_2/*`: the same from 2 threads at once (time per check per thread).
+//!
+//! The cold path (a key never seen): `cold.rs`.
 //!
 //! `cargo bench -p redis-ratelimit-client --bench local_path` (needs the module built:
 //! `make build`).
@@ -31,18 +30,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use governor::{Quota, RateLimiter};
-use redis_ratelimit_client::commands::{self, Options};
 use redis_ratelimit_client::{
     Connection, ConnectionConfig, Decision, Engine, EngineConfig, Limit, Limiter, LimiterConfig, Nanos, Step,
 };
-
-fn cpu_now() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_PROCESS_CPUTIME_ID is always available
-    // on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
 
 /// A limit no benchmark reaches: every check is admitted.
 fn huge() -> Limit {
@@ -93,7 +83,6 @@ struct Fixture {
     _server: common::Server,
     rt: tokio::runtime::Runtime,
     limiter: Limiter<Connection>,
-    conn: Connection,
 }
 
 fn fixture() -> Fixture {
@@ -111,9 +100,9 @@ fn fixture() -> Fixture {
             .horizon(Duration::from_secs(5))
             .max_batch(1_000_000)
             .timeout(Duration::from_secs(1));
-        Limiter::new(conn.clone(), config).unwrap()
+        Limiter::new(conn, config).unwrap()
     };
-    Fixture { _server: server, rt, limiter, conn }
+    Fixture { _server: server, rt, limiter }
 }
 
 /// One driver check polled once (a local decision is ready at once); a check that must wait
@@ -218,49 +207,9 @@ fn two_threads(c: &mut Criterion) {
     g.finish();
 }
 
-fn cold_keys(c: &mut Criterion) {
-    let f = fixture();
-    let limit = Limit::token_bucket(1000, Duration::from_secs(60)).unwrap();
-    let cold = {
-        let _g = f.rt.enter();
-        Limiter::new(f.conn.clone(), LimiterConfig::new(limit)).unwrap()
-    };
-    let mut g = c.benchmark_group("cold_key_cpu");
-    g.sample_size(20);
-    let mut seq = 0u64;
-    g.bench_function("limiter", |b| {
-        b.iter_custom(|iters| {
-            let (l, start) = (cold.clone(), seq);
-            seq += iters;
-            f.rt.block_on(async move {
-                let t = cpu_now();
-                for i in 0..iters {
-                    black_box(l.check(&format!("cold:{}", start + i), 1).await);
-                }
-                cpu_now() - t
-            })
-        })
-    });
-    g.bench_function("commands_check", |b| {
-        b.iter_custom(|iters| {
-            let (mut conn, start) = (f.conn.clone(), seq);
-            seq += iters;
-            f.rt.block_on(async move {
-                let t = cpu_now();
-                for i in 0..iters {
-                    let key = format!("direct:{}", start + i);
-                    black_box(commands::check(&mut conn, &key, &limit, Options::cost(1)).await.unwrap());
-                }
-                cpu_now() - t
-            })
-        })
-    });
-    g.finish();
-}
-
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
-    targets = single_thread, two_threads, cold_keys
+    targets = single_thread, two_threads
 }
 criterion_main!(benches);

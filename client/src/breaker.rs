@@ -140,15 +140,6 @@ impl Breaker {
         }
     }
 
-    /// A permitted call was abandoned without a result (its task was dropped): a lost probe
-    /// must not leave the breaker half-open for ever.
-    pub fn on_abandon(&self, now: Nanos) {
-        let mut s = self.lock();
-        if *s == State::HalfOpen {
-            self.set(&mut s, State::Open { until: now });
-        }
-    }
-
     /// Whether calls are currently refused (open or half-open).
     pub fn is_open(&self) -> bool {
         self.state() != BreakerState::Closed
@@ -198,14 +189,5 @@ mod tests {
         b.on_success();
         assert_eq!(b.permit(Nanos::new(211)), Permit::Call);
         assert!(!b.is_open());
-    }
-
-    #[test]
-    fn abandoned_probe_reopens_at_once() {
-        let b = Breaker::new(BreakerConfig { failures: 1, cool_down: Nanos::new(10) });
-        assert!(b.on_failure(Nanos::new(0)));
-        assert_eq!(b.permit(Nanos::new(10)), Permit::Probe);
-        b.on_abandon(Nanos::new(12));
-        assert_eq!(b.permit(Nanos::new(12)), Permit::Probe);
     }
 }

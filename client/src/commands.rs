@@ -106,42 +106,6 @@ fn duration_bytes(d: Duration, out: &mut [u8; 41]) -> &[u8] {
     &out[..len]
 }
 
-/// A limit's command name and arguments ([`each_limit_arg`]) encoded once, for a driver that
-/// sends many commands of one limit (a limiter's one-off claims): each command then copies the
-/// bytes instead of formatting the numbers again.
-#[derive(Clone, Debug)]
-pub(crate) struct LimitArgs {
-    name: &'static str,
-    /// The arguments' bytes, one after another; `ends[i]` is where argument `i` ends.
-    bytes: Vec<u8>,
-    ends: Vec<usize>,
-}
-
-impl LimitArgs {
-    pub(crate) fn new(limit: &Limit) -> LimitArgs {
-        let (mut bytes, mut ends) = (Vec::new(), Vec::new());
-        each_limit_arg(limit, |a| {
-            bytes.extend_from_slice(a);
-            ends.push(bytes.len());
-        });
-        LimitArgs { name: limit.algorithm().command(), bytes, ends }
-    }
-
-    /// [`limit_cmd`]'s command for this limit.
-    pub(crate) fn cmd(&self, key: &str, opts: Options) -> Cmd {
-        // `COST n` takes 4 and at most 20 bytes, `DRYRUN` and `PARTIAL` 13.
-        let mut c = Cmd::with_capacity(self.ends.len() + 6, self.name.len() + key.len() + self.bytes.len() + 37);
-        c.arg(self.name).arg(key);
-        let mut start = 0;
-        for &end in &self.ends {
-            c.arg(&self.bytes[start..end]);
-            start = end;
-        }
-        opts.append(&mut c);
-        c
-    }
-}
-
 /// Checks `key` against `limit` (any of the six algorithms).
 pub async fn check<C: ConnectionLike>(conn: &mut C, key: &str, limit: &Limit, opts: Options) -> RedisResult<Decision> {
     limit_cmd(key, limit, opts).query_async(conn).await
@@ -368,27 +332,6 @@ mod tests {
                 want.extend(["BURST".to_string(), b.to_string()]);
             }
             assert_eq!(args, want, "{l:?}");
-        }
-    }
-
-    #[test]
-    fn encoded_limit_args_build_the_same_command_as_limit_cmd() {
-        let options = [
-            Options::default(),
-            Options::cost(0),
-            Options::cost(u64::MAX),
-            Options::claim(7),
-            Options::cost(3).dry_run(),
-            Options { cost: Some(9), dry_run: true, partial: true },
-        ];
-        for l in limits() {
-            let encoded = LimitArgs::new(&l);
-            for key in ["", "k", "tenant:{a}:\u{e9}"] {
-                for opts in options {
-                    let (a, b) = (encoded.cmd(key, opts), limit_cmd(key, &l, opts));
-                    assert_eq!(a.get_packed_command(), b.get_packed_command(), "{l:?} {opts:?}");
-                }
-            }
         }
     }
 }

@@ -1,23 +1,38 @@
 //! The whole client decision, sans IO: per-key reservations ([`crate::lease`]), the circuit
 //! breaker ([`crate::breaker`]), the failure policy ([`crate::policy`]), shadow mode and the
 //! metrics, over the keys of one shard. `now` is a [`Nanos`] passed in; nothing here reads a
-//! clock, sleeps or does IO. The tokio driver ([`crate::Limiter`]), the simulator and any other
-//! driver use it the same way (the contract of quinn-proto's `poll_transmit` / `poll_timeout`):
+//! clock, sleeps or does IO. The tokio driver ([`crate::Limiter`]), the simulator and the
+//! property tests use it the same way, through one door (the contract of quinn-proto's
+//! `poll_transmit` / `poll_timeout`). Every entry point:
 //!
 //! ```text
-//! match engine.check(now, key, cost) {
-//!     Step::Done { outcome, refill } => { answer outcome; if let Some(c) = refill { send c in the background } }
-//!     Step::Send(claim) => { send claim.command(); then on_reply(now, &claim, &decision) or on_error(now, &claim, e) }
-//!     Step::Wait(waiter) => { wait for that key's claim to finish (or waiter.until()); then resume(now, key, waiter) }
-//! }
-//! on_reply / on_error / resume answer a Step again (a request can need a second step).
-//! poll_timeout() → when handle_timeout(now) next has work; after it (and after any call),
-//! poll_transmit() → the RL.RETURN requests to send, each reported with on_return.
+//! A request:
+//!   check(now, key, cost)                    (check_hashed: the key's hash already computed)
+//!   peek(now, key, cost)                     (decides without taking; not counted as a request)
+//!     → Step::Done { outcome, refill }       answer outcome; send refill (a background claim) if any
+//!     → Step::Send(claim)                    send claim.command(), by claim.deadline(); then
+//!         on_reply(now, &claim, &decision)   → Some(next step) for its request, None for a refill
+//!         on_error(now, &claim, CallError)   → likewise (Unavailable: no answer by the deadline)
+//!     → Step::Wait(waiter)                   wait for the key's claim in flight (or waiter.until()), then
+//!         resume(now, key, waiter)           → the next step
+//!   A claim is a request's own (a remembered key's, or a one-off claim of a key not remembered:
+//!   decided by its reply alone), a peek's DRYRUN, or a background refill: all reported alike.
+//! After a request:
+//!   refund(now, key, &outcome)               puts an admitted outcome's units back
+//!   peek_local(now, key, cost)               what local knowledge alone decides (takes nothing)
+//! Time and returns:
+//!   poll_timeout()                           when handle_timeout next has work (ask after each call)
+//!   handle_timeout(now)                      housekeeping of the keys due
+//!   poll_transmit()                          the next RL.RETURN to send (housekeeping, evictions), then
+//!     on_return(now, result)                 its answer
+//!   drain(now)                               shutdown: every held unit to give back
 //! ```
 //!
-//! Every [`Claim`] and [`Return`] is a finished request: it builds its own command, and a
-//! return carries its `AGE` (margin included), computed in one place. A claim that is never
-//! reported is given up by the engine itself once stale (counted in `claims_given_up`).
+//! Every [`Claim`] and [`Return`] is a finished request: it builds its own command and carries
+//! its deadline, and a return its `AGE` (margin included), computed in one place. A claim that
+//! is never reported is given up by the engine itself once stale (counted in
+//! `claims_given_up`). [`Shared`] (one per limiter, over its shards) holds the configuration,
+//! the breaker, the hasher and the counters; it decides nothing.
 
 use std::borrow::Borrow;
 use std::collections::VecDeque;
@@ -31,8 +46,9 @@ use crate::breaker::{Breaker, BreakerConfig, Permit};
 use crate::commands::{self, Options};
 use crate::decision::Decision;
 use crate::lease::{ClaimSpec, KeyState, LeaseConfig, LimitedBy, ReturnSpec, Ruling, Taken};
-use crate::metrics::{add, add_shared, sub, sub_shared, Metrics, MetricsSnapshot};
+use crate::metrics::{add, add_shared, sub, Metrics, MetricsSnapshot};
 use crate::policy::{FailurePolicy, LocalBucket};
+use crate::sightings::{Sighting, Sightings};
 use crate::slab::Slab;
 use crate::spec::Limit;
 use crate::wheel::Wheel;
@@ -182,6 +198,8 @@ pub struct Claim<K> {
     limit: Limit,
     dry_run: bool,
     one_off: bool,
+    /// Its send plus the call timeout.
+    deadline: Nanos,
 }
 
 impl<K> Claim<K> {
@@ -225,8 +243,10 @@ impl<K> Claim<K> {
 }
 
 impl<K> Claim<K> {
-    fn deadline_after(&self, timeout: Nanos) -> Nanos {
-        self.spec.sent_at + timeout
+    /// Give it up as timed out (report [`CallError::Unavailable`]) at this instant: its send
+    /// plus the call timeout.
+    pub fn deadline(&self) -> Nanos {
+        self.deadline
     }
 }
 
@@ -239,33 +259,6 @@ impl<K: AsRef<str>> Claim<K> {
             Options { cost: Some(self.spec.units), partial: self.spec.partial, dry_run: false }
         };
         commands::limit_cmd(self.key.as_ref(), &self.limit, opts)
-    }
-}
-
-/// A one-off claim ([`Claim::one_off`]) without its key, for a driver that holds the key for
-/// as long as the request ([`Engine::check_or_one_off`]): the command is built from the key
-/// the driver has ([`Shared::one_off_command`]), its reply decided by
-/// [`Shared::one_off_outcome`]; a failure is reported as the claim's
-/// ([`Shared::one_off_claim`], then [`Engine::on_error`]), and a request given up before its
-/// reply with [`Shared::one_off_abandoned`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[must_use = "a one-off claim must be sent, and its reply, failure or abandonment reported"]
-pub struct OneOff {
-    cost: u64,
-    sent_at: Nanos,
-}
-
-impl OneOff {
-    /// The units the request needs (claimed exactly: `COST cost`).
-    pub fn cost(&self) -> u64 {
-        self.cost
-    }
-    /// The engine's instant the claim was made.
-    pub fn sent_at(&self) -> Nanos {
-        self.sent_at
-    }
-    fn spec(&self) -> ClaimSpec {
-        ClaimSpec { id: 0, units: self.cost, partial: false, sent_at: self.sent_at, background: false, cost: self.cost }
     }
 }
 
@@ -340,8 +333,6 @@ pub enum CallError {
     /// Redis answered with an error (a wrong type, the module missing, an ACL refusal): an
     /// answer, so the breaker stays closed, but the request falls to the failure policy.
     Refused,
-    /// The call was abandoned without a result (its task was dropped).
-    Abandoned,
 }
 
 /// What the caller of [`Engine`] does next for a request.
@@ -365,8 +356,6 @@ pub struct Shared {
     pub config: EngineConfig,
     pub breaker: Breaker,
     pub hasher: KeyHasher,
-    /// The limit's arguments, encoded once for the one-off claims' commands.
-    limit_args: commands::LimitArgs,
     /// What no shard counts: the answers of returns sent by a driver without its shard.
     unsharded: Metrics,
     /// The metrics of every engine made with this state.
@@ -374,18 +363,11 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// The instant a driver gives `claim` up as timed out (its send plus the call timeout);
-    /// needs no engine, so a driver reads it without the shard's lock.
-    pub fn deadline<K>(&self, claim: &Claim<K>) -> Nanos {
-        claim.deadline_after(self.config.call_timeout)
-    }
-
     pub fn new(config: EngineConfig) -> Arc<Shared> {
         Arc::new(Shared {
             config,
             breaker: Breaker::new(config.breaker),
             hasher: KeyHasher::default(),
-            limit_args: commands::LimitArgs::new(&config.lease.limit),
             unsharded: Metrics::default(),
             engines: Mutex::new(Vec::new()),
         })
@@ -403,87 +385,6 @@ impl Shared {
         self.hasher.hash_one(key)
     }
 
-    /// The reply to a one-off claim ([`Claim::one_off`]) decides its request and needs no
-    /// engine: a driver reports it here without its shard's lock (counted in the limiter's
-    /// unsharded metrics). The key stays unremembered (a refusal is not cached: the key's next
-    /// request within L, remembered, learns it again).
-    pub fn one_off_reply<K>(&self, claim: &Claim<K>, d: &Decision) -> Step<K> {
-        let o = OneOff { cost: claim.spec.cost, sent_at: claim.spec.sent_at };
-        Step::Done { outcome: self.one_off_outcome(&o, d), refill: None }
-    }
-
-    /// The claim of a [`OneOff`], with its key: to report its failure ([`Engine::on_error`]).
-    pub fn one_off_claim<K>(&self, o: OneOff, key: K) -> Claim<K> {
-        Claim { key, spec: o.spec(), limit: self.config.lease.limit, dry_run: false, one_off: true }
-    }
-
-    /// The command of a [`OneOff`] for `key`: as [`Claim::command`] of its claim.
-    pub fn one_off_command(&self, o: &OneOff, key: &str) -> redis::Cmd {
-        self.limit_args.cmd(key, Options::cost(o.cost))
-    }
-
-    /// The instant a driver gives a [`OneOff`] up as timed out (as [`Shared::deadline`]).
-    pub fn one_off_deadline(&self, o: &OneOff) -> Nanos {
-        o.sent_at + self.config.call_timeout
-    }
-
-    /// A [`OneOff`] whose request went away before its reply: no longer in flight, its request
-    /// counted in `requests_abandoned`. Nothing is held for its key; units it was granted are
-    /// spent at the server (the safe direction). The breaker learns nothing from a call not
-    /// seen to the end, but a half-open breaker's probe it was gives its permit up (as
-    /// [`Engine::cancel`]), or the breaker would stay half-open for good.
-    pub fn one_off_abandoned(&self, now: Nanos, _o: OneOff) {
-        self.breaker.on_abandon(now);
-        sub_shared(&self.unsharded.claims_in_flight, 1);
-        self.request_abandoned();
-    }
-
-    /// A request whose caller went away before it was decided (a driver's report: the engine
-    /// never sees it go): counted in `requests_abandoned`, so that every request is counted
-    /// once, decided or abandoned.
-    pub fn request_abandoned(&self) {
-        add_shared(&self.unsharded.requests_abandoned, 1);
-    }
-
-    /// The reply to a [`OneOff`]: its request's outcome ([`Shared::one_off_reply`]).
-    pub fn one_off_outcome(&self, o: &OneOff, d: &Decision) -> Outcome {
-        self.breaker.on_success();
-        let (lease, m) = (&self.config.lease, &self.unsharded);
-        sub_shared(&m.claims_in_flight, 1);
-        let (cost, sent_at) = (o.cost, o.sent_at);
-        let granted = d.allowed.min(cost);
-        add_shared(&m.units_claimed, granted);
-        let base = Outcome {
-            limit: Some(d.limit),
-            remaining: Some(d.remaining.min(d.limit)),
-            reset_after: Some(d.reset_after.into()),
-            ..Outcome::plain(false, Source::Redis, None)
-        };
-        let mut outcome = if granted >= cost {
-            add_shared(&m.redis_admits, 1);
-            add_shared(&m.units_served, cost);
-            let expires_at = sent_at + lease.lease_span(d);
-            Outcome {
-                allowed: true,
-                enforced: true,
-                delay: d.delay.map(Nanos::from),
-                taken: Some(Taken { units: cost, expires_at, claim_sent_at: sent_at, one_off: true }),
-                ..base
-            }
-        } else {
-            // An exact claim is granted all or nothing; anything else counts as lost.
-            add_shared(&m.units_expired, granted);
-            add_shared(&m.redis_denials, 1);
-            let retry_after = d.retry_after.map(|r| Nanos::from(r).max(Nanos::new(1)));
-            Outcome { retry_after, ..base }
-        };
-        if self.config.shadow && !outcome.allowed {
-            add_shared(&m.shadow_would_blocks, 1);
-            outcome.allowed = true;
-        }
-        outcome
-    }
-
     /// A return's answer (see [`Engine::on_return`]): needs no shard.
     pub fn on_return(&self, now: Nanos, result: Result<u64, CallError>) {
         let m = &self.unsharded;
@@ -499,7 +400,6 @@ impl Shared {
                     add_shared(&m.breaker_opens, 1);
                 }
             }
-            Err(CallError::Abandoned) => {}
         }
     }
 
@@ -545,10 +445,8 @@ pub struct Engine<K> {
     returns: Vec<ReturnSpec>,
     /// For the eviction sample (xorshift).
     rng: u64,
-    /// Recent first requests ([`EngineConfig::sightings`]), allocated with the first: the
-    /// instant in units of 2^20 ns (~1 ms, 20 bits: wraps every ~18 min) above a 12-bit key
-    /// fingerprint (never 0: 0 is a free entry).
-    seen: Box<[u32]>,
+    /// Recent first requests ([`EngineConfig::sightings`]).
+    sightings: Sightings,
 }
 
 impl<K: Hash + Eq + Clone> Engine<K> {
@@ -569,7 +467,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
             due: Vec::new(),
             returns: Vec::new(),
             rng: 0x9e37_79b9_7f4a_7c15,
-            seen: Box::default(),
+            sightings: Sightings::default(),
         }
     }
 
@@ -754,23 +652,10 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         self.check_hashed(now, self.hash(key), key, cost)
     }
 
-    /// [`Engine::check`] with the key's hash already computed ([`Engine::hash`]).
-    pub fn check_hashed<Q>(&mut self, now: Nanos, hash: u64, key: &Q, cost: u64) -> Step<K>
-    where
-        K: Borrow<Q> + From<Q::Owned>,
-        Q: Eq + ToOwned + ?Sized,
-    {
-        match self.check_or_one_off(now, hash, key, cost) {
-            Ok(step) => step,
-            Err(o) => Step::Send(self.shared.one_off_claim(o, K::from(key.to_owned()))),
-        }
-    }
-
-    /// [`Engine::check_hashed`] for a driver that keeps the key for as long as the request: the
-    /// request of a key not remembered is answered as a [`OneOff`], which carries no copy of
-    /// the key (what would be [`Step::Send`] of a one-off [`Claim`]).
+    /// [`Engine::check`] with the key's hash already computed ([`Engine::hash`]: a driver picks
+    /// its shard with it).
     #[inline]
-    pub fn check_or_one_off<Q>(&mut self, now: Nanos, hash: u64, key: &Q, cost: u64) -> Result<Step<K>, OneOff>
+    pub fn check_hashed<Q>(&mut self, now: Nanos, hash: u64, key: &Q, cost: u64) -> Step<K>
     where
         K: Borrow<Q> + From<Q::Owned>,
         Q: Eq + ToOwned + ?Sized,
@@ -778,90 +663,72 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         add(&self.metrics.requests, 1);
         let i = match self.find(hash, key) {
             Some(i) => i,
-            None => self.new_key(now, hash, key, cost)?,
+            None => match self.new_key(now, hash, key, cost) {
+                Ok(i) => i,
+                Err(claim) => return Step::Send(claim),
+            },
         };
         let (lease, m) = (&self.shared.config.lease, &self.metrics);
         let v = self.slots[i].state.on_request(now, cost, lease, m);
-        Ok(self.step(now, i, cost, v))
+        self.step(now, i, cost, v)
     }
 
-    /// A request of a key not remembered: a one-off claim (`one_off`), else the key
-    /// remembered, evicting one at the `max_keys` cap; when none can be evicted (the keys
-    /// sampled all have a claim in flight: a flood of new keys) a one-off claim all the same,
-    /// rather than a key remembered beyond the cap.
+    /// A request of a key not remembered: a one-off claim when the sightings table says so,
+    /// else the key remembered, evicting one at the `max_keys` cap; when none can be evicted
+    /// (the keys sampled all have a claim in flight: a flood of new keys) a one-off claim all
+    /// the same, rather than a key remembered beyond the cap.
     #[cold]
     #[inline(never)]
-    fn new_key<Q>(&mut self, now: Nanos, hash: u64, key: &Q, cost: u64) -> Result<usize, OneOff>
+    fn new_key<Q>(&mut self, now: Nanos, hash: u64, key: &Q, cost: u64) -> Result<usize, Claim<K>>
     where
         K: Borrow<Q> + From<Q::Owned>,
         Q: Eq + ToOwned + ?Sized,
     {
-        if let Some(o) = self.one_off(now, hash, cost) {
-            return Err(o);
+        let cfg = &self.shared.config;
+        // Something to claim that can pass: else a fresh key state decides (nothing to claim,
+        // a cost above the capacity).
+        let claimable = cost > 0 && cost <= cfg.lease.limit.capacity();
+        if claimable && cfg.sightings > 0 {
+            if let Sighting::First { free } = self.sightings.look(now, hash, cfg.sightings, cfg.lease.lease) {
+                // The breaker refusing the call: the key is remembered, its state decides.
+                if self.shared.breaker.permit(now).allows_call() {
+                    if free {
+                        self.sightings.note(now, hash);
+                    }
+                    return Err(self.one_off(now, key, cost));
+                }
+            }
         }
         if self.full() {
             self.evict(now);
         }
-        if self.full() && self.one_off_allowed(now, cost) {
-            return Err(self.send_one_off(now, cost));
+        if self.full() && claimable && self.shared.breaker.permit(now).allows_call() {
+            return Err(self.one_off(now, key, cost));
         }
         Ok(self.insert(now, hash, key))
     }
 
-    /// A request of a key not remembered, when the sightings table is on and its entry holds
-    /// no first request of this key within L: an exact claim (`COST cost`, what a fresh key
-    /// state would send) that leaves nothing behind, noted in the entry unless another key's
-    /// recent one is there. `None`: remember the key (its own recent first request in the
-    /// entry, or a request a fresh state decides otherwise: nothing to claim, a cost above the
-    /// capacity, the breaker refusing the call).
-    #[cold]
-    #[inline(never)]
-    fn one_off(&mut self, now: Nanos, hash: u64, cost: u64) -> Option<OneOff> {
-        let cfg = &self.shared.config;
-        if cfg.sightings == 0 || cost == 0 || cost > cfg.lease.limit.capacity() {
-            return None;
-        }
-        if self.seen.is_empty() {
-            self.seen = vec![0; cfg.sightings.next_power_of_two()].into_boxed_slice();
-        }
-        // The low bits pick the entry and bits 40-51 make the fingerprint (the shard was picked
-        // by the top ones). After a wrap of the instant an old entry may look recent once: its
-        // key is then remembered early, or another waits at most L more.
-        const INSTANT: u32 = 0xf_ffff;
-        let at = hash as usize & (self.seen.len() - 1);
-        let fingerprint = ((hash >> 40) as u32 & 0xfff) | 1;
-        let instant = (now.as_u64() >> 20) as u32 & INSTANT;
-        let window = (cfg.lease.lease.as_u64() >> 20).clamp(1, (INSTANT / 2) as u64) as u32;
-        let entry = self.seen[at];
-        let recent = entry != 0 && instant.wrapping_sub(entry >> 12) & INSTANT <= window;
-        if recent && entry & 0xfff == fingerprint {
-            self.seen[at] = 0;
-            return None;
-        }
-        if !self.shared.breaker.permit(now).allows_call() {
-            return None;
-        }
-        if !recent {
-            self.seen[at] = instant << 12 | fingerprint;
-        }
-        Some(self.send_one_off(now, cost))
-    }
-
-    /// Whether a request of a key not remembered can be a one-off claim: something to claim
-    /// that can pass, and the breaker letting the call through.
-    fn one_off_allowed(&self, now: Nanos, cost: u64) -> bool {
-        cost > 0 && cost <= self.shared.config.lease.limit.capacity() && self.shared.breaker.permit(now).allows_call()
-    }
-
-    /// A one-off claim of `cost` units, counted as sent.
-    fn send_one_off(&mut self, now: Nanos, cost: u64) -> OneOff {
+    /// A one-off claim of `cost` units of `key` (not remembered), counted as sent: an exact
+    /// claim (`COST cost`, what a fresh key state would send), decided by its reply alone.
+    fn one_off<Q>(&mut self, now: Nanos, key: &Q, cost: u64) -> Claim<K>
+    where
+        K: Borrow<Q> + From<Q::Owned>,
+        Q: Eq + ToOwned + ?Sized,
+    {
         let m = &self.metrics;
         add(&m.claims, 1);
         add(&m.redis_calls, 1);
         add(&m.one_off_claims, 1);
-        // Unsharded: its reply is counted there ([`Shared::one_off_reply`]).
-        add_shared(&self.shared.unsharded.claims_in_flight, 1);
-        OneOff { cost, sent_at: now }
+        add(&m.claims_in_flight, 1);
+        let spec = ClaimSpec { id: 0, units: cost, partial: false, sent_at: now, background: false, cost };
+        self.new_claim(K::from(key.to_owned()), spec, false, true)
+    }
+
+    /// Every claim is made here: its command's limit and its deadline are the engine's.
+    fn new_claim(&self, key: K, spec: ClaimSpec, dry_run: bool, one_off: bool) -> Claim<K> {
+        let cfg = &self.shared.config;
+        let deadline = spec.sent_at + cfg.call_timeout;
+        Claim { key, spec, limit: cfg.lease.limit, dry_run, one_off, deadline }
     }
 
     /// Decides a request for `cost` units of `key` without taking anything: from what is held
@@ -889,13 +756,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 }
                 _ => {
                     let spec = ClaimSpec { id: 0, units: cost, partial: false, sent_at: now, background: false, cost };
-                    Step::Send(Claim {
-                        key: self.slots[i].key.clone(),
-                        spec,
-                        limit: lease.limit,
-                        dry_run: true,
-                        one_off: false,
-                    })
+                    Step::Send(self.new_claim(self.slots[i].key.clone(), spec, true, false))
                 }
             },
         };
@@ -948,10 +809,10 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     /// The reply to `claim`. `Some(step)` for the request that sent it, `None` for a background
     /// claim.
     pub fn on_reply(&mut self, now: Nanos, claim: &Claim<K>, d: &Decision) -> Option<Step<K>> {
-        if claim.one_off {
-            return Some(self.shared.one_off_reply(claim, d));
-        }
         self.shared.breaker.on_success();
+        if claim.one_off {
+            return Some(Step::Done { outcome: self.one_off_reply(claim, d), refill: None });
+        }
         if claim.dry_run {
             return Some(Step::Done { outcome: self.peeked(now, claim, d), refill: None });
         }
@@ -976,7 +837,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     }
 
     /// `claim` failed. `Some(step)` for the request that sent it (`None` for a background
-    /// claim, or an abandoned one: its request is gone).
+    /// claim).
     pub fn on_error(&mut self, now: Nanos, claim: &Claim<K>, error: CallError) -> Option<Step<K>> {
         let m = &self.metrics;
         match error {
@@ -990,20 +851,16 @@ impl<K: Hash + Eq + Clone> Engine<K> {
                 add(&m.redis_errors, 1);
                 self.shared.breaker.on_success();
             }
-            CallError::Abandoned => self.shared.breaker.on_abandon(now),
         }
         if claim.dry_run {
             let i = self.find_or_insert(now, self.hash(&claim.key), &claim.key);
             let o = self.fallback(now, i, claim.spec.cost, self.shared.config.breaker.cool_down, false);
-            return (error != CallError::Abandoned).then_some(Step::Done { outcome: self.shadow(o), refill: None });
+            return Some(Step::Done { outcome: self.shadow(o), refill: None });
         }
         if claim.one_off {
             // Its request falls to the failure policy, with the key remembered from now on
             // (the local fallback limit is per key).
-            sub_shared(&self.shared.unsharded.claims_in_flight, 1);
-            if error == CallError::Abandoned {
-                return None;
-            }
+            sub(&self.metrics.claims_in_flight, 1);
             let i = self.find_or_insert(now, self.hash(&claim.key), &claim.key);
             let o = self.fallback(now, i, claim.spec.cost, self.shared.config.breaker.cool_down, true);
             self.arm(now, i);
@@ -1014,7 +871,6 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         let state = &mut self.slots[i].state;
         state.expire(now, m);
         let step = match state.on_claim_error(&claim.spec, m) {
-            _ if error == CallError::Abandoned => None,
             Some((v, cost)) => Some(self.step(now, i, cost, v)),
             // The request's own claim, already given up: it failed all the same.
             None if !claim.spec.background => {
@@ -1028,22 +884,40 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         step
     }
 
-    /// A claim the driver will not send after all (the request that was to send it went away
-    /// first): as if never made, so that the key's waiters decide again rather than wait for
-    /// it; a half-open breaker's probe permit it held is given up.
-    pub fn cancel(&mut self, now: Nanos, claim: &Claim<K>) {
-        self.shared.breaker.on_abandon(now);
-        if claim.one_off {
-            sub_shared(&self.shared.unsharded.claims_in_flight, 1);
-            sub(&self.metrics.claims, 1);
-            sub(&self.metrics.redis_calls, 1);
-            sub(&self.metrics.one_off_claims, 1);
-            return;
-        }
-        if let Some(i) = self.find(self.hash(&claim.key), &claim.key) {
-            self.slots[i].state.cancel_claim(claim.spec.id, &self.metrics);
-            self.arm(now, i);
-        }
+    /// The reply to a one-off claim decides its request alone. The key stays unremembered (a
+    /// refusal is not cached: the key's next request within L, remembered, learns it again).
+    fn one_off_reply(&mut self, claim: &Claim<K>, d: &Decision) -> Outcome {
+        let (lease, m) = (&self.shared.config.lease, &self.metrics);
+        sub(&m.claims_in_flight, 1);
+        let (cost, sent_at) = (claim.spec.cost, claim.spec.sent_at);
+        let granted = d.allowed.min(cost);
+        add(&m.units_claimed, granted);
+        let base = Outcome {
+            limit: Some(d.limit),
+            remaining: Some(d.remaining.min(d.limit)),
+            reset_after: Some(d.reset_after.into()),
+            ..Outcome::plain(false, Source::Redis, None)
+        };
+        let mut outcome = if granted >= cost {
+            add(&m.redis_admits, 1);
+            add(&m.units_served, cost);
+            let expires_at = sent_at + lease.lease_span(d);
+            Outcome {
+                allowed: true,
+                enforced: true,
+                delay: d.delay.map(Nanos::from),
+                taken: Some(Taken { units: cost, expires_at, claim_sent_at: sent_at, one_off: true }),
+                ..base
+            }
+        } else {
+            // An exact claim is granted all or nothing; anything else counts as lost.
+            add(&m.units_expired, granted);
+            add(&m.redis_denials, 1);
+            let retry_after = d.retry_after.map(|r| Nanos::from(r).max(Nanos::new(1)));
+            Outcome { retry_after, ..base }
+        };
+        self.shadow_in_place(&mut outcome);
+        outcome
     }
 
     /// A return's answer: the units credited, or how it failed (a failed return leaves the
@@ -1176,13 +1050,7 @@ impl<K: Hash + Eq + Clone> Engine<K> {
     }
 
     fn claim(&self, i: usize, spec: ClaimSpec) -> Claim<K> {
-        Claim {
-            key: self.slots[i].key.clone(),
-            spec,
-            limit: self.shared.config.lease.limit,
-            dry_run: false,
-            one_off: false,
-        }
+        self.new_claim(self.slots[i].key.clone(), spec, false, false)
     }
 
     fn known(
@@ -1347,11 +1215,6 @@ impl<K: Hash + Eq + Clone> Engine<K> {
         }
         self.due = due;
         any
-    }
-
-    /// The instant a driver gives `claim` up as timed out (its send plus the call timeout).
-    pub fn deadline(&self, claim: &Claim<K>) -> Nanos {
-        self.shared.deadline(claim)
     }
 
     /// The next return to send (from housekeeping or an eviction).

@@ -28,9 +28,9 @@ pub mod lease;
 pub mod limiter;
 pub mod metrics;
 pub mod policy;
+mod sightings;
 mod slab;
 pub mod spec;
-mod timeouts;
 mod wheel;
 
 /// A seeded xorshift64 for the unit tests' random sequences (reproducible, no dependency).
@@ -46,7 +46,7 @@ pub(crate) fn test_rng(mut state: u64) -> impl FnMut() -> u64 {
 
 pub use connection::{Connection, ConnectionConfig, TlsConfig};
 pub use decision::{Decision, MultiDecision, ThrottleDecision};
-pub use engine::{CallError, Claim, Engine, EngineConfig, OneOff, Outcome, Return, Source, Step, Waiter};
+pub use engine::{CallError, Claim, Engine, EngineConfig, Outcome, Return, Source, Step, Waiter};
 pub use headers::{HeaderFormat, LimitStatus, XReset};
 /// The `http` crate the headers are built with.
 pub use http;

@@ -79,12 +79,6 @@ metrics! {
         one_off_claims,
         /// Claims given up as lost by the engine (no reply nor error for `stale_claim`).
         claims_given_up,
-        /// Requests whose caller went away (dropped the check) before they were decided: while
-        /// waiting for a claim of their key another request sent, or for their own one-off
-        /// claim (the call goes with them; units it was granted are spent at the server and
-        /// counted nowhere here). A request whose own claim is out is decided all the same,
-        /// in a task, and counted as decided.
-        requests_abandoned,
         /// Units granted by claims.
         units_claimed,
         /// Units served to requests (local and Redis admits).
@@ -205,14 +199,6 @@ pub(crate) fn sub(c: &AtomicU64, n: u64) {
 pub(crate) fn add_shared(c: &AtomicU64, n: u64) {
     if n > 0 {
         c.fetch_add(n, Relaxed);
-    }
-}
-
-/// `m.field -= n` on metrics several threads write at once, as [`add_shared`].
-#[inline]
-pub(crate) fn sub_shared(c: &AtomicU64, n: u64) {
-    if n > 0 {
-        c.fetch_sub(n, Relaxed);
     }
 }
 

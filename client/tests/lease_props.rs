@@ -41,8 +41,6 @@ enum Op {
     },
     /// The oldest outstanding claim fails.
     Error,
-    /// The oldest outstanding claim is abandoned (its task dropped).
-    Abandon,
     Advance {
         ns: u64,
     },
@@ -56,7 +54,6 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (0u8..3, 0u64..6).prop_map(|(k, cost)| Op::Request { k, cost }),
         3 => (0u8..=8, 0u64..200, -1i64..2000, 0i64..120_000).prop_map(|(frac, remaining, retry_ms, reset_ms)| Op::Reply { frac, remaining, retry_ms, reset_ms }),
         1 => Just(Op::Error),
-        1 => Just(Op::Abandon),
         3 => prop_oneof![0u64..1_000_000, 0u64..2_000_000_000].prop_map(|ns| Op::Advance { ns }),
         1 => Just(Op::Tick),
         1 => Just(Op::Refund),
@@ -240,14 +237,6 @@ fn run(limit: Limit, batching: bool, policy: FailurePolicy, sightings: bool, ops
                 if let Some(s) = r.engine.on_error(r.now, &p.claim, CallError::Unavailable) {
                     r.handle_of(p.key, cost, s, false, p.claim.one_off());
                 }
-                r.wake(p.key, p.claim.id());
-            }
-            Op::Abandon => {
-                if r.pending.is_empty() {
-                    continue;
-                }
-                let p = r.pending.remove(0);
-                assert!(r.engine.on_error(r.now, &p.claim, CallError::Abandoned).is_none());
                 r.wake(p.key, p.claim.id());
             }
             Op::Advance { ns } => r.now += Nanos::new(ns as i64),
@@ -490,20 +479,4 @@ fn keys_seen_once_are_not_remembered_when_they_share_entries() {
     }
     // Only a fingerprint collision in a shared entry remembers a key (1 in 2,048 per pair).
     assert!(e.len() <= 10, "{} of 3,000 keys seen once remembered", e.len());
-}
-
-#[test]
-fn a_cancelled_claim_lets_the_key_waiters_claim_again() {
-    let mut e: Engine<&str> =
-        Engine::new(EngineConfig::new(Limit::token_bucket(100, Duration::from_secs(60)).unwrap()));
-    let now = Nanos::from_secs(1);
-    let Step::Send(c) = e.check(now, &"a", 1) else { panic!("a claim") };
-    let Step::Wait(w) = e.check(now, &"a", 1) else { panic!("waits for the claim in flight") };
-    // Its request went away before the claim was sent.
-    e.cancel(now, &c);
-    assert!(e.key(&"a").is_some_and(|s| s.in_flight().is_none()));
-    let m = e.metrics();
-    assert_eq!((m.claims, m.redis_calls, m.claims_in_flight), (0, 0, 0));
-    // The waiter decides again: its own claim, not the failure policy.
-    assert!(matches!(e.resume(now, &"a", w), Step::Send(_)));
 }

@@ -2,7 +2,7 @@
 //! made for the test (tests/common/tls.rs): a private CA, mTLS, a wrong CA and a wrong host
 //! name (each failing with an `ErrorKind::Tls` error that names the problem, at once, not at
 //! the call's deadline), skip-hostname-verification (the chain still checked), and files that
-//! cannot be read or parsed refused at `connect()`.
+//! cannot be read or parsed refused at `connect()`; a Redis Cluster that listens only on TLS.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -113,4 +113,33 @@ async fn certificate_files_that_cannot_be_used_are_configuration_errors() {
         .tls(TlsConfig::new().ca_file(certs.path("ca.crt")))
         .connect()
         .is_ok());
+}
+
+/// A Redis Cluster whose nodes listen only on TLS (`tls-cluster yes`): typed checks on keys of
+/// every node enforce their limit, over the private CA with host names verified; another CA is
+/// an `ErrorKind::Tls` error naming the certificate problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_listens_only_on_tls() {
+    use redis_ratelimit_client::commands::{check, Options};
+    use redis_ratelimit_client::spec::Limit;
+    let certs = Certs::generate();
+    let (_cluster, addrs) = certs.tls_only_cluster(3);
+    let conn = ConnectionConfig::cluster(&addrs).tls(TlsConfig::new().ca_file(certs.path("ca.crt"))).connect().unwrap();
+    conn.ready(Instant::now() + Duration::from_secs(5)).await.unwrap();
+    let limit = Limit::fixed(2, Duration::from_secs(3600)).unwrap();
+    // Keys in many slots: every node serves some.
+    for k in 0..12 {
+        let key = format!("tls:{k}");
+        let mut c = conn.clone();
+        let mut admitted = Vec::new();
+        for _ in 0..3 {
+            admitted.push(check(&mut c, &key, &limit, Options::default()).await.unwrap().allowed);
+        }
+        assert_eq!(admitted, [1, 1, 0], "{key}");
+    }
+    let wrong = TlsConfig::new().ca_file(certs.path("other-ca.crt"));
+    let conn = ConnectionConfig::cluster(&addrs).tls(wrong).connect().unwrap();
+    let e = conn.ready(Instant::now() + Duration::from_secs(5)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Tls, "{e}");
+    assert!(e.to_string().contains("not signed by a trusted CA"), "{e}");
 }

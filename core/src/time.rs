@@ -158,6 +158,15 @@ impl Mul<u64> for Nanos {
     }
 }
 
+impl Mul<Nanos> for u64 {
+    type Output = Nanos;
+    /// `k × span`, as [`Nanos`] `× k` (so `5 * SECOND` reads as written).
+    #[inline]
+    fn mul(self, n: Nanos) -> Nanos {
+        n * self
+    }
+}
+
 impl Div<u64> for Nanos {
     type Output = Nanos;
     /// Truncating; a divisor of 0 counts as 1.
@@ -219,6 +228,8 @@ mod tests {
         assert_eq!(Nanos::new(1_000_000).as_millis_ceil(), 1);
         assert_eq!(Nanos::new(-3).as_millis_ceil(), 0);
         assert_eq!(Nanos::new(10).div_span(Nanos::ZERO), 0);
+        assert_eq!(5 * Nanos::from_secs(1), Nanos::from_secs(5));
+        assert_eq!(u64::MAX * Nanos::from_secs(1), Nanos::MAX);
         assert_eq!(Nanos::MAX * 2, Nanos::MAX);
         assert_eq!(Nanos::new(-3) * 2, Nanos::new(-6));
         assert_eq!(Nanos::new(7) / 0, Nanos::new(7));

@@ -29,11 +29,22 @@
 //! Envoy to an upstream, without a rate limit filter, with ShouldRateLimit per request, and with
 //! the quota service's leases on one hot bucket; paired rounds, each row's figures as ratios to
 //! the same round's no-filter run (`edge_rows`).
+//!
+//! Then the connection layer's rows (`BENCH_ONLY=connection` alone): TLS against plain TCP and
+//! the failover gap under Sentinel, in a report of their own (service/benches/service/connection.rs).
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+#[path = "../../tests/common/sentinel.rs"]
+mod sentinel;
 #[path = "../tests/support/mod.rs"]
 mod support;
+#[path = "../../tests/common/tls.rs"]
+mod tls;
+
+/// TLS against TCP and the failover gap (issue 35.5).
+#[path = "service/connection.rs"]
+mod connection;
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -392,6 +403,8 @@ fn main() {
     scenarios.retain(|s| only.is_empty() || only.iter().any(|p| name(s).contains(p.as_str())));
     // The Envoy rows run together (each is a ratio to the no-filter one) when any is selected.
     let edge = only.is_empty() || Edge::ALL.iter().any(|e| only.iter().any(|p| e.name().contains(p.as_str())));
+    let selected = |row: &str| only.is_empty() || only.iter().any(|p| row.contains(p.as_str()));
+    let (tls_rows, failover_rows) = (selected(connection::TLS), selected(connection::FAILOVER));
     let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
     let mut samples: Vec<Vec<Row>> = scenarios.iter().map(|_| Vec::new()).collect();
     for _ in 0..runs {
@@ -460,9 +473,24 @@ fn main() {
     if edge {
         let _ = writeln!(out, "\n{}", edge_rows(&rt, &redis, &dir, &url, tck));
     }
-    println!("{out}");
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-service");
     let _ = std::fs::create_dir_all(&dir);
+    if tls_rows || failover_rows {
+        // A report of its own (docs/PERFORMANCE.md's `service-connection` block): a run of these
+        // rows alone leaves the doc's other service rows as they are.
+        let mut conn = format!("# make bench-service: the connection layer\n\n{stamp}\n");
+        if tls_rows {
+            conn += &format!("\n{}", connection::tls_rows(&rt, tck));
+        }
+        if failover_rows {
+            conn += &format!("\n{}", connection::failover_rows(&rt));
+        }
+        println!("{conn}");
+        let _ = std::fs::write(dir.join("connection.md"), &conn);
+        let _ =
+            writeln!(out, "\nThe connection layer's rows (TLS, the failover gap): target/bench-service/connection.md.");
+    }
+    println!("{out}");
     let _ = std::fs::write(dir.join("report.md"), &out);
 }
 

@@ -2,11 +2,14 @@
 //! are still decided together (check every slot, then commit; a commit refused by a race is
 //! given back with RL.RETURN … AGE), a refused request consumes nothing, concurrent requests
 //! never admit more than the limit and leave exactly the admitted units on every other limit,
-//! and with REDIS_CLUSTER_HASH_TAG=domain a request is one RL.MULTI.
+//! and with REDIS_CLUSTER_HASH_TAG=domain a request is one RL.MULTI. And a cluster whose nodes
+//! listen only on TLS, with docs/operations.md's settings as written (issue 35.2).
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
 mod support;
+#[path = "../../tests/common/tls.rs"]
+mod tls;
 
 use std::time::Duration;
 
@@ -243,6 +246,55 @@ async fn leases_on_a_cluster() {
     let mut peek = request("lc", vec![desc(&[("log", "l")])]);
     peek.descriptors[0].hits_addend = Some(0);
     assert_eq!(remaining(&ask(&mut c, peek).await), [980], "the log holds only the 20 admitted requests");
+}
+
+/// docs/operations.md's "Cluster over TLS" settings as written (the nodes and the CA file
+/// replaced by the test's) against three primaries that listen only on TLS: a request across
+/// slots decided and its limit enforced; a wrong CA serves the failure mode and
+/// /healthcheck names the certificate problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_listens_only_on_tls() {
+    let certs = tls::Certs::generate();
+    let (_cluster, addrs) = certs.tls_only_cluster(3);
+    let dir = TempDir::new("cluster-tls");
+    dir.write("c.yaml", &CONFIG.replacen("domain: c\n", "domain: c\nfailure_mode: closed\n", 1));
+    let env = |ca: &str| {
+        doc_env("docs/operations.md", "cluster-tls", |k, v| match (k, v.strip_prefix("/etc/redis-tls/")) {
+            ("REDIS_URL", _) => addrs.join(","),
+            (_, Some(_)) => certs.path(ca).display().to_string(),
+            _ => v.to_string(),
+        })
+    };
+    let svc = ServiceProc::start_in_env(dir.path(), &[], &env_refs(&env("ca.crt")));
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    let four = || {
+        request(
+            "c",
+            vec![desc(&[("ip", "a")]), desc(&[("user", "u")]), desc(&[("tenant", "t")]), desc(&[("log", "l")])],
+        )
+    };
+    let r = ask(&mut c, four()).await;
+    assert_eq!(remaining(&r), [1, 999, 999, 999], "{r:?}\n{}", svc.log());
+    assert_eq!(remaining(&ask(&mut c, four()).await), [0, 998, 998, 998]);
+    let r = ask(&mut c, four()).await;
+    assert_eq!(r.overall_code(), Code::OverLimit, "{r:?}");
+    let (_, body) = svc.http("GET", "/healthcheck", "");
+    assert!(body.contains("redis connected"), "{body}");
+
+    let wrong = ServiceProc::start_in_env(dir.path(), &[], &env_refs(&env("other-ca.crt")));
+    wrong.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let r = ask(&mut wrong.client().await, four()).await;
+    assert_eq!(r.overall_code(), Code::OverLimit, "closed while the nodes cannot be reached: {r:?}");
+    let t = std::time::Instant::now();
+    loop {
+        let body = wrong.http("GET", "/healthcheck", "").1;
+        if body.contains("not signed by a trusted CA") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "{body}\n{}", wrong.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Issue 31.3 on Redis Cluster: every node stalled (SIGSTOP), a request whose descriptors are

@@ -222,6 +222,38 @@ fn edge_filter(cluster: &str) -> serde_json::Value {
     })
 }
 
+/// Domain `edge` with one rule, `{api: public}` (the bucket of [`edge_filter`]), limited by
+/// `rate_limit` (its YAML).
+fn edge_rule(rate_limit: &str) -> String {
+    format!("domain: edge\ndescriptors:\n  - key: api\n    value: public\n    rate_limit: {rate_limit}\n")
+}
+
+/// redis-server with the module, the service with one rule `{api: public}` of domain `edge`
+/// (`rate_limit`: the rule's YAML), an upstream, and one Envoy with [`edge_filter`] in front.
+struct Edge {
+    envoy: Envoy,
+    _upstream: Upstream,
+    svc: ServiceProc,
+    _config: TempDir,
+    _redis: Server,
+}
+
+impl Edge {
+    fn start(rate_limit: &str) -> Edge {
+        let redis = Server::start();
+        let config = TempDir::new("quota-edge");
+        config.write("edge.yaml", &edge_rule(rate_limit));
+        let url = format!("127.0.0.1:{}", redis.port);
+        let svc = ServiceProc::start(config.path(), &["--redis-url", &url]);
+        svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+        let upstream = Upstream::start();
+        let mut c = EnvoyConfig::new(&svc.grpc, upstream.port);
+        c.http_filters = vec![edge_filter("rate_limit_cluster")];
+        let envoy = Envoy::start(&c.render());
+        Edge { envoy, _upstream: upstream, svc, _config: config, _redis: redis }
+    }
+}
+
 /// The fleet bound (docs/quota-service.md, "The bound"), measured: three Envoys with uneven load
 /// on one bucket (gcra 300/s, burst 100; L = 1 s), two service replicas; Envoy B is killed at
 /// 3 s holding a lease, replica 1 (Envoys A and C) is killed at 5 s and started again at
@@ -230,66 +262,32 @@ fn edge_filter(cluster: &str) -> serde_json::Value {
 /// after the restart (at their next report, within 5 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_bound_holds_on_three_envoys_through_a_crash_and_a_restart() {
-    let redis = Server::start();
-    let mut con = redis.conn();
-    let config = TempDir::new("quota-fleet");
-    config.write(
-        "edge.yaml",
-        "domain: edge\ndescriptors:\n  - key: api\n    value: public\n    rate_limit: {requests_per_unit: 300, unit: second, algorithm: gcra, burst: 100}\n",
-    );
-    let url = format!("127.0.0.1:{}", redis.port);
-    let ports = [free_port(), free_port()];
-    let replica = |port: u16| {
-        let p = port.to_string();
-        let svc = ServiceProc::start(config.path(), &["--redis-url", &url, "--grpc-port", &p, "--instances", "2"]);
-        svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
-        svc
-    };
-    let mut replicas = [replica(ports[0]), replica(ports[1])];
-    let upstream = Upstream::start();
-    let envoy_on = |port: u16| {
-        let mut c = EnvoyConfig::new(&format!("127.0.0.1:{port}"), upstream.port);
-        c.http_filters = vec![edge_filter("rate_limit_cluster")];
-        Envoy::start(&c.render())
-    };
-    let (a, b, c) = (envoy_on(ports[0]), envoy_on(ports[1]), envoy_on(ports[0]));
+    let fleet = Fleet::start("{requests_per_unit: 300, unit: second, algorithm: gcra, burst: 100}");
+    let mut con = fleet.redis.conn();
+    let mut replicas = [fleet.replica(0), fleet.replica(1)];
+    let (a, b, c) = (fleet.envoy_on(0), fleet.envoy_on(1), fleet.envoy_on(0));
     reset_stats(&mut con);
     let t0 = Instant::now();
     let end = Duration::from_secs(12);
     // Uneven: A three clients flat out, B one until it is killed, C one at about 200/s.
-    let load = |port: u16, until: Duration, pause: Duration| {
-        tokio::spawn(async move {
-            let mut client = Client::new(port);
-            let mut seen = Vec::new();
-            while t0.elapsed() < until {
-                let sent = t0.elapsed();
-                let status = client.get(&[]).await;
-                seen.push((sent, t0.elapsed(), status));
-                if !pause.is_zero() {
-                    tokio::time::sleep(pause).await;
-                }
-            }
-            seen
-        })
-    };
-    let mut tasks = vec![(0, load(b.port, Duration::from_millis(2900), Duration::ZERO))];
+    let mut tasks = vec![(0, load(b.port, t0, Duration::from_millis(2900), Duration::ZERO))];
     for _ in 0..3 {
-        tasks.push((1, load(a.port, end, Duration::ZERO)));
+        tasks.push((1, load(a.port, t0, end, Duration::ZERO)));
     }
-    tasks.push((2, load(c.port, end, Duration::from_millis(5))));
+    tasks.push((2, load(c.port, t0, end, Duration::from_millis(5))));
     tokio::time::sleep(Duration::from_secs(3).saturating_sub(t0.elapsed())).await;
     drop(b); // killed holding its lease
     tokio::time::sleep(Duration::from_secs(5).saturating_sub(t0.elapsed())).await;
     replicas[0].signal("-KILL");
     replicas[0].wait_exit(Duration::from_secs(5));
     tokio::time::sleep(Duration::from_millis(5500).saturating_sub(t0.elapsed())).await;
-    replicas[0] = replica(ports[0]);
-    let mut by_envoy: Vec<Vec<(Duration, Duration, u16)>> = vec![Vec::new(); 3];
+    replicas[0] = fleet.replica(0);
+    let mut by_envoy: Vec<Vec<Seen>> = vec![Vec::new(); 3];
     for (e, t) in tasks {
         by_envoy[e].extend(t.await.unwrap());
     }
     let commands = command_calls(&mut con);
-    let all: Vec<(Duration, Duration, u16)> = by_envoy.concat();
+    let all: Vec<Seen> = by_envoy.concat();
     let admitted: Vec<(Duration, Duration)> = all.iter().filter(|r| r.2 == 200).map(|r| (r.0, r.1)).collect();
     let worst = most_in_any_window(admitted.clone(), Duration::from_secs(1));
     let count = |e: usize, from: f64, to: f64| {
@@ -317,7 +315,150 @@ async fn the_fleet_bound_holds_on_three_envoys_through_a_crash_and_a_restart() {
     // After the restart A and C are served again (their next report reaches a replica).
     assert!(count(1, 10.5, 12.0) + count(2, 10.5, 12.0) > 0, "no lease after the restart");
     assert!(commands * 1000 <= 10 * all.len() as u64, "{commands} Redis commands for {} requests", all.len());
-    assert_eq!(upstream.count(), admitted.len());
+    assert_eq!(fleet.upstream.count(), admitted.len());
+}
+
+/// The fleet bound of a window limit at its edges (docs/quota-service.md, "Every algorithm"):
+/// three Envoys with uneven load on two replicas, a fixed window of 100 per 2 s (L = 1 s,
+/// d = 0.1 s). Any 2 s admits at most `limit·(⌈(W + L + d)/w⌉ + 1)` = 100 × (2 + 1) = 300; each
+/// window (aligned to the epoch, as the module's are) is served again after its edge (the
+/// next lease is due at the window's end): at least half its limit admitted in every whole
+/// window of the run, and never more than the limit from its own claims plus the previous
+/// window's last leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_bound_holds_for_a_fixed_window_at_its_edges() {
+    let fleet = Fleet::start("{requests_per_unit: 100, period: 2s, algorithm: fixed}");
+    let _replicas = [fleet.replica(0), fleet.replica(1)];
+    let (a, b, c) = (fleet.envoy_on(0), fleet.envoy_on(1), fleet.envoy_on(0));
+    let t0 = Instant::now();
+    let t0_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let end = Duration::from_secs(9);
+    // Uneven: A two clients flat out, B one flat out, C one at about 100/s.
+    let mut tasks = vec![load(a.port, t0, end, Duration::ZERO), load(a.port, t0, end, Duration::ZERO)];
+    tasks.push(load(b.port, t0, end, Duration::ZERO));
+    tasks.push(load(c.port, t0, end, Duration::from_millis(10)));
+    let mut all: Vec<Seen> = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let admitted: Vec<(Duration, Duration)> = all.iter().filter(|r| r.2 == 200).map(|r| (r.0, r.1)).collect();
+    let worst = most_in_any_window(admitted.clone(), Duration::from_secs(2));
+    // Whole windows of the run, on the Unix clock: admissions certainly inside each (sent
+    // after it began, answered before it ended), and those possibly inside.
+    let unix = |d: Duration| t0_unix + d;
+    let first = unix(Duration::from_millis(1500)).as_secs().div_ceil(2) * 2;
+    let mut windows = Vec::new();
+    let mut w = first;
+    while Duration::from_secs(w + 2) <= unix(end) {
+        let (lo, hi) = (Duration::from_secs(w), Duration::from_secs(w + 2));
+        let inside = admitted.iter().filter(|(s, r)| unix(*s) >= lo && unix(*r) <= hi).count();
+        let touching = admitted.iter().filter(|(s, r)| unix(*r) >= lo && unix(*s) < hi).count();
+        windows.push((w, inside, touching));
+        w += 2;
+    }
+    println!(
+        "fixed window fleet: {} requests, {} admitted, worst 2 s {worst} (bound 300); whole windows \
+         (start, certainly inside, possibly inside): {windows:?}",
+        all.len(),
+        admitted.len()
+    );
+    assert!(windows.len() >= 2, "whole windows: {windows:?}");
+    assert!(worst <= 300, "{worst} admitted in 2 s");
+    for (w, inside, touching) in &windows {
+        assert!(*touching >= 50, "window at {w}: only {touching} admitted: not served again after its edge");
+        assert!(*inside <= 200, "window at {w}: {inside} admitted");
+    }
+    assert_eq!(fleet.upstream.count(), admitted.len());
+}
+
+/// The fleet bound of a slow limit (`L_b > L`, docs/quota-service.md, "The bound"): three
+/// Envoys on two replicas, each client sending every 2 ms, on a GCRA of 1 per 2 s with a burst
+/// of 2 (`c` = 2, `r` = 0.5/s): a lease lives `L_b = ⌈1/r⌉` = 2 s, so any 4 s admits at most
+/// `c + r·(W + L_b + d)` = 2 + 0.5 × (4 + 2 + 0.1) = 5.05, that is 5; over the 10 s run at most
+/// `c + r × 10 s` = 7 in all, since every unit was granted by Redis, and the Envoys are served
+/// (at least 3 admitted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_bound_holds_for_a_slow_limit() {
+    let fleet = Fleet::start("{requests_per_unit: 1, period: 2s, algorithm: gcra, burst: 2}");
+    let _replicas = [fleet.replica(0), fleet.replica(1)];
+    let (a, b, c) = (fleet.envoy_on(0), fleet.envoy_on(1), fleet.envoy_on(0));
+    let t0 = Instant::now();
+    let end = Duration::from_secs(10);
+    let pause = Duration::from_millis(2);
+    let tasks = [load(a.port, t0, end, pause), load(b.port, t0, end, pause), load(c.port, t0, end, pause)];
+    let mut all: Vec<Seen> = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let admitted: Vec<(Duration, Duration)> = all.iter().filter(|r| r.2 == 200).map(|r| (r.0, r.1)).collect();
+    let worst = most_in_any_window(admitted.clone(), Duration::from_secs(4));
+    println!(
+        "slow limit fleet: {} requests, {} admitted at {:?}, worst 4 s {worst} (bound 5)",
+        all.len(),
+        admitted.len(),
+        admitted.iter().map(|a| a.0).collect::<Vec<_>>()
+    );
+    assert!(worst <= 5, "{worst} admitted in 4 s");
+    assert!(admitted.len() <= 7, "{} admitted in 10 s", admitted.len());
+    assert!(admitted.len() >= 3, "{} admitted in 10 s: the Envoys were not served", admitted.len());
+    assert_eq!(fleet.upstream.count(), admitted.len());
+}
+
+/// A request's send, its answer (both from the test's start) and its status.
+type Seen = (Duration, Duration, u16);
+
+/// One keep-alive client sending GET / to `port` until `until` after `t0`, `pause` between
+/// requests.
+fn load(port: u16, t0: Instant, until: Duration, pause: Duration) -> tokio::task::JoinHandle<Vec<Seen>> {
+    tokio::spawn(async move {
+        let mut client = Client::new(port);
+        let mut seen = Vec::new();
+        while t0.elapsed() < until {
+            let sent = t0.elapsed();
+            let status = client.get(&[]).await;
+            seen.push((sent, t0.elapsed(), status));
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+        }
+        seen
+    })
+}
+
+/// Two service replicas (`--instances 2`) on fixed gRPC ports sharing one redis-server, one rule
+/// `{api: public}` (`rate_limit`: its YAML), and an upstream for the Envoys in front.
+struct Fleet {
+    upstream: Upstream,
+    ports: [u16; 2],
+    url: String,
+    config: TempDir,
+    redis: Server,
+}
+
+impl Fleet {
+    fn start(rate_limit: &str) -> Fleet {
+        let redis = Server::start();
+        let config = TempDir::new("quota-fleet");
+        config.write("edge.yaml", &edge_rule(rate_limit));
+        let url = format!("127.0.0.1:{}", redis.port);
+        Fleet { upstream: Upstream::start(), ports: [free_port(), free_port()], url, config, redis }
+    }
+
+    /// Starts replica `i` (again, after a crash: on the same port).
+    fn replica(&self, i: usize) -> ServiceProc {
+        let p = self.ports[i].to_string();
+        let svc =
+            ServiceProc::start(self.config.path(), &["--redis-url", &self.url, "--grpc-port", &p, "--instances", "2"]);
+        svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+        svc
+    }
+
+    /// An Envoy whose quota filter streams to replica `i`.
+    fn envoy_on(&self, i: usize) -> Envoy {
+        let mut c = EnvoyConfig::new(&format!("127.0.0.1:{}", self.ports[i]), self.upstream.port);
+        c.http_filters = vec![edge_filter("rate_limit_cluster")];
+        Envoy::start(&c.render())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -522,19 +663,8 @@ fn pb_allow_with_ttl_ms(id: &BucketId, ms: u64) -> BucketAction {
 /// `limit·(⌈(W + L + d)/w⌉ + 1)` = 200 × 3 for W = w = 20 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binding_window_loses_few_units_to_lease_headroom() {
-    let redis = Server::start();
-    let config = TempDir::new("quota-settle");
-    config.write(
-        "edge.yaml",
-        "domain: edge\ndescriptors:\n  - key: api\n    value: public\n    rate_limit: {requests_per_unit: 200, period: 20s, algorithm: fixed}\n",
-    );
-    let url = format!("127.0.0.1:{}", redis.port);
-    let svc = ServiceProc::start(config.path(), &["--redis-url", &url]);
-    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
-    let upstream = Upstream::start();
-    let mut c = EnvoyConfig::new(&svc.grpc, upstream.port);
-    c.http_filters = vec![edge_filter("rate_limit_cluster")];
-    let envoy = Envoy::start(&c.render());
+    let edge = Edge::start("{requests_per_unit: 200, period: 20s, algorithm: fixed}");
+    let (svc, envoy) = (&edge.svc, &edge.envoy);
     // The first whole window (fixed windows of 20 s are aligned to the epoch) at least 11 s
     // away: two reports (5 s apart) have measured the demand by then.
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
@@ -566,4 +696,43 @@ async fn a_binding_window_loses_few_units_to_lease_headroom() {
     // Not asserted: whether a report's settlement gave units back. A fresh-clone CI run admitted
     // 113 with nothing given back (the leases sized to the reported demand left no provable
     // headroom that run), so the give-back count is printed, not required.
+}
+
+/// A load that surges far below the limit is not refused at the edge: leases follow the
+/// reported demand, but while the limit has room (what Redis had left after the last claim)
+/// each lease holds at least the even split of the rate (docs/quota-service.md, "Sizing b").
+/// Two requests a second for 6.5 s (a periodic report has measured that demand, about 3 units
+/// per lease), then 150 requests as fast as one connection sends them, on a limit of 1,000 per
+/// second (gcra, burst 1,000): every one passes. (Leases sized from the demand alone refused
+/// nearly all of the surge until the next report.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_surge_far_below_the_limit_passes_at_the_edge() {
+    let edge = Edge::start("{requests_per_unit: 1000, unit: second, burst: 1000, algorithm: gcra}");
+    let (svc, envoy) = (&edge.svc, &edge.envoy);
+    let mut client = Client::new(envoy.port);
+    // The first request meets DENY_ALL until the bucket's first lease: wait for one to pass.
+    let t0 = Instant::now();
+    while client.get(&[]).await != 200 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "no lease within 5 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let slow_until = Instant::now() + Duration::from_millis(6_500);
+    let mut slow_refused = 0;
+    while Instant::now() < slow_until {
+        slow_refused += usize::from(client.get(&[]).await != 200);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut surge_refused = 0;
+    let surge = Instant::now();
+    for _ in 0..150 {
+        surge_refused += usize::from(client.get(&[]).await != 200);
+    }
+    let took = surge.elapsed();
+    println!(
+        "2/s for 6.5 s ({slow_refused} refused), then 150 in {took:?}: {surge_refused} refused; \
+         {} units granted",
+        svc.metric("ratelimit_service_quota_units_granted")
+    );
+    assert_eq!(slow_refused, 0, "the slow load was refused");
+    assert_eq!(surge_refused, 0, "a surge at a fraction of the limit was refused at the edge");
 }

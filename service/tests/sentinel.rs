@@ -4,20 +4,26 @@
 //! within REDIS_TIMEOUT (+ slack) through the gap, with the domain's failure mode (`closed`);
 //! the first request decided by the new primary is answered ≤ 100 ms after the sentinels'
 //! `+switch-master` (though the breaker opened in the gap); /healthcheck names the new primary.
+//! The same over TLS (issue 35.2), with docs/operations.md's settings as written: the
+//! sentinels and the nodes reached on their TLS ports only, a private CA; a wrong CA named on
+//! /healthcheck.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
 #[path = "../../tests/common/sentinel.rs"]
 mod sentinel;
 mod support;
+#[path = "../../tests/common/tls.rs"]
+mod tls;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis_ratelimit_service::pb::Code;
-use sentinel::{replicated, Sentinels, MASTER};
+use sentinel::{replicated, SentinelTls, Sentinels, MASTER};
 use support::*;
+use tls::Certs;
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 const SLACK: Duration = Duration::from_millis(100);
@@ -40,14 +46,7 @@ async fn a_failover_under_load_through_the_service() {
         ],
     );
     svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
-    let mut c = svc.client().await;
-    wait_until(Duration::from_secs(5), "decided by the primary", || {
-        let rt = tokio::runtime::Handle::current();
-        let r = tokio::task::block_in_place(|| {
-            rt.block_on(c.should_rate_limit(request("p_closed", vec![desc(&[("k", "first")])])))
-        });
-        matches!(r, Ok(r) if remaining(r.get_ref()) == [3])
-    });
+    decided_by_the_primary(&svc).await;
     let (_, body) = svc.http("GET", "/healthcheck", "");
     assert!(body.contains(&format!("redis connected to 127.0.0.1:{}", primary.port)), "{body}");
 
@@ -63,8 +62,31 @@ async fn a_failover_under_load_through_the_service() {
     });
     drop(no_auth);
 
+    let (_, new_port) = failover_under_load(&svc, &sentinels, || primary.kill9()).await;
+    let (_, body) = svc.http("GET", "/healthcheck", "");
+    assert!(body.contains(&format!("redis connected to 127.0.0.1:{new_port}")), "{body}");
+    assert!(body.contains(&format!("sentinel master '{MASTER}' at 127.0.0.1:{new_port}")), "{body}");
+}
+
+/// Waits until the service decides from Redis (the primary connected).
+async fn decided_by_the_primary(svc: &ServiceProc) {
+    let mut c = svc.client().await;
+    wait_until(Duration::from_secs(5), "decided by the primary", || {
+        let rt = tokio::runtime::Handle::current();
+        let r = tokio::task::block_in_place(|| {
+            rt.block_on(c.should_rate_limit(request("p_closed", vec![desc(&[("k", "first")])])))
+        });
+        matches!(r, Ok(r) if remaining(r.get_ref()) == [3])
+    });
+}
+
+/// A request for a fresh key every 5 ms while `fail` fails the primary over. Every request is
+/// answered within REDIS_TIMEOUT (+ slack), some in the gap by the failure mode (`closed`), and
+/// the first decided by the new primary ≤ 100 ms after `+switch-master`. Returns the switch's
+/// time and the new primary's port.
+async fn failover_under_load(svc: &ServiceProc, sentinels: &Sentinels, fail: impl FnOnce()) -> (Instant, u16) {
     let watch = sentinels.watch_switch();
-    // A request for a fresh key every 5 ms: (started, ended, decided by Redis).
+    // (started, ended, decided by Redis) per request.
     let stop = Arc::new(AtomicBool::new(false));
     let seen: Arc<Mutex<Vec<(Instant, Instant, bool)>>> = Arc::default();
     let load = {
@@ -87,7 +109,7 @@ async fn a_failover_under_load_through_the_service() {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    primary.kill9();
+    fail();
     let (switched, new_port) = tokio::task::block_in_place(|| watch.wait(Duration::from_secs(20)));
     tokio::time::sleep(Duration::from_millis(700)).await;
     stop.store(true, Ordering::Relaxed);
@@ -104,7 +126,43 @@ async fn a_failover_under_load_through_the_service() {
         "first decided {:?} after +switch-master",
         first - switched
     );
+    (switched, new_port)
+}
+
+/// Sentinel over TLS with docs/operations.md's settings as written (the sentinels' addresses
+/// and the CA file replaced by the test's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_over_tls_through_the_service() {
+    let certs = Certs::generate();
+    let mut nodes = sentinel::replicated_tls(2, || certs.node_opts());
+    let (mut primary, primary_port) = nodes.remove(0);
+    let files = SentinelTls { cert: certs.path("node.crt"), key: certs.path("node.key"), ca: certs.path("ca.crt") };
+    let sentinels = Sentinels::start_tls(primary_port, 3, &files);
+    let dir = failure_mode_configs("sentinel-tls", "p", "hour");
+    let env = |ca: &str| {
+        doc_env("docs/operations.md", "sentinel-tls", |k, v| match (k, v.strip_prefix("/etc/redis-tls/")) {
+            ("REDIS_URL", _) => format!("{MASTER},{}", sentinels.tls_addrs().join(",")),
+            (_, Some(_)) => certs.path(ca).display().to_string(),
+            _ => v.to_string(),
+        })
+    };
+    let documented = env("ca.crt");
+    assert!(documented.iter().any(|(k, v)| k == "REDIS_TIMEOUT" && v == "100ms"), "{documented:?}");
+    let svc = ServiceProc::start_in_env(dir.path(), &[], &env_refs(&documented));
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    decided_by_the_primary(&svc).await;
+    let (_, body) = svc.http("GET", "/healthcheck", "");
+    assert!(body.contains(&format!("redis connected to 127.0.0.1:{primary_port}")), "{body}");
+
+    // A CA that did not sign the sentinels' certificates: named on /healthcheck.
+    let wrong = ServiceProc::start_in_env(dir.path(), &[], &env_refs(&env("other-ca.crt")));
+    wait_until(Duration::from_secs(5), "the wrong CA named", || {
+        let (_, body) = wrong.http("GET", "/healthcheck", "");
+        body.contains("redis unavailable") && body.contains("not signed by a trusted CA")
+    });
+    drop(wrong);
+
+    let (_, new_port) = failover_under_load(&svc, &sentinels, || primary.kill9()).await;
     let (_, body) = svc.http("GET", "/healthcheck", "");
     assert!(body.contains(&format!("redis connected to 127.0.0.1:{new_port}")), "{body}");
-    assert!(body.contains(&format!("sentinel master '{MASTER}' at 127.0.0.1:{new_port}")), "{body}");
 }

@@ -549,12 +549,26 @@ impl Server {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
-    /// A new RESP2 connection, without read or write timeouts (see [`watchdog`]).
+    /// A new RESP2 connection, without read or write timeouts (see [`watchdog`]). redis-rs sets
+    /// a read timeout for the connection's setup, so a signal can cut that read short (EINTR):
+    /// tried again on a new connection, as [`ping_port`] does.
     pub fn conn(&self) -> redis::Connection {
         let client = redis::Client::open(self.url()).expect("redis url");
-        client
-            .get_connection_with_timeout(Duration::from_secs(5))
-            .unwrap_or_else(|e| panic!("cannot connect to port {}: {e}\n--- log ---\n{}", self.port, self.log()))
+        let mut tries = 0;
+        loop {
+            match client.get_connection_with_timeout(Duration::from_secs(5)) {
+                Ok(c) => return c,
+                Err(e) if interrupted(&e) && tries < 5 => tries += 1,
+                Err(e) => {
+                    let pong = self.alive();
+                    panic!(
+                        "cannot connect to port {} (answers PING now: {pong}): {e}\n--- log ---\n{}",
+                        self.port,
+                        self.log()
+                    )
+                }
+            }
+        }
     }
 
     fn try_info(&self, section: &str) -> Result<String, String> {
@@ -730,6 +744,17 @@ impl Cluster {
 
     /// Like `start`, with options for every node (cluster directives are added).
     pub fn start_with(primaries: usize, replicas_per_primary: usize, opts: Opts) -> Cluster {
+        Cluster::start_with_each(primaries, replicas_per_primary, opts, Vec::new)
+    }
+
+    /// Like `start_with`, each node also given the directives `each()` makes for it (a TLS port
+    /// of its own, ...).
+    pub fn start_with_each(
+        primaries: usize,
+        replicas_per_primary: usize,
+        opts: Opts,
+        mut each: impl FnMut() -> Vec<(String, String)>,
+    ) -> Cluster {
         assert!(primaries >= 3, "redis-cli --cluster create needs at least 3 primaries");
         let total = primaries * (1 + replicas_per_primary);
         let mut opts = opts;
@@ -743,7 +768,8 @@ impl Cluster {
         // Start all nodes in parallel threads (each waits for its own PING).
         let handles: Vec<_> = (0..total)
             .map(|_| {
-                let o = opts.clone();
+                let mut o = opts.clone();
+                o.extra.extend(each());
                 std::thread::spawn(move || Server::start_with(o))
             })
             .collect();

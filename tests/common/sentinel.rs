@@ -17,7 +17,10 @@ use crate::common::{spawn_owned, wait_until, Opts, Server};
 pub const MASTER: &str = "mymaster";
 
 pub struct Sentinels {
+    /// Each sentinel's plain port (the test's own connections use it).
     pub ports: Vec<u16>,
+    /// Each sentinel's TLS port, when they speak TLS ([`Sentinels::start_tls`]).
+    pub tls_ports: Vec<u16>,
     /// The sentinels' own password (`requirepass`), if any.
     password: Option<String>,
     children: Vec<Child>,
@@ -33,18 +36,42 @@ impl Sentinels {
     /// [`Sentinels::start`], the sentinels asking for `password` (`requirepass`; they give it
     /// to each other with `sentinel sentinel-pass`).
     pub fn start_with_password(primary: &Server, n: usize, password: Option<&str>) -> Sentinels {
+        Self::start_on(primary.port, n, password, None)
+    }
+
+    /// Sentinels that speak TLS (`tls-replication yes`: to the data nodes and to each other)
+    /// and listen on a TLS port besides their plain one (which only the test's own
+    /// connections use), watching the primary's TLS port `primary_tls_port`.
+    pub fn start_tls(primary_tls_port: u16, n: usize, tls: &SentinelTls) -> Sentinels {
+        Self::start_on(primary_tls_port, n, None, Some(tls))
+    }
+
+    fn start_on(primary_port: u16, n: usize, password: Option<&str>, tls: Option<&SentinelTls>) -> Sentinels {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
         let dir = std::env::temp_dir().join(format!("rl-sentinel-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut ports = Vec::new();
+        let mut tls_ports = Vec::new();
         let mut children = Vec::new();
+        let free = || TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         for _ in 0..n {
-            let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let port = free();
             let conf = dir.join(format!("sentinel-{port}.conf"));
-            let auth = match password {
+            let mut auth = match password {
                 Some(p) => format!("requirepass {p}\nsentinel sentinel-pass {p}\n"),
                 None => String::new(),
             };
+            if let Some(t) = tls {
+                let tls_port = free();
+                tls_ports.push(tls_port);
+                auth += &format!(
+                    "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+                     tls-auth-clients no\ntls-replication yes\n",
+                    t.cert.display(),
+                    t.key.display(),
+                    t.ca.display()
+                );
+            }
             std::fs::write(
                 &conf,
                 auth + &format!(
@@ -54,7 +81,7 @@ impl Sentinels {
                      sentinel failover-timeout {MASTER} 5000\n\
                      sentinel parallel-syncs {MASTER} 2\n",
                     dir = dir.display(),
-                    p = primary.port
+                    p = primary_port
                 ),
             )
             .unwrap();
@@ -63,10 +90,10 @@ impl Sentinels {
             children.push(spawn_owned(cmd).expect("start redis-server --sentinel"));
             ports.push(port);
         }
-        let s = Sentinels { ports, password: password.map(str::to_string), children, dir };
+        let s = Sentinels { ports, tls_ports, password: password.map(str::to_string), children, dir };
         for &p in &s.ports {
             wait_until(Duration::from_secs(10), "a sentinel names the primary", || {
-                s.master_addr(p).is_some_and(|(_, port)| port == primary.port)
+                s.master_addr(p).is_some_and(|(_, port)| port == primary_port)
             });
         }
         // Each sentinel knows the others and the replicas before a failover is asked of them.
@@ -101,6 +128,11 @@ impl Sentinels {
     /// `host:port` of each sentinel.
     pub fn addrs(&self) -> Vec<String> {
         self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()
+    }
+
+    /// `host:port` of each sentinel's TLS port.
+    pub fn tls_addrs(&self) -> Vec<String> {
+        self.tls_ports.iter().map(|p| format!("127.0.0.1:{p}")).collect()
     }
 
     /// Starts noting the sentinels' `+switch-master` events (subscribed on every sentinel: the
@@ -147,6 +179,13 @@ impl Drop for Sentinels {
     }
 }
 
+/// The certificate, key and CA (PEM files) of TLS sentinels.
+pub struct SentinelTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
 pub struct SwitchWatch {
     seen: Arc<Mutex<Vec<(Instant, String)>>>,
 }
@@ -177,4 +216,30 @@ pub fn replicated(replicas: usize) -> (Server, Vec<Server>) {
         crate::common::wait_replica_synced(&primary, r);
     }
     (primary, replicas)
+}
+
+/// [`replicated`] over TLS: every node listens on a TLS port beside its plain one (which only
+/// the test's own connections use) and replicates over TLS (`tls-replication yes`: replicas
+/// follow the primary's TLS port and announce their own, so the sentinels name TLS ports only).
+/// `tls_opts` gives a node's TLS directives and its TLS port (`Certs::server_opts`). Each
+/// server comes with its TLS port.
+pub fn replicated_tls(replicas: usize, tls_opts: impl Fn() -> (u16, Vec<(String, String)>)) -> Vec<(Server, u16)> {
+    let node = |replica_of: Option<u16>| {
+        let (port, mut extra) = tls_opts();
+        extra.push(("tls-replication".into(), "yes".into()));
+        if let Some(p) = replica_of {
+            extra.push(("replicaof".into(), format!("127.0.0.1 {p}")));
+        }
+        (Server::start_with(Opts { debug_clock: false, extra, ..Default::default() }), port)
+    };
+    let primary = node(None);
+    let mut nodes = vec![];
+    for _ in 0..replicas {
+        nodes.push(node(Some(primary.1)));
+    }
+    for (r, _) in &nodes {
+        crate::common::wait_replica_synced(&primary.0, r);
+    }
+    nodes.insert(0, primary);
+    nodes
 }

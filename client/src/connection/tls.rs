@@ -261,9 +261,55 @@ fn name_problem(e: &rustls::Error, host: &str, has_client_cert: bool) -> String 
 /// A TLS problem inside a redis-rs error (an alert the server sent after the handshake, as
 /// TLS 1.3 servers do when they refuse a client certificate), named; `None` if not TLS.
 pub(crate) fn describe(e: &redis::RedisError) -> Option<String> {
-    let r = rustls_error(e)?;
-    Some(name_problem(r, "the server", true))
+    match rustls_error(e) {
+        Some(r) => Some(name_problem(r, "the server", true)),
+        None => flattened(&e.to_string()).map(|r| name_problem(&r, "the server", true)),
+    }
 }
+
+/// The rustls error in a message that carries it only as text: redis-rs's cluster client
+/// keeps its nodes' connection errors as strings ("Failed to create initial connections - Io:
+/// invalid peer certificate: UnknownIssuer").
+fn flattened(text: &str) -> Option<rustls::Error> {
+    use rustls::AlertDescription as A;
+    if let Some((_, rest)) = text.split_once("invalid peer certificate: ") {
+        let c = [
+            ("UnknownIssuer", CertificateError::UnknownIssuer),
+            ("NotValidForName", CertificateError::NotValidForName),
+            ("certificate not valid for name", CertificateError::NotValidForName),
+            ("Expired", CertificateError::Expired),
+            ("certificate expired", CertificateError::Expired),
+            ("NotValidYet", CertificateError::NotValidYet),
+            ("certificate not valid yet", CertificateError::NotValidYet),
+        ]
+        .into_iter()
+        .find(|(name, _)| rest.starts_with(name))
+        .map(|(_, c)| c)
+        .unwrap_or_else(|| CertificateError::Other(rustls::OtherError(Arc::new(Text(rest.to_string())))));
+        return Some(rustls::Error::InvalidCertificate(c));
+    }
+    let (_, rest) = text.split_once("received fatal alert: ")?;
+    [
+        ("CertificateRequired", A::CertificateRequired),
+        ("BadCertificate", A::BadCertificate),
+        ("UnknownCA", A::UnknownCA),
+    ]
+    .into_iter()
+    .find(|(name, _)| rest.starts_with(name))
+    .map(|(_, a)| rustls::Error::AlertReceived(a))
+}
+
+/// A message as an error (for [`CertificateError::Other`]).
+#[derive(Debug)]
+struct Text(String);
+
+impl std::fmt::Display for Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Text {}
 
 /// redis-rs's cluster client with the layer's TLS settings (redis-rs makes the cluster's
 /// connections itself). Its rustls setup differs from [`TlsConfig::build`]'s in one way: with a
@@ -304,4 +350,26 @@ pub(crate) fn cluster_client(
             .danger_accept_invalid_hostnames(t.skip_hostname_verification);
     }
     b.build().map_err(|e| ConfigError(format!("invalid Redis Cluster nodes {urls:?}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// redis-rs's cluster client keeps its nodes' errors as text: the problem is still named.
+    #[test]
+    fn a_certificate_problem_carried_as_text_is_named() {
+        let named = |text: &str| flattened(text).map(|r| name_problem(&r, "the server", true));
+        let e = named("Failed to create initial connections - Io: invalid peer certificate: UnknownIssuer").unwrap();
+        assert!(e.contains("not signed by a trusted CA"), "{e}");
+        let e = named("Io: invalid peer certificate: NotValidForName").unwrap();
+        assert!(e.contains("not valid for the name"), "{e}");
+        let e = named("Io: invalid peer certificate: Expired").unwrap();
+        assert!(e.contains("has expired"), "{e}");
+        let e = named("Io: invalid peer certificate: BadSignature").unwrap();
+        assert!(e.contains("was refused") && e.contains("BadSignature"), "{e}");
+        let e = named("Io: received fatal alert: CertificateRequired").unwrap();
+        assert!(e.contains("client certificate"), "{e}");
+        assert!(named("Io: Connection refused (os error 111)").is_none());
+    }
 }

@@ -4,6 +4,8 @@
 //! tokens to exactly `max_tokens` (a token bucket pushed alone keeps or scales the tokens
 //! left). Pure: protos in, protos out.
 
+use redis_ratelimit_client::Nanos;
+
 use super::plan::{TokenBucketShare, LEASE_FILL_INTERVAL_S, SECOND};
 use crate::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use crate::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
@@ -14,29 +16,29 @@ use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::
 use crate::pb::envoy::service::rate_limit_quota::v3::BucketId;
 
 /// A TTL as Envoy counts it: whole seconds (rounded up), at least 1.
-pub fn ttl(ns: u64) -> prost_types::Duration {
-    prost_types::Duration { seconds: ns.div_ceil(SECOND).max(1).min(i64::MAX as u64) as i64, nanos: 0 }
+pub fn ttl(t: Nanos) -> prost_types::Duration {
+    prost_types::Duration { seconds: t.as_u64().div_ceil(SECOND.as_u64()).max(1) as i64, nanos: 0 }
 }
 
-fn assign(id: &BucketId, strategy: Strategy, ttl_ns: u64) -> BucketAction {
+fn assign(id: &BucketId, strategy: Strategy, life: Nanos) -> BucketAction {
     BucketAction {
         bucket_id: Some(id.clone()),
         bucket_action: Some(Kind::QuotaAssignmentAction(QuotaAssignmentAction {
-            assignment_time_to_live: Some(ttl(ttl_ns)),
+            assignment_time_to_live: Some(ttl(life)),
             rate_limit_strategy: Some(RateLimitStrategy { strategy: Some(strategy) }),
         })),
     }
 }
 
-pub fn allow_all(id: &BucketId, ttl_ns: u64) -> BucketAction {
-    assign(id, Strategy::BlanketRule(BlanketRule::AllowAll as i32), ttl_ns)
+pub fn allow_all(id: &BucketId, ttl: Nanos) -> BucketAction {
+    assign(id, Strategy::BlanketRule(BlanketRule::AllowAll as i32), ttl)
 }
 
-pub fn deny_all(id: &BucketId, ttl_ns: u64) -> BucketAction {
-    assign(id, Strategy::BlanketRule(BlanketRule::DenyAll as i32), ttl_ns)
+pub fn deny_all(id: &BucketId, ttl: Nanos) -> BucketAction {
+    assign(id, Strategy::BlanketRule(BlanketRule::DenyAll as i32), ttl)
 }
 
-pub fn token_bucket(id: &BucketId, tb: TokenBucketShare, ttl_ns: u64) -> BucketAction {
+pub fn token_bucket(id: &BucketId, tb: TokenBucketShare, ttl: Nanos) -> BucketAction {
     assign(
         id,
         Strategy::TokenBucket(TokenBucket {
@@ -44,14 +46,14 @@ pub fn token_bucket(id: &BucketId, tb: TokenBucketShare, ttl_ns: u64) -> BucketA
             tokens_per_fill: Some(tb.tokens_per_fill),
             fill_interval: Some(prost_types::Duration { seconds: tb.fill_interval_s, nanos: 0 }),
         }),
-        ttl_ns,
+        ttl,
     )
 }
 
 /// A lease of `units` (at most `u32::MAX`): the instance holds exactly that many tokens, refilled
-/// by one a day, for `ttl_ns`. No units: `DENY_ALL` alone.
-pub fn lease(id: &BucketId, units: u64, ttl_ns: u64) -> Vec<BucketAction> {
-    let deny = deny_all(id, ttl_ns);
+/// by one a day, for `ttl`. No units: `DENY_ALL` alone.
+pub fn lease(id: &BucketId, units: u64, ttl: Nanos) -> Vec<BucketAction> {
+    let deny = deny_all(id, ttl);
     if units == 0 {
         return vec![deny];
     }
@@ -60,7 +62,7 @@ pub fn lease(id: &BucketId, units: u64, ttl_ns: u64) -> Vec<BucketAction> {
         tokens_per_fill: 1,
         fill_interval_s: LEASE_FILL_INTERVAL_S,
     };
-    vec![deny, token_bucket(id, tb, ttl_ns)]
+    vec![deny, token_bucket(id, tb, ttl)]
 }
 
 pub fn abandon(id: &BucketId) -> BucketAction {
@@ -78,17 +80,17 @@ mod tests {
 
     #[test]
     fn ttls_are_whole_seconds_of_at_least_one() {
-        assert_eq!(ttl(0).seconds, 1);
-        assert_eq!(ttl(1).seconds, 1);
+        assert_eq!(ttl(Nanos::ZERO).seconds, 1);
+        assert_eq!(ttl(Nanos::new(1)).seconds, 1);
         assert_eq!(ttl(SECOND).seconds, 1);
-        assert_eq!(ttl(SECOND + 1).seconds, 2);
+        assert_eq!(ttl(SECOND + Nanos::new(1)).seconds, 2);
         assert_eq!(ttl(60 * SECOND).seconds, 60);
-        assert_eq!(ttl(u64::MAX).nanos, 0);
+        assert_eq!(ttl(Nanos::MAX).nanos, 0);
     }
 
     #[test]
     fn a_lease_is_deny_then_a_token_bucket_in_one_response() {
-        let a = lease(&id(), 42, 1500 * 1_000_000);
+        let a = lease(&id(), 42, Nanos::from_millis(1500));
         assert_eq!(a.len(), 2);
         let assignment = |b: &BucketAction| match &b.bucket_action {
             Some(Kind::QuotaAssignmentAction(q)) => *q,

@@ -61,7 +61,7 @@ pub struct KeySettings {
 /// The limit as leases see it: its rate, and its capacity by the one rule
 /// ([`Limit::capacity`]).
 fn rate_of(l: &Limit) -> Rate {
-    Rate { units: l.limit(), period: l.period_nanos().as_u64(), capacity: l.capacity() }
+    Rate { units: l.limit(), period: l.period_nanos(), capacity: l.capacity() }
 }
 
 /// A bucket of `domain`, resolved against `config` with `ShouldRateLimit`'s rules: the entries
@@ -193,7 +193,7 @@ mod tests {
         let Target::Leased(l) = t else { panic!("{t:?}") };
         assert_eq!(l.key, "rls:gcra:edge|api=public|user=a%7Bb%7D");
         assert_eq!(l.limit, Limit::gcra(100, std::time::Duration::from_secs(1)).unwrap().with_burst(20).unwrap());
-        assert_eq!(l.rate, Rate { units: 100, period: 1_000_000_000, capacity: 20 });
+        assert_eq!(l.rate, Rate { units: 100, period: super::super::plan::SECOND, capacity: 20 });
         assert_eq!(l.mode, FailureMode::Local);
         assert!(matches!(resolve(Some(&c), "edge", &key(&[("vip", "x")]), &keys(), &m).0, Target::Unlimited(_)));
         assert!(matches!(resolve(Some(&c), "edge", &key(&[("blocked", "x")]), &keys(), &m).0, Target::Refused(_)));

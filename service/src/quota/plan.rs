@@ -1,7 +1,8 @@
 //! The pure core of the quota service: how many units a lease claims, when the next lease is
 //! due, what a report settles, and the local failure share, as functions of (a ledger, the
-//! parameters, a report, now) in integer nanoseconds of the server's monotonic clock. No IO,
-//! no clock reads: the stream handler ([`super::stream`]) reads the clock and does the IO.
+//! parameters, a report, now) in [`Nanos`] of the server's monotonic clock (from the quota
+//! service's start). No IO, no clock reads: the stream handler ([`super::stream`]) reads the
+//! clock and does the IO.
 //!
 //! A lease (docs/quota-service.md, "Assignments are leases"): `g` units claimed from the
 //! module (`COST b PARTIAL`, granted `g ≤ b`), then pushed to one Envoy as
@@ -12,15 +13,17 @@
 
 use std::collections::VecDeque;
 
-/// One second in nanoseconds.
-pub const SECOND: u64 = 1_000_000_000;
+use redis_ratelimit_client::Nanos;
+
+/// One second.
+pub const SECOND: Nanos = Nanos::from_secs(1);
 /// The refill of a lease's token bucket: one token per day, so that a lease (at most
 /// [`MAX_LEASE`]) never refills a whole token: Envoy admits the lease's units and no more.
 pub const LEASE_FILL_INTERVAL_S: i64 = 86_400;
 /// The longest lease (a slow limit's), in nanoseconds.
-pub const MAX_LEASE: u64 = 60 * SECOND;
+pub const MAX_LEASE: Nanos = Nanos::from_secs(60);
 /// The shortest time between two leases of one bucket (a small burst at a high rate).
-pub const MIN_REFRESH: u64 = 50_000_000;
+pub const MIN_REFRESH: Nanos = Nanos::from_millis(50);
 /// Leases remembered per ledger for settling (pushed since the last report): three times a
 /// 5 s report period at the default refresh (500 ms), 1 KiB per bucket at most; past it the
 /// oldest are forgotten (their units stay counted: conservative).
@@ -29,37 +32,37 @@ pub const MAX_UNSETTLED: usize = 32;
 /// every 5 s and its units are at least `margin` old, so units of a shorter window are past
 /// their window when a report could return them (RL.RETURN credits a window only for units
 /// claimed in it).
-pub const MIN_SETTLED_WINDOW: u64 = 10 * SECOND;
+pub const MIN_SETTLED_WINDOW: Nanos = Nanos::from_secs(10);
 /// Two leases whose windows end this close together (server clock) are in the same window
 /// (each end is the push time plus the claim's `reset_after`); more apart, a new window.
-const SAME_WINDOW: u64 = SECOND;
+const SAME_WINDOW: Nanos = SECOND;
 
 /// Lease parameters (the QUOTA_* settings).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {
     /// `L`: the life of a lease on a limit of at least one unit per `L` (whole seconds, ≥ 1 s):
     /// its `assignment_time_to_live`.
-    pub lease: u64,
+    pub lease: Nanos,
     /// How often a lease of life `L` is replaced by a new one (< `lease`).
-    pub refresh: u64,
+    pub refresh: Nanos,
     /// Time allowed for a push to reach Envoy and for a report to be built and arrive: a
     /// lease is only given back once it ended this long before a report.
-    pub margin: u64,
+    pub margin: Nanos,
 }
 
 impl Params {
     /// Checks the parameters: `lease` whole seconds from 1 s to [`MAX_LEASE`], `refresh` at
     /// least 1 ms and below `lease`.
     pub fn validate(&self) -> Result<(), String> {
-        if self.lease < SECOND || self.lease > MAX_LEASE || !self.lease.is_multiple_of(SECOND) {
+        if self.lease < SECOND || self.lease > MAX_LEASE || !self.lease.as_u64().is_multiple_of(SECOND.as_u64()) {
             return Err(format!(
-                "QUOTA_LEASE must be whole seconds from 1s to 60s (Envoy 1.40 counts whole seconds): {} ns",
+                "QUOTA_LEASE must be whole seconds from 1s to 60s (Envoy 1.40 counts whole seconds): {:?}",
                 self.lease
             ));
         }
-        if self.refresh < 1_000_000 || self.refresh >= self.lease {
+        if self.refresh < Nanos::from_millis(1) || self.refresh >= self.lease {
             return Err(format!(
-                "QUOTA_REFRESH must be at least 1ms and shorter than QUOTA_LEASE ({} ns): {} ns",
+                "QUOTA_REFRESH must be at least 1ms and shorter than QUOTA_LEASE ({:?}): {:?}",
                 self.lease, self.refresh
             ));
         }
@@ -67,12 +70,12 @@ impl Params {
     }
 }
 
-/// A limit as leases see it: `units` per `period` nanoseconds, at most `capacity` at once
-/// (a bucket's burst, a window's limit).
+/// A limit as leases see it: `units` per `period`, at most `capacity` at once (a bucket's
+/// burst, a window's limit).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rate {
     pub units: u64,
-    pub period: u64,
+    pub period: Nanos,
     pub capacity: u64,
 }
 
@@ -87,13 +90,18 @@ fn to_u64(x: u128) -> u64 {
     x.min(u64::MAX as u128) as u64
 }
 
+/// A span's nanoseconds, widened for exact products.
+fn ns(t: Nanos) -> u128 {
+    t.as_u64() as u128
+}
+
 /// A lease's life: `L`, or for a limit slower than one unit per `L` the time one unit takes to
 /// refill, rounded up to whole seconds, at most [`MAX_LEASE`]. So a lease holds at most one
 /// unit more than `r × L` (a slow limit is not claimed faster than it refills), and the bound
 /// per bucket is `c + r·(W + life + d)`.
-pub fn lease_life(p: &Params, rate: &Rate) -> u64 {
-    let one_unit = div_ceil_u128(rate.period as u128, rate.units.max(1) as u128);
-    let whole = to_u64(div_ceil_u128(one_unit, SECOND as u128)).saturating_mul(SECOND);
+pub fn lease_life(p: &Params, rate: &Rate) -> Nanos {
+    let one_unit = div_ceil_u128(ns(rate.period), rate.units.max(1) as u128);
+    let whole = to_u64(div_ceil_u128(one_unit, ns(SECOND))) * SECOND;
     whole.clamp(p.lease, MAX_LEASE.max(p.lease))
 }
 
@@ -102,25 +110,25 @@ pub fn lease_life(p: &Params, rate: &Rate) -> u64 {
 /// sooner (`capacity ÷ rate`, at least [`MIN_REFRESH`]): a lease can never hold more than the
 /// capacity (Redis grants at most its balance), so a bucket whose burst is below
 /// `rate × refresh` would otherwise be held to `capacity ÷ refresh`.
-pub fn replace_after(p: &Params, rate: &Rate) -> u64 {
+pub fn replace_after(p: &Params, rate: &Rate) -> Nanos {
     let life = lease_life(p, rate);
     if life > p.lease {
         return life - p.refresh;
     }
-    let fill = to_u64(div_ceil_u128(rate.capacity as u128 * rate.period as u128, rate.units.max(1) as u128));
-    p.refresh.min(fill.max(MIN_REFRESH))
+    let fill = to_u64(div_ceil_u128(rate.capacity as u128 * ns(rate.period), rate.units.max(1) as u128));
+    p.refresh.min(Nanos::new(fill.min(i64::MAX as u64) as i64).max(MIN_REFRESH))
 }
 
 /// One lease pushed to an Envoy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lease {
     /// When the claim was sent (its units are at most this old).
-    pub claimed: u64,
+    pub claimed: Nanos,
     /// When the push was sent.
-    pub pushed: u64,
+    pub pushed: Nanos,
     pub units: u64,
     /// Its TTL (the life).
-    pub life: u64,
+    pub life: Nanos,
 }
 
 /// What a report settled.
@@ -130,12 +138,12 @@ pub struct Settled {
     pub idle: bool,
     /// Units never served, to give back (`RL.RETURN key n AGE age`), and their age bound.
     pub give_back: u64,
-    pub age: u64,
+    pub age: Nanos,
     /// Units of the current window's ended leases beyond what Envoy reported admitted since
     /// that window's first lease ([`Window`]), given back in a call of their own (their age
     /// stays within the window), and their age bound.
     pub window_give_back: u64,
-    pub window_age: u64,
+    pub window_age: Nanos,
 }
 
 /// The leases of one window of a window limit (fixed, sliding) of at least
@@ -148,9 +156,9 @@ pub struct Settled {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Window {
     /// The window's end (server clock, from the first claim's `reset_after`).
-    pub end: u64,
+    pub end: Nanos,
     /// When the window's first settled claim was sent (every unit settled is at most this old).
-    pub first_claim: Option<u64>,
+    pub first_claim: Option<Nanos>,
     /// Leases not yet known to have ended, oldest first.
     pub open: VecDeque<Lease>,
     /// Units of the leases that ended.
@@ -166,20 +174,27 @@ pub struct Window {
 pub struct Ledger {
     /// Requests (allowed + denied) in the last report period and the period's length (server
     /// clock); `None` before the first periodic report.
-    pub demand: Option<(u64, u64)>,
+    pub demand: Option<(u64, Nanos)>,
     /// The last report had denied requests: the leases were too small.
     pub starved: bool,
     /// A lease since the last report was granted less than it asked, or none could be claimed:
     /// the limit (or Redis) refused, not the lease's size, so refusals do not double the next.
     pub short: bool,
     /// Arrival of the last report.
-    pub last_report: Option<u64>,
+    pub last_report: Option<Nanos>,
     /// The lease Envoy holds now.
     pub current: Option<Lease>,
     /// Leases pushed since the last report (current included), oldest first.
     pub unsettled: VecDeque<Lease>,
     /// When the next lease is due.
-    pub next: u64,
+    pub next: Nanos,
+    /// What the limit still had after this bucket's last claim (the answer's `remaining`):
+    /// room nobody was using, of which the next lease may take a share ([`Ledger::want`]).
+    /// 0 before a claim and after a failed one.
+    pub room: u64,
+    /// The last claim was granted less than it asked: the limit binds, and the next lease
+    /// asks at most the even split ([`Ledger::want`]).
+    pub bound: bool,
     /// The current window's leases (a window limit of at least [`MIN_SETTLED_WINDOW`]).
     pub window: Option<Window>,
     /// Totals, for the metrics and the tests.
@@ -193,20 +208,33 @@ impl Ledger {
     /// Units to claim for the next lease: the demand over the time until the lease after it
     /// (a quarter more, plus one), doubled after a report with refusals; before any periodic
     /// report, an even split of the limit's rate over that time among `sharers` Envoys (plus
-    /// one). At most the capacity and `u32::MAX` (a token bucket's `max_tokens`).
+    /// one). While the limit has room (its answer to the last claim left at least twice the
+    /// even split per sharer), at least that even split: a load that surges above the last
+    /// report's demand is not refused at the edge while the limit is far from binding, and
+    /// once claims take the room the share shrinks back to the demand. While the limit binds
+    /// (the last claim got less than it asked), at most the even split: Envoys on one replica
+    /// sharing a binding limit claim alike, where the largest demand would otherwise take
+    /// every refill from the Envoys whose claims come after it. At most the capacity and
+    /// `u32::MAX` (a token bucket's `max_tokens`).
     pub fn want(&self, p: &Params, rate: &Rate, sharers: u64) -> u64 {
-        let span = replace_after(p, rate) as u128;
+        let span = ns(replace_after(p, rate));
+        let sharers = sharers.max(1) as u128;
+        let even = div_ceil_u128(rate.units as u128 * span, ns(rate.period).max(1) * sharers);
+        let room = (self.room as u128 / (2 * sharers)).min(even);
         let base = match self.demand {
-            Some((n, per)) if per > 0 => {
-                let d = div_ceil_u128(n as u128 * span, per as u128);
-                d + d.div_ceil(4)
+            Some((n, per)) if per > Nanos::ZERO => {
+                let d = div_ceil_u128(n as u128 * span, ns(per));
+                (d + d.div_ceil(4)).max(room)
             }
-            Some(_) => 0,
-            None => div_ceil_u128(rate.units as u128 * span, rate.period.max(1) as u128 * sharers.max(1) as u128),
+            Some(_) => room,
+            None => even,
         };
         let mut b = to_u64(base).saturating_add(1);
         if self.starved {
             b = b.saturating_mul(2);
+        }
+        if self.bound {
+            b = b.min(to_u64(even).saturating_add(1));
         }
         b.min(rate.capacity.max(1)).min(u32::MAX as u64)
     }
@@ -214,7 +242,15 @@ impl Ledger {
     /// Records a lease pushed at `pushed` (its claim sent at `claimed`), and schedules the next
     /// one: after [`replace_after`], or at `window_end` (a window's end, from the claim's
     /// `reset_after`) when sooner, so that a window's units are dropped when it ends.
-    pub fn pushed(&mut self, p: &Params, rate: &Rate, claimed: u64, pushed: u64, units: u64, window_end: Option<u64>) {
+    pub fn pushed(
+        &mut self,
+        p: &Params,
+        rate: &Rate,
+        claimed: Nanos,
+        pushed: Nanos,
+        units: u64,
+        window_end: Option<Nanos>,
+    ) {
         let life = lease_life(p, rate);
         let lease = Lease { claimed, pushed, units, life };
         self.current = Some(lease);
@@ -224,7 +260,7 @@ impl Ledger {
         self.unsettled.push_back(lease);
         self.granted = self.granted.saturating_add(units);
         if let Some(end) = window_end.filter(|_| rate.period >= MIN_SETTLED_WINDOW) {
-            if self.window.as_ref().is_none_or(|w| w.end.abs_diff(end) >= SAME_WINDOW) {
+            if self.window.as_ref().is_none_or(|w| (w.end - end).max(end - w.end) >= SAME_WINDOW) {
                 self.window = Some(Window { end, ..Window::default() });
             }
             let w = self.window.as_mut().expect("set above");
@@ -232,7 +268,7 @@ impl Ledger {
             // start) may have been decided in it, yet an AGE from its send would date its units
             // to the window before, where RL.RETURN credits nothing: its units are not settled
             // here (they stay counted). Every later claim's AGE stays within the window.
-            if claimed >= end.saturating_sub(rate.period) {
+            if claimed >= end - rate.period {
                 if w.open.len() >= MAX_UNSETTLED {
                     // Never settled: its units stay counted (conservative).
                     w.open.pop_front();
@@ -241,19 +277,28 @@ impl Ledger {
                 w.open.push_back(lease);
             }
         }
-        let mut next = pushed.saturating_add(replace_after(p, rate));
+        let mut next = pushed + replace_after(p, rate);
         if let Some(end) = window_end {
-            next = next.min(end.max(pushed.saturating_add(1_000_000)));
+            next = next.min(end.max(pushed + Nanos::from_millis(1)));
         }
         self.next = next;
     }
 
+    /// What the limit answered a claim of `want` units: `granted` of them, `remaining` left.
+    pub fn answered(&mut self, want: u64, granted: u64, remaining: u64) {
+        self.short |= granted < want;
+        self.bound = granted < want;
+        self.room = remaining;
+    }
+
     /// A push that holds no units (a failure mode's action, a refusal): the next lease is due
     /// after `refresh`.
-    pub fn pushed_nothing(&mut self, p: &Params, now: u64) {
+    pub fn pushed_nothing(&mut self, p: &Params, now: Nanos) {
         self.current = None;
         self.short = true;
-        self.next = now.saturating_add(p.refresh);
+        self.room = 0;
+        self.bound = false;
+        self.next = now + p.refresh;
     }
 
     /// A usage report arrived at `now` with `allowed` and `denied` requests since the
@@ -261,7 +306,7 @@ impl Ledger {
     /// since the previous report that ended at least `margin` before this one were never used
     /// (no request in the whole period) and are given back, aged from the oldest one's claim.
     /// A lease that may still be in use, or whose period had requests, is never given back.
-    pub fn report(&mut self, p: &Params, now: u64, allowed: u64, denied: u64) -> Settled {
+    pub fn report(&mut self, p: &Params, now: Nanos, allowed: u64, denied: u64) -> Settled {
         let requests = allowed.saturating_add(denied);
         self.admitted = self.admitted.saturating_add(allowed);
         self.denied = self.denied.saturating_add(denied);
@@ -276,18 +321,18 @@ impl Ledger {
         self.short = false;
         let mut out = Settled::default();
         if let Some(prev) = self.last_report {
-            self.demand = Some((requests, now.saturating_sub(prev)));
+            self.demand = Some((requests, now - prev));
             out.idle = requests == 0;
         }
         if out.idle {
-            let cutoff = now.saturating_sub(p.margin);
+            let cutoff = now - p.margin;
             let leases: Vec<Lease> = self.unsettled.iter().copied().collect();
-            let mut oldest: Option<u64> = None;
+            let mut oldest: Option<Nanos> = None;
             let mut kept = VecDeque::new();
             for (i, l) in leases.iter().enumerate() {
                 // Ended: replaced by a later push, or its TTL over, `margin` before the report.
                 let replaced = leases.get(i + 1).is_some_and(|n| n.pushed <= cutoff);
-                let expired = l.pushed.saturating_add(l.life) <= cutoff;
+                let expired = l.pushed + l.life <= cutoff;
                 if replaced || expired {
                     out.give_back = out.give_back.saturating_add(l.units);
                     oldest = Some(oldest.map_or(l.claimed, |o| o.min(l.claimed)));
@@ -295,7 +340,7 @@ impl Ledger {
                     kept.push_back(*l);
                 }
             }
-            out.age = oldest.map_or(0, |o| now.saturating_sub(o));
+            out.age = oldest.map_or(Nanos::ZERO, |o| now - o);
             self.given_back = self.given_back.saturating_add(out.give_back);
             self.unsettled = kept;
         }
@@ -303,10 +348,10 @@ impl Ledger {
             // What the idle rule gave back may be this window's: counted as returned here too.
             w.returned = w.returned.saturating_add(out.give_back);
             w.admitted = w.admitted.saturating_add(allowed);
-            let cutoff = now.saturating_sub(p.margin);
+            let cutoff = now - p.margin;
             while let Some(l) = w.open.front() {
                 let replaced = w.open.get(1).is_some_and(|n| n.pushed <= cutoff);
-                if !(replaced || l.pushed.saturating_add(l.life) <= cutoff) {
+                if !(replaced || l.pushed + l.life <= cutoff) {
                     break;
                 }
                 w.ended = w.ended.saturating_add(l.units);
@@ -316,7 +361,7 @@ impl Ledger {
             if unused > 0 {
                 w.returned = w.returned.saturating_add(unused);
                 out.window_give_back = unused;
-                out.window_age = now.saturating_sub(w.first_claim.unwrap_or(0));
+                out.window_age = now - w.first_claim.unwrap_or(Nanos::ZERO);
                 self.given_back = self.given_back.saturating_add(unused);
             }
         }
@@ -344,13 +389,13 @@ pub fn local_share(rate: &Rate, sharers: u64) -> TokenBucketShare {
     let n = sharers.max(1) as u128;
     let max_tokens = (rate.capacity as u128 / n).clamp(1, u32::MAX as u128) as u32;
     // Units per second of the share: units × 1 s / (period × sharers).
-    let den = rate.period.max(1) as u128 * n;
-    let per_second = rate.units as u128 * SECOND as u128 / den;
+    let den = ns(rate.period).max(1) * n;
+    let per_second = rate.units as u128 * ns(SECOND) / den;
     if per_second >= 1 {
         TokenBucketShare { max_tokens, tokens_per_fill: per_second.min(u32::MAX as u128) as u32, fill_interval_s: 1 }
     } else {
         // One token per whole number of seconds, rounded up (slower, never faster).
-        let secs = div_ceil_u128(den, rate.units.max(1) as u128 * SECOND as u128);
+        let secs = div_ceil_u128(den, rate.units.max(1) as u128 * ns(SECOND));
         TokenBucketShare { max_tokens, tokens_per_fill: 1, fill_interval_s: secs.clamp(1, i64::MAX as u128) as i64 }
     }
 }
@@ -359,7 +404,13 @@ pub fn local_share(rate: &Rate, sharers: u64) -> TokenBucketShare {
 mod tests {
     use super::*;
 
-    const MS: u64 = 1_000_000;
+    const MS: Nanos = Nanos::from_millis(1);
+    const ZERO: Nanos = Nanos::ZERO;
+
+    /// `n` nanoseconds.
+    fn ns(n: u64) -> Nanos {
+        Nanos::new(n as i64)
+    }
 
     fn params() -> Params {
         Params { lease: SECOND, refresh: 500 * MS, margin: SECOND }
@@ -372,8 +423,10 @@ mod tests {
     #[test]
     fn parameters_are_checked() {
         assert!(params().validate().is_ok());
-        for (lease, refresh) in [(1500 * MS, 500 * MS), (0, 1), (61 * SECOND, MS), (SECOND, SECOND), (SECOND, 0)] {
-            assert!(Params { lease, refresh, margin: SECOND }.validate().is_err(), "{lease} {refresh}");
+        for (lease, refresh) in
+            [(1500 * MS, 500 * MS), (ZERO, ns(1)), (61 * SECOND, MS), (SECOND, SECOND), (SECOND, ZERO)]
+        {
+            assert!(Params { lease, refresh, margin: SECOND }.validate().is_err(), "{lease:?} {refresh:?}");
         }
     }
 
@@ -407,12 +460,61 @@ mod tests {
     }
 
     #[test]
+    fn a_limit_with_room_leases_its_even_split_whatever_the_last_demand() {
+        let p = params();
+        let rate = per_second(10_000, 10_000);
+        let mut l = Ledger::default();
+        l.report(&p, ZERO, 1, 0);
+        // 10 requests in 5 s: a lease of 2, plus one, while the limit's room is unknown.
+        l.report(&p, 5 * SECOND, 10, 0);
+        assert_eq!(l.want(&p, &rate, 2), 3);
+        // The last claim left 10,000 units: at least the even split of 500 ms between two
+        // Envoys (2,500, half the room per sharer), plus one.
+        l.room = 10_000;
+        assert_eq!(l.want(&p, &rate, 2), 2_501);
+        l.room = 1_000_000;
+        assert_eq!(l.want(&p, &rate, 2), 2_501);
+        // Little room left: half of it per sharer, never more.
+        l.room = 1_000;
+        assert_eq!(l.want(&p, &rate, 2), 251);
+        // None: the demand again; a demand above the room keeps its own size.
+        l.room = 0;
+        assert_eq!(l.want(&p, &rate, 2), 3);
+        l.report(&p, 10 * SECOND, 40_000, 0);
+        l.room = 9_000;
+        assert_eq!(l.want(&p, &rate, 2), 5_001);
+        // A failed claim leaves no room.
+        l.pushed_nothing(&p, 10 * SECOND);
+        assert_eq!(l.room, 0);
+    }
+
+    #[test]
+    fn a_binding_limit_is_claimed_in_even_splits() {
+        let p = params();
+        let rate = per_second(300, 100);
+        let mut l = Ledger::default();
+        l.report(&p, ZERO, 1, 0);
+        // Flat out: 20,000 requests in 5 s; a lease asks the whole burst.
+        l.report(&p, 5 * SECOND, 20_000, 0);
+        assert_eq!(l.want(&p, &rate, 2), 100);
+        // The limit granted 40 of 100: the next lease asks at most the even split of the
+        // rate between two Envoys over a lease's 333.3 ms (51, rounded up), plus one.
+        l.answered(100, 40, 0);
+        assert!(l.short && l.bound);
+        assert_eq!(l.want(&p, &rate, 2), 52);
+        // Granted in full: the demand again.
+        l.answered(52, 52, 0);
+        assert!(!l.bound);
+        assert_eq!(l.want(&p, &rate, 2), 100);
+    }
+
+    #[test]
     fn leases_follow_the_reported_demand() {
         let p = params();
         let rate = per_second(10_000, 10_000);
         let mut l = Ledger::default();
         // The first report (the bucket's creation) carries no period.
-        assert_eq!(l.report(&p, 0, 1, 0), Settled::default());
+        assert_eq!(l.report(&p, ZERO, 1, 0), Settled::default());
         assert_eq!(l.demand, None);
         // 1000 requests in 5 s: 200/s; over 500 ms 100, a quarter more, plus one.
         let s = l.report(&p, 5 * SECOND, 1000, 0);
@@ -424,7 +526,7 @@ mod tests {
         // Capped by the capacity and by u32::MAX.
         l.report(&p, 15 * SECOND, u64::MAX / 2, 0);
         assert_eq!(l.want(&p, &rate, 3), 10_000);
-        let huge = Rate { units: u64::MAX, period: 1, capacity: u64::MAX };
+        let huge = Rate { units: u64::MAX, period: ns(1), capacity: u64::MAX };
         assert_eq!(l.want(&p, &huge, 1), u32::MAX as u64);
         // An idle period: one unit.
         l.report(&p, 20 * SECOND, 0, 0);
@@ -437,7 +539,7 @@ mod tests {
         let rate = per_second(1000, 1000);
         let mut l = Ledger::default();
         // The bucket's first report: its first request refused by no_assignment_behavior.
-        l.report(&p, 0, 0, 1);
+        l.report(&p, ZERO, 0, 1);
         assert!(!l.starved);
         assert_eq!(l.want(&p, &rate, 1), 501);
         // Refusals in a period under leases: doubled.
@@ -451,7 +553,7 @@ mod tests {
         let rate = Rate { units: 200, period: 20 * SECOND, capacity: 200 };
         let end = 20 * SECOND;
         let mut l = Ledger::default();
-        l.report(&p, 0, 1, 0);
+        l.report(&p, ZERO, 1, 0);
         // 14 units every 500 ms from 1 s to 5.5 s (10 leases, 140 units) in one window.
         for k in 0..10 {
             let t = SECOND + k * 500 * MS;
@@ -472,7 +574,7 @@ mod tests {
         l.pushed(&p, &rate, 39_999 * MS, 40_001 * MS, 5, Some(60_001 * MS));
         assert_eq!(l.window.as_ref().map(|w| (w.open.len(), w.first_claim)), Some((0, None)));
         let mut short = Ledger::default();
-        short.pushed(&p, &per_second(100, 100), 0, 0, 5, Some(SECOND));
+        short.pushed(&p, &per_second(100, 100), ZERO, ZERO, 5, Some(SECOND));
         assert!(short.window.is_none());
     }
 
@@ -481,7 +583,7 @@ mod tests {
         let p = params();
         let rate = per_second(1000, 1000);
         let mut l = Ledger::default();
-        l.report(&p, 0, 1, 0);
+        l.report(&p, ZERO, 1, 0);
         l.short = true;
         l.report(&p, 5 * SECOND, 100, 50);
         assert!(!l.starved);
@@ -495,13 +597,13 @@ mod tests {
         let p = params();
         let rate = per_second(100, 100);
         let mut l = Ledger::default();
-        l.pushed(&p, &rate, 10, 20, 50, None);
-        assert_eq!((l.next, l.granted), (20 + 500 * MS, 50));
-        assert_eq!(l.current, Some(Lease { claimed: 10, pushed: 20, units: 50, life: SECOND }));
-        l.pushed(&p, &rate, SECOND, SECOND + 5, 50, Some(SECOND + 200 * MS));
+        l.pushed(&p, &rate, ns(10), ns(20), 50, None);
+        assert_eq!((l.next, l.granted), (ns(20) + 500 * MS, 50));
+        assert_eq!(l.current, Some(Lease { claimed: ns(10), pushed: ns(20), units: 50, life: SECOND }));
+        l.pushed(&p, &rate, SECOND, SECOND + ns(5), 50, Some(SECOND + 200 * MS));
         assert_eq!(l.next, SECOND + 200 * MS);
         // A window ending now: at least 1 ms later, never at once again.
-        l.pushed(&p, &rate, 2 * SECOND, 2 * SECOND, 50, Some(0));
+        l.pushed(&p, &rate, 2 * SECOND, 2 * SECOND, 50, Some(ZERO));
         assert_eq!(l.next, 2 * SECOND + MS);
         // A slow limit's lease is replaced shortly before it ends.
         let slow = Rate { units: 10, period: 60 * SECOND, capacity: 10 };
@@ -516,14 +618,14 @@ mod tests {
         let p = params();
         let rate = per_second(100, 100);
         let mut l = Ledger::default();
-        l.report(&p, 0, 1, 0);
+        l.report(&p, ZERO, 1, 0);
         // A busy period: nothing is given back, whatever was pushed.
         for k in 0..10 {
             l.pushed(&p, &rate, k * 500 * MS, k * 500 * MS + MS, 10, None);
         }
         assert_eq!(
             l.report(&p, 5 * SECOND, 40, 0),
-            Settled { idle: false, give_back: 0, age: 0, ..Settled::default() }
+            Settled { idle: false, give_back: 0, age: ZERO, ..Settled::default() }
         );
         assert!(l.unsettled.is_empty());
         // The next period is idle: leases pushed after the report, replaced (or expired) at
@@ -540,7 +642,10 @@ mod tests {
         assert_eq!((l.granted, l.given_back, l.admitted), (200, 80, 41));
         assert!(l.unsettled.is_empty());
         // An idle report with nothing pushed gives back nothing, never a negative.
-        assert_eq!(l.report(&p, 15 * SECOND, 0, 0), Settled { idle: true, give_back: 0, age: 0, ..Settled::default() });
+        assert_eq!(
+            l.report(&p, 15 * SECOND, 0, 0),
+            Settled { idle: true, give_back: 0, age: ZERO, ..Settled::default() }
+        );
     }
 
     #[test]
@@ -548,14 +653,14 @@ mod tests {
         let p = params();
         let rate = per_second(100, 100);
         let mut l = Ledger::default();
-        l.report(&p, 0, 1, 0);
+        l.report(&p, ZERO, 1, 0);
         // One lease, never replaced (the bucket went quiet, pushes stopped), its TTL long over.
         l.pushed(&p, &rate, SECOND, SECOND + MS, 7, None);
         let s = l.report(&p, 5 * SECOND, 0, 0);
         assert_eq!((s.idle, s.give_back, s.age), (true, 7, 4 * SECOND));
         // Within `margin` of its end: kept.
         let mut l = Ledger::default();
-        l.report(&p, 0, 1, 0);
+        l.report(&p, ZERO, 1, 0);
         l.pushed(&p, &rate, 3 * SECOND + 500 * MS, 3 * SECOND + 500 * MS, 7, None);
         assert_eq!(l.report(&p, 5 * SECOND, 0, 0).give_back, 0);
     }
@@ -566,7 +671,7 @@ mod tests {
         let rate = per_second(100, 100);
         let mut l = Ledger::default();
         for k in 0..(MAX_UNSETTLED as u64 * 3) {
-            l.pushed(&p, &rate, k, k, 1, None);
+            l.pushed(&p, &rate, ns(k), ns(k), 1, None);
         }
         assert_eq!(l.unsettled.len(), MAX_UNSETTLED);
         assert_eq!(l.granted, MAX_UNSETTLED as u64 * 3);
@@ -593,7 +698,7 @@ mod tests {
         assert_eq!(local_share(&Rate { units: 1, period: 1500 * MS, capacity: 1 }, 1).fill_interval_s, 2);
         // Zero sharers count as one; extreme values do not overflow.
         assert_eq!(local_share(&per_second(5, 5), 0).tokens_per_fill, 5);
-        let huge = local_share(&Rate { units: u64::MAX, period: 1, capacity: u64::MAX }, 1);
+        let huge = local_share(&Rate { units: u64::MAX, period: ns(1), capacity: u64::MAX }, 1);
         assert_eq!((huge.max_tokens, huge.tokens_per_fill), (u32::MAX, u32::MAX));
     }
 }

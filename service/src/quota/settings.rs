@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use redis_ratelimit_client::spec::parse_duration;
+use redis_ratelimit_client::Nanos;
 
 use super::buckets::KeySettings;
 use super::plan::Params;
@@ -54,7 +55,7 @@ pub struct QuotaSettings {
     pub params: Params,
     pub max_buckets: usize,
     pub unknown: UnknownBuckets,
-    pub static_ttl: u64,
+    pub static_ttl: Nanos,
     pub max_report_bytes: usize,
     pub keys: KeySettings,
     /// `INSTANCES` (service replicas): the local failure share divides by it.
@@ -63,15 +64,11 @@ pub struct QuotaSettings {
     pub timeout: Duration,
 }
 
-fn ns(d: Duration) -> u64 {
-    d.as_nanos().min(u64::MAX as u128) as u64
-}
-
 impl QuotaFlags {
     pub fn settings(&self, keys: KeySettings, instances: u64, timeout: Duration) -> Result<QuotaSettings, String> {
-        let lease = ns(self.quota_lease);
+        let lease = Nanos::from(self.quota_lease);
         // A push must reach Envoy, and a report be built and arrive, within a lease.
-        let params = Params { lease, refresh: ns(self.quota_refresh), margin: lease };
+        let params = Params { lease, refresh: Nanos::from(self.quota_refresh), margin: lease };
         params.validate()?;
         if self.quota_static_ttl < Duration::from_secs(1) {
             return Err("QUOTA_STATIC_TTL must be at least 1s".into());
@@ -80,7 +77,7 @@ impl QuotaFlags {
             params,
             max_buckets: self.quota_max_buckets,
             unknown: self.quota_unknown_buckets,
-            static_ttl: ns(self.quota_static_ttl),
+            static_ttl: Nanos::from(self.quota_static_ttl),
             max_report_bytes: self.quota_max_report_bytes.max(4096),
             keys,
             instances: instances.max(1),

@@ -120,12 +120,12 @@ impl QuotaService {
         self.metrics.render(self.slots.used() as u64)
     }
 
-    fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos().min(u64::MAX as u128) as u64
+    fn now(&self) -> Nanos {
+        Nanos::from(self.epoch.elapsed())
     }
 
-    fn instant(&self, t: u64) -> tokio::time::Instant {
-        tokio::time::Instant::from_std(self.epoch + Duration::from_nanos(t))
+    fn instant(&self, t: Nanos) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.epoch + Duration::from(t))
     }
 }
 
@@ -162,7 +162,7 @@ struct Bucket {
     target: Target,
     ledger: Ledger,
     /// When its static action was last pushed.
-    static_at: Option<u64>,
+    static_at: Option<Nanos>,
     seq: u64,
     _slot: Slot,
     _sharer: Option<Sharer>,
@@ -176,7 +176,7 @@ struct StreamState {
     domain: Option<String>,
     buckets: HashMap<BucketKey, Bucket>,
     /// Leases due, by time (stale entries skipped: a bucket's `ledger.next` says).
-    due: BinaryHeap<Reverse<(u64, u64)>>,
+    due: BinaryHeap<Reverse<(Nanos, u64)>>,
     by_seq: HashMap<u64, BucketKey>,
     next_seq: u64,
     /// Said once per stream: a failing Redis, a refused bucket.
@@ -316,7 +316,7 @@ impl StreamState {
 
     /// What a bucket gets when Redis cannot serve it (a failed claim, or no room to track
     /// it): its domain's failure mode, for `ttl`.
-    fn failure_action(&self, l: &Leased, id: &BucketId, ttl: u64) -> Option<BucketAction> {
+    fn failure_action(&self, l: &Leased, id: &BucketId, ttl: Nanos) -> Option<BucketAction> {
         let m = &self.q.metrics;
         match l.mode {
             FailureMode::Closed => {
@@ -390,7 +390,7 @@ impl StreamState {
                         // window's apart, so that its age stays within its window.
                         for (units, age) in [(s.give_back, s.age), (s.window_give_back, s.window_age)] {
                             if units > 0 {
-                                let claimed = now.saturating_sub(age);
+                                let claimed = now - age;
                                 after.push(AfterReport::GiveBack { key: l.key.clone(), units, claimed });
                             }
                         }
@@ -417,7 +417,7 @@ impl StreamState {
             }
             // Static actions are pushed again once half their TTL is gone.
             let b = &self.buckets[&key];
-            let stale = b.static_at.is_none_or(|t| now.saturating_sub(t) >= self.settings().static_ttl / 2);
+            let stale = b.static_at.is_none_or(|t| now - t >= self.settings().static_ttl / 2);
             if stale {
                 if let Some(a) = self.static_action(&b.target, &b.id) {
                     add(&q.metrics.static_assignments, 1);
@@ -444,7 +444,7 @@ impl StreamState {
         id: BucketId,
         allowed: u64,
         denied: u64,
-        now: u64,
+        now: Nanos,
         to_lease: &mut Vec<BucketKey>,
     ) -> Option<Group> {
         let q = self.q.clone();
@@ -531,7 +531,7 @@ impl StreamState {
         domain: &str,
         config: &Option<Arc<Config>>,
         key: &BucketKey,
-        now: u64,
+        now: Nanos,
         groups: &mut Vec<Group>,
         to_lease: &mut Vec<BucketKey>,
     ) {
@@ -627,10 +627,9 @@ impl StreamState {
                     let granted = d.allowed.min(want);
                     add(&q.metrics.units_claimed, want);
                     add(&q.metrics.units_granted, granted);
-                    let window_end = is_window(l.limit.algorithm())
-                        .then(|| pushed.saturating_add(d.reset_after.as_nanos().min(u64::MAX as u128) as u64));
+                    let window_end = is_window(l.limit.algorithm()).then(|| pushed + Nanos::from(d.reset_after));
                     b.ledger.pushed(&params, &l.rate, sent, pushed, granted, window_end);
-                    b.ledger.short |= granted < want;
+                    b.ledger.answered(want, granted, d.remaining);
                     let m = if granted > 0 { &q.metrics.lease_assignments } else { &q.metrics.deny_assignments };
                     add(m, 1);
                     groups.push(actions::lease(&b.id, granted, life));
@@ -669,13 +668,13 @@ impl StreamState {
 }
 
 /// A claim's outcome: the bucket, its limit, the units asked, when it was sent, the answer.
-type Claimed = (BucketKey, Leased, u64, u64, Result<Decision, BackendError>);
+type Claimed = (BucketKey, Leased, u64, Nanos, Result<Decision, BackendError>);
 
 /// Redis work a report leads to that Envoy does not wait for.
 enum AfterReport {
     /// Units of ended, unused leases given back; `claimed`: when the oldest of their claims
     /// was sent.
-    GiveBack { key: String, units: u64, claimed: u64 },
+    GiveBack { key: String, units: u64, claimed: Nanos },
     /// A shadow-mode bucket's admitted requests, charged to its limit afterwards; what the
     /// limit refuses is counted as shadow-mode breaches.
     Charge { leased: Leased, units: u64 },
@@ -691,8 +690,7 @@ async fn settle(q: Arc<QuotaService>, work: Vec<AfterReport>) {
                     AfterReport::GiveBack { key, units, claimed } => {
                         // AGE by the one rule: since the claim was sent, plus this return's
                         // transit (at most the deadline).
-                        let at = |t: u64| Nanos::from(Duration::from_nanos(t));
-                        let age = return_age(at(claimed), at(q.now()), Nanos::from(deadline));
+                        let age = return_age(claimed, q.now(), Nanos::from(deadline));
                         match q.store.give_back(&key, units, age, deadline).await {
                             Ok(credited) => add(&q.metrics.units_returned, credited),
                             Err(e) => tracing::debug!("quota: RL.RETURN {key} {units} failed: {e}"),

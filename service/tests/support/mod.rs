@@ -20,6 +20,23 @@ use tonic_health::pb::HealthCheckRequest;
 /// The real Envoy in front of the service (tests/envoy.rs).
 pub mod envoy;
 
+/// The `NAME=value` lines of a docs block marked `<!-- test: name -->` (envoy::doc_block), each
+/// value through `fill` (the test's files and addresses for the doc's), as an environment.
+pub fn doc_env(file: &str, name: &str, fill: impl Fn(&str, &str) -> String) -> Vec<(String, String)> {
+    envoy::doc_block(file, name)
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once('=').unwrap_or_else(|| panic!("{file} {name}: not NAME=value: {l}"));
+            (k.to_string(), fill(k, v))
+        })
+        .collect()
+}
+
+/// An environment as [`ServiceProc::start_in_env`] takes it.
+pub fn env_refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
 /// A day boundary (unix seconds), so every unit's window starts there.
 pub const T0_S: u64 = 20_834 * 86_400;
 
