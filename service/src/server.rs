@@ -161,23 +161,24 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+    type Future = futures::future::MapOk<S::Future, fn(S::Response) -> S::Response>;
 
     fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), S::Error>> {
         self.0.poll_ready(cx)
     }
 
     fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
-        let answer = self.0.call(req);
-        Box::pin(async move {
-            let mut r = answer.await?;
-            let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
-            if r.headers().get("grpc-status").is_some_and(|v| v.as_bytes() == out_of_range.as_bytes()) {
-                let exhausted = (tonic::Code::ResourceExhausted as i32).to_string();
-                r.headers_mut().insert("grpc-status", exhausted.parse().expect("a number is a header value"));
+        use futures::TryFutureExt;
+        fn exhausted(
+            mut r: tonic::codegen::http::Response<tonic::body::Body>,
+        ) -> tonic::codegen::http::Response<tonic::body::Body> {
+            // grpc-status 11 (OUT_OF_RANGE) becomes 8 (RESOURCE_EXHAUSTED).
+            if r.headers().get("grpc-status").is_some_and(|v| v.as_bytes() == b"11") {
+                r.headers_mut().insert("grpc-status", tonic::codegen::http::HeaderValue::from_static("8"));
             }
-            Ok(r)
-        })
+            r
+        }
+        self.0.call(req).map_ok(exhausted as fn(_) -> _)
     }
 }
 
