@@ -284,11 +284,20 @@ impl Ledger {
         self.next = next;
     }
 
-    /// What the limit answered a claim of `want` units: `granted` of them, `remaining` left.
-    pub fn answered(&mut self, want: u64, granted: u64, remaining: u64) {
+    /// What the limit answered the claim of the lease just [`Ledger::pushed`] (`want` units):
+    /// `granted` of them, `remaining` left. Granted less than half: another holder's claims
+    /// take the refill just before this one's (leases of one span fall into step, and the
+    /// same holder would come second every time, on any replica), so the next lease is due
+    /// after half a span, out of step.
+    pub fn answered(&mut self, p: &Params, rate: &Rate, want: u64, granted: u64, remaining: u64) {
         self.short |= granted < want;
         self.bound = granted < want;
         self.room = remaining;
+        if granted < want / 2 {
+            if let Some(l) = self.current {
+                self.next = self.next.min(l.pushed + replace_after(p, rate) / 2);
+            }
+        }
     }
 
     /// A push that holds no units (a failure mode's action, a refusal): the next lease is due
@@ -499,13 +508,19 @@ mod tests {
         assert_eq!(l.want(&p, &rate, 2), 100);
         // The limit granted 40 of 100: the next lease asks at most the even split of the
         // rate between two Envoys over a lease's 333.3 ms (51, rounded up), plus one.
-        l.answered(100, 40, 0);
+        l.pushed(&p, &rate, 6 * SECOND, 6 * SECOND, 40, None);
+        l.answered(&p, &rate, 100, 40, 0);
         assert!(l.short && l.bound);
         assert_eq!(l.want(&p, &rate, 2), 52);
-        // Granted in full: the demand again.
-        l.answered(52, 52, 0);
+        // Less than half of what it asked: the next lease after half a span (333 ms), out of
+        // step with the claims that come just before it.
+        assert_eq!(l.next, 6 * SECOND + replace_after(&p, &rate) / 2);
+        // Granted in full: the demand again, a lease a span later.
+        l.pushed(&p, &rate, 7 * SECOND, 7 * SECOND, 52, None);
+        l.answered(&p, &rate, 52, 52, 0);
         assert!(!l.bound);
         assert_eq!(l.want(&p, &rate, 2), 100);
+        assert_eq!(l.next, 7 * SECOND + replace_after(&p, &rate));
     }
 
     #[test]

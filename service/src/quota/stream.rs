@@ -629,7 +629,7 @@ impl StreamState {
                     add(&q.metrics.units_granted, granted);
                     let window_end = is_window(l.limit.algorithm()).then(|| pushed + Nanos::from(d.reset_after));
                     b.ledger.pushed(&params, &l.rate, sent, pushed, granted, window_end);
-                    b.ledger.answered(want, granted, d.remaining);
+                    b.ledger.answered(&params, &l.rate, want, granted, d.remaining);
                     let m = if granted > 0 { &q.metrics.lease_assignments } else { &q.metrics.deny_assignments };
                     add(m, 1);
                     groups.push(actions::lease(&b.id, granted, life));
