@@ -15,6 +15,7 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod support;
 
 use std::future::Future;
 use std::hint::black_box;
@@ -22,18 +23,7 @@ use std::time::{Duration, Instant};
 
 use redis_ratelimit_client::commands::{self, Options};
 use redis_ratelimit_client::{ConnectionConfig, Limit, Limiter, LimiterConfig};
-
-/// The process's CPU time (every thread).
-fn cpu_now() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_PROCESS_CPUTIME_ID always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
+use support::{cpu_now, env, median};
 
 /// One side of a round.
 #[derive(Clone, Copy, Debug)]
@@ -71,11 +61,6 @@ where
     let cpu = (cpu_now() - cpu).as_nanos() as f64 / n as f64;
     lat.sort();
     Run { cpu, p50: lat[n / 2], p99: lat[n * 99 / 100] }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

@@ -15,16 +15,15 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod support;
 
-use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use governor::{Quota, RateLimiter};
 use redis_ratelimit_client::{ConnectionConfig, Decision, Engine, Limit, Limiter, LimiterConfig, Nanos, Step};
+use support::{cpu_now, drive};
 
 /// A limit no case reaches: every check is admitted.
 fn huge() -> Limit {
@@ -76,15 +75,6 @@ impl Direct {
     }
 }
 
-/// The process's CPU time (every thread): on a shared machine a check's cost, where wall time
-/// also counts the other processes.
-fn cpu_now() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_PROCESS_CPUTIME_ID always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 /// Prints the CPU time per check of the measured loop (for `ir.sh cpu`).
 fn report(case: &str, n: usize, cpu: Duration) {
     eprintln!("cpu {case} {:.1} ns/check", cpu.as_nanos() as f64 / n as f64);
@@ -100,18 +90,6 @@ fn two_threads(n: usize, f: impl Fn(usize, usize) + Sync) -> (Duration, Duration
         }
     });
     (cpu_now() - t, start.elapsed())
-}
-
-/// Polls `fut` once; if it is not ready (it waits for Redis), finishes it on the runtime.
-fn drive<F: Future>(rt: &tokio::runtime::Runtime, fut: F, pending: &mut u64) -> F::Output {
-    let mut fut = pin!(fut);
-    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => {
-            *pending += 1;
-            rt.block_on(fut)
-        }
-    }
 }
 
 fn main() {

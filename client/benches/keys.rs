@@ -14,6 +14,8 @@
 //! `cargo bench -p redis-ratelimit-client --bench keys` (prints a table; not a criterion run:
 //! one pass per size).
 
+mod support;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
 use std::time::Duration;
@@ -21,6 +23,7 @@ use std::time::Duration;
 use compact_str::CompactString;
 use redis_ratelimit_client::engine::Shared;
 use redis_ratelimit_client::{Decision, Engine, EngineConfig, Limit, Nanos, Step};
+use support::cpu_now;
 
 struct Counting;
 
@@ -48,13 +51,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static A: Counting = Counting;
-
-fn cpu_now() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
 
 fn rss() -> isize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();

@@ -13,32 +13,15 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod support;
 
-use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use governor::{Quota, RateLimiter};
 use redis_ratelimit_client::{ConnectionConfig, Limit, Limiter, LimiterConfig};
-
-fn cpu_now() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_PROCESS_CPUTIME_ID always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+use support::{cpu_now, drive, env, median};
 
 /// Batches for 50 s of demand and leases of 100 s: every key keeps units for the whole run, so
 /// that no measured check waits for Redis (those that do are counted).
@@ -52,18 +35,6 @@ fn warm_config() -> LimiterConfig {
         .horizon(Duration::from_secs(50))
         .max_batch(1_000_000)
         .timeout(Duration::from_secs(60))
-}
-
-/// Polls `fut` once; if it is not ready (it waits for Redis), finishes it on the runtime.
-fn drive<F: Future>(rt: &tokio::runtime::Runtime, fut: F, waited: &mut u64) -> F::Output {
-    let mut fut = pin!(fut);
-    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => {
-            *waited += 1;
-            rt.block_on(fut)
-        }
-    }
 }
 
 fn main() {
