@@ -228,29 +228,19 @@ fn edge_rule(rate_limit: &str) -> String {
     format!("domain: edge\ndescriptors:\n  - key: api\n    value: public\n    rate_limit: {rate_limit}\n")
 }
 
-/// redis-server with the module, the service with one rule `{api: public}` of domain `edge`
-/// (`rate_limit`: the rule's YAML), an upstream, and one Envoy with [`edge_filter`] in front.
+/// A [`Fleet`]'s redis-server, rule and upstream with one replica and one Envoy in front.
 struct Edge {
     envoy: Envoy,
-    _upstream: Upstream,
     svc: ServiceProc,
-    _config: TempDir,
-    _redis: Server,
+    _fleet: Fleet,
 }
 
 impl Edge {
     fn start(rate_limit: &str) -> Edge {
-        let redis = Server::start();
-        let config = TempDir::new("quota-edge");
-        config.write("edge.yaml", &edge_rule(rate_limit));
-        let url = format!("127.0.0.1:{}", redis.port);
-        let svc = ServiceProc::start(config.path(), &["--redis-url", &url]);
-        svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
-        let upstream = Upstream::start();
-        let mut c = EnvoyConfig::new(&svc.grpc, upstream.port);
-        c.http_filters = vec![edge_filter("rate_limit_cluster")];
-        let envoy = Envoy::start(&c.render());
-        Edge { envoy, _upstream: upstream, svc, _config: config, _redis: redis }
+        let fleet = Fleet::start(rate_limit);
+        let svc = fleet.replica(0);
+        let envoy = fleet.envoy_on(0);
+        Edge { envoy, svc, _fleet: fleet }
     }
 }
 
