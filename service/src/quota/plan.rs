@@ -48,6 +48,9 @@ pub struct Params {
     /// Time allowed for a push to reach Envoy and for a report to be built and arrive: a
     /// lease is only given back once it ended this long before a report.
     pub margin: Nanos,
+    /// A Redis call's deadline (`REDIS_TIMEOUT`): a give-back's `AGE` adds it for the return's
+    /// own transit (`commands::return_age`).
+    pub timeout: Nanos,
 }
 
 impl Params {
@@ -264,11 +267,14 @@ impl Ledger {
                 self.window = Some(Window { end, ..Window::default() });
             }
             let w = self.window.as_mut().expect("set above");
-            // A claim sent before the window surely began (`end − period` is at or after its
-            // start) may have been decided in it, yet an AGE from its send would date its units
-            // to the window before, where RL.RETURN credits nothing: its units are not settled
-            // here (they stay counted). Every later claim's AGE stays within the window.
-            if claimed >= end - rate.period {
+            // RL.RETURN credits a window only units whose claim, dated `AGE` ago, falls in it;
+            // the AGE of a give-back is its oldest claim's age plus the return's own transit
+            // (the timeout). So a claim sent less than the timeout after the window surely
+            // began (`end − period` is at or after its start) would date every unit settled
+            // with it to the window before, where RL.RETURN credits nothing: the first lease of
+            // a window, claimed at its edge, made all its returns credit 0. Such a claim is not
+            // settled here (its units stay counted); every later one's AGE stays in the window.
+            if claimed >= end - rate.period + p.timeout {
                 if w.open.len() >= MAX_UNSETTLED {
                     // Never settled: its units stay counted (conservative).
                     w.open.pop_front();
@@ -422,7 +428,7 @@ mod tests {
     }
 
     fn params() -> Params {
-        Params { lease: SECOND, refresh: 500 * MS, margin: SECOND }
+        Params { lease: SECOND, refresh: 500 * MS, margin: SECOND, timeout: 100 * MS }
     }
 
     fn per_second(units: u64, capacity: u64) -> Rate {
@@ -435,7 +441,7 @@ mod tests {
         for (lease, refresh) in
             [(1500 * MS, 500 * MS), (ZERO, ns(1)), (61 * SECOND, MS), (SECOND, SECOND), (SECOND, ZERO)]
         {
-            assert!(Params { lease, refresh, margin: SECOND }.validate().is_err(), "{lease:?} {refresh:?}");
+            assert!(Params { lease, refresh, margin: SECOND, timeout: 100 * MS }.validate().is_err(), "{lease:?} {refresh:?}");
         }
     }
 
@@ -588,6 +594,17 @@ mod tests {
         // A claim sent before its window surely began is not settled.
         l.pushed(&p, &rate, 39_999 * MS, 40_001 * MS, 5, Some(60_001 * MS));
         assert_eq!(l.window.as_ref().map(|w| (w.open.len(), w.first_claim)), Some((0, None)));
+        // The first lease of a window, claimed at its edge (less than the timeout after it
+        // began), is not settled: a give-back aged from its claim, plus the return's transit,
+        // would date the units to the window before, where RL.RETURN credits nothing (in a
+        // real run every give-back of the window credited 0). The next one is.
+        let mut edge = Ledger::default();
+        edge.pushed(&p, &rate, 20_010 * MS, 20_011 * MS, 8, Some(40_006 * MS));
+        edge.pushed(&p, &rate, 20_500 * MS, 20_501 * MS, 8, Some(40_001 * MS));
+        assert_eq!(edge.window.as_ref().and_then(|w| w.first_claim), Some(20_500 * MS));
+        let s = edge.report(&p, 26 * SECOND, 3, 0);
+        assert_eq!(s.window_give_back, 5);
+        assert!(26 * SECOND - s.window_age - p.timeout >= 20 * SECOND, "{s:?}: dated before the window");
         let mut short = Ledger::default();
         short.pushed(&p, &per_second(100, 100), ZERO, ZERO, 5, Some(SECOND));
         assert!(short.window.is_none());

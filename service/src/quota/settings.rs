@@ -68,7 +68,8 @@ impl QuotaFlags {
     pub fn settings(&self, keys: KeySettings, instances: u64, timeout: Duration) -> Result<QuotaSettings, String> {
         let lease = Nanos::from(self.quota_lease);
         // A push must reach Envoy, and a report be built and arrive, within a lease.
-        let params = Params { lease, refresh: Nanos::from(self.quota_refresh), margin: lease };
+        let params =
+            Params { lease, refresh: Nanos::from(self.quota_refresh), margin: lease, timeout: Nanos::from(timeout) };
         params.validate()?;
         if self.quota_static_ttl < Duration::from_secs(1) {
             return Err("QUOTA_STATIC_TTL must be at least 1s".into());

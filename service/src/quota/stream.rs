@@ -689,8 +689,9 @@ async fn settle(q: Arc<QuotaService>, work: Vec<AfterReport>) {
                 match w {
                     AfterReport::GiveBack { key, units, claimed } => {
                         // AGE by the one rule: since the claim was sent, plus this return's
-                        // transit (at most the deadline).
-                        let age = return_age(claimed, q.now(), Nanos::from(deadline));
+                        // transit (at most the deadline: `Params::timeout`, which the ledger's
+                        // window settling counts on).
+                        let age = return_age(claimed, q.now(), q.settings.params.timeout);
                         match q.store.give_back(&key, units, age, deadline).await {
                             Ok(credited) => add(&q.metrics.units_returned, credited),
                             Err(e) => tracing::debug!("quota: RL.RETURN {key} {units} failed: {e}"),
