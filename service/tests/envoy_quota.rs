@@ -655,13 +655,15 @@ fn pb_allow_with_ttl_ms(id: &BucketId, ms: u64) -> BucketAction {
 
 /// Unused units settled at every report, not only when a bucket goes idle: one Envoy at 9
 /// requests/s on a fixed window of 200 per 20 s (the limit binds only through the leases'
-/// headroom: each lease claims a quarter more than the reported demand, 14/s against 9/s).
-/// Settled only when a bucket went idle, a window admitted 59 of its 180 requests (the leases
-/// doubled after the refusals of the window before); settled at each report (the units of ended
-/// leases beyond what Envoy reported admitted, given back with RL.RETURN within their window),
-/// and without doubling after refusals the limit made itself, 112 to 154 in three runs. The
-/// window never admits more than the doc's bound for fixed windows,
-/// `limit·(⌈(W + L + d)/w⌉ + 1)` = 200 × 3 for W = w = 20 s.
+/// headroom: each lease claims a quarter more than the reported demand, 12/s against 9/s).
+/// Settled only when a bucket went idle, a window admitted 59 of its 180 requests; settled at
+/// each report (the units of ended leases beyond what Envoy reported admitted, given back with
+/// RL.RETURN within their window), 112 to 154. Then two faults in that settling were found
+/// here: the window's first lease, claimed at its edge, dated every return of the window to the
+/// window before (RL.RETURN credited nothing: 115 admitted, 0 given back), and the report that
+/// spans the window's edge counted the window before's admissions against this one's leases;
+/// with both fixed and leases without the extra unit, 167 to 173. The window never admits more
+/// than the doc's bound for fixed windows, `limit·(⌈(W + L + d)/w⌉ + 1)` = 200 × 3 for W = w = 20 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binding_window_loses_few_units_to_lease_headroom() {
     let edge = Edge::start("{requests_per_unit: 200, period: 20s, algorithm: fixed}");
@@ -693,10 +695,8 @@ async fn a_binding_window_loses_few_units_to_lease_headroom() {
          {granted} units granted and {returned} given back over the run"
     );
     assert!(in_window <= 600, "{in_window} admitted in one window");
-    assert!(in_window >= 90, "{in_window} of about 180 requests admitted: the headroom was wasted");
-    // Not asserted: whether a report's settlement gave units back. A fresh-clone CI run admitted
-    // 113 with nothing given back (the leases sized to the reported demand left no provable
-    // headroom that run), so the give-back count is printed, not required.
+    assert!(in_window >= 140, "{in_window} of about 180 requests admitted: the headroom was wasted");
+    assert!(returned > 0, "nothing given back: the window's settling credited nothing");
 }
 
 /// A load that surges far below the limit is not refused at the edge: leases follow the

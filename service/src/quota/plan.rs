@@ -166,7 +166,8 @@ pub struct Window {
     pub open: VecDeque<Lease>,
     /// Units of the leases that ended.
     pub ended: u64,
-    /// Requests Envoy reported admitted in the reports received since the window's first push.
+    /// An upper bound of the units Envoy admitted from these leases: the requests reported
+    /// admitted since the window's first push, at most the units the leases held.
     pub admitted: u64,
     /// Units given back from this window (by this rule or the idle one).
     pub returned: u64,
@@ -209,7 +210,7 @@ pub struct Ledger {
 
 impl Ledger {
     /// Units to claim for the next lease: the demand over the time until the lease after it
-    /// (a quarter more, plus one), doubled after a report with refusals; before any periodic
+    /// and a quarter more (at least one), doubled after a report with refusals; before any periodic
     /// report, an even split of the limit's rate over that time among `sharers` Envoys (plus
     /// one). While the limit has room (its answer to the last claim left at least twice the
     /// even split per sharer), at least that even split: a load that surges above the last
@@ -224,15 +225,17 @@ impl Ledger {
         let sharers = sharers.max(1) as u128;
         let even = div_ceil_u128(rate.units as u128 * span, ns(rate.period).max(1) * sharers);
         let room = (self.room as u128 / (2 * sharers)).min(even);
-        let base = match self.demand {
+        let shares = match self.demand {
             Some((n, per)) if per > Nanos::ZERO => {
-                let d = div_ceil_u128(n as u128 * span, ns(per));
-                (d + d.div_ceil(4)).max(room)
+                // Every unit above the demand is lost at the next lease until a report settles
+                // it (a window's limit ran out early): a quarter more than the demand, no more.
+                let d = div_ceil_u128(5 * n as u128 * span, 4 * ns(per));
+                d.max(room.saturating_add(1))
             }
-            Some(_) => room,
-            None => even,
+            Some(_) => room.saturating_add(1),
+            None => even.saturating_add(1),
         };
-        let mut b = to_u64(base).saturating_add(1);
+        let mut b = to_u64(shares).max(1);
         if self.starved {
             b = b.saturating_mul(2);
         }
@@ -362,7 +365,12 @@ impl Ledger {
         if let Some(w) = self.window.as_mut() {
             // What the idle rule gave back may be this window's: counted as returned here too.
             w.returned = w.returned.saturating_add(out.give_back);
-            w.admitted = w.admitted.saturating_add(allowed);
+            // At most what the window's leases held: the report that spans the window's edge
+            // also counts requests the window before admitted from its own leases (taken
+            // whole, they held back a report's worth of units, often every return of the
+            // window).
+            let held = w.open.iter().fold(w.ended, |n, l| n.saturating_add(l.units));
+            w.admitted = w.admitted.saturating_add(allowed).min(held);
             let cutoff = now - p.margin;
             while let Some(l) = w.open.front() {
                 let replaced = w.open.get(1).is_some_and(|n| n.pushed <= cutoff);
@@ -441,7 +449,10 @@ mod tests {
         for (lease, refresh) in
             [(1500 * MS, 500 * MS), (ZERO, ns(1)), (61 * SECOND, MS), (SECOND, SECOND), (SECOND, ZERO)]
         {
-            assert!(Params { lease, refresh, margin: SECOND, timeout: 100 * MS }.validate().is_err(), "{lease:?} {refresh:?}");
+            assert!(
+                Params { lease, refresh, margin: SECOND, timeout: 100 * MS }.validate().is_err(),
+                "{lease:?} {refresh:?}"
+            );
         }
     }
 
@@ -480,9 +491,10 @@ mod tests {
         let rate = per_second(10_000, 10_000);
         let mut l = Ledger::default();
         l.report(&p, ZERO, 1, 0);
-        // 10 requests in 5 s: a lease of 2, plus one, while the limit's room is unknown.
+        // 10 requests in 5 s: a lease of 1, a quarter more (rounded up), while the limit's
+        // room is unknown.
         l.report(&p, 5 * SECOND, 10, 0);
-        assert_eq!(l.want(&p, &rate, 2), 3);
+        assert_eq!(l.want(&p, &rate, 2), 2);
         // The last claim left 10,000 units: at least the even split of 500 ms between two
         // Envoys (2,500, half the room per sharer), plus one.
         l.room = 10_000;
@@ -494,10 +506,10 @@ mod tests {
         assert_eq!(l.want(&p, &rate, 2), 251);
         // None: the demand again; a demand above the room keeps its own size.
         l.room = 0;
-        assert_eq!(l.want(&p, &rate, 2), 3);
+        assert_eq!(l.want(&p, &rate, 2), 2);
         l.report(&p, 10 * SECOND, 40_000, 0);
         l.room = 9_000;
-        assert_eq!(l.want(&p, &rate, 2), 5_001);
+        assert_eq!(l.want(&p, &rate, 2), 5_000);
         // A failed claim leaves no room.
         l.pushed_nothing(&p, 10 * SECOND);
         assert_eq!(l.room, 0);
@@ -537,13 +549,13 @@ mod tests {
         // The first report (the bucket's creation) carries no period.
         assert_eq!(l.report(&p, ZERO, 1, 0), Settled::default());
         assert_eq!(l.demand, None);
-        // 1000 requests in 5 s: 200/s; over 500 ms 100, a quarter more, plus one.
+        // 1000 requests in 5 s: 200/s; over 500 ms 100, a quarter more.
         let s = l.report(&p, 5 * SECOND, 1000, 0);
         assert!(!s.idle);
-        assert_eq!(l.want(&p, &rate, 3), 126);
+        assert_eq!(l.want(&p, &rate, 3), 125);
         // Refusals: doubled.
         l.report(&p, 10 * SECOND, 900, 100);
-        assert_eq!(l.want(&p, &rate, 3), 252);
+        assert_eq!(l.want(&p, &rate, 3), 250);
         // Capped by the capacity and by u32::MAX.
         l.report(&p, 15 * SECOND, u64::MAX / 2, 0);
         assert_eq!(l.want(&p, &rate, 3), 10_000);
@@ -605,6 +617,23 @@ mod tests {
         let s = edge.report(&p, 26 * SECOND, 3, 0);
         assert_eq!(s.window_give_back, 5);
         assert!(26 * SECOND - s.window_age - p.timeout >= 20 * SECOND, "{s:?}: dated before the window");
+        // A report spanning the window's edge: of its 45 admitted, at most the 24 units the
+        // window's leases held were theirs (two ended, one in use); the rest came from the
+        // window before.
+        let mut span = Ledger::default();
+        span.pushed(&p, &rate, 19 * SECOND, 19 * SECOND, 20, Some(20 * SECOND));
+        span.pushed(&p, &rate, 20_500 * MS, 20_500 * MS, 8, Some(40 * SECOND));
+        span.pushed(&p, &rate, 21 * SECOND, 21 * SECOND, 8, Some(40 * SECOND));
+        span.pushed(&p, &rate, 21_500 * MS, 21_500 * MS, 8, Some(40 * SECOND));
+        span.report(&p, 23 * SECOND, 45, 0);
+        assert_eq!(span.window.as_ref().map(|w| (w.ended, w.admitted)), Some((16, 24)));
+        // The next report: 12 of the window's leases ended, 24 + 60 admitted at most.
+        for k in 0..10 {
+            let t = 22 * SECOND + k * 500 * MS;
+            span.pushed(&p, &rate, t, t, 8, Some(40 * SECOND));
+        }
+        let s = span.report(&p, 28 * SECOND, 60, 0);
+        assert_eq!(s.window_give_back, 8 * 12 - 24 - 60);
         let mut short = Ledger::default();
         short.pushed(&p, &per_second(100, 100), ZERO, ZERO, 5, Some(SECOND));
         assert!(short.window.is_none());
@@ -621,7 +650,7 @@ mod tests {
         assert!(!l.starved);
         l.report(&p, 10 * SECOND, 100, 50);
         assert!(l.starved);
-        assert_eq!(l.want(&p, &rate, 1), 2 * (15 + 4 + 1));
+        assert_eq!(l.want(&p, &rate, 1), 2 * 19);
     }
 
     #[test]
