@@ -16,13 +16,14 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+#[path = "support/traffic.rs"]
+mod traffic;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Opts, Server};
 use redis_ratelimit_client::{ConnectionConfig, FailurePolicy, Limit, Limiter, LimiterConfig, Source};
+use traffic::{enforced, Traffic};
 
 const COOL_DOWN: Duration = Duration::from_millis(500);
 const OUTAGE: Duration = Duration::from_millis(1500);
@@ -63,34 +64,12 @@ async fn outage(policy: FailurePolicy, fault: Fault) {
 
     // Traffic at about twice the rate, from one task, until told to stop.
     let t0 = Instant::now();
-    let spans = Arc::new(Mutex::new(Vec::new()));
-    let sources = Arc::new(Mutex::new(Vec::<(Instant, Source, bool)>::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let traffic = {
-        let (limiter, spans, sources, stop) = (limiter.clone(), spans.clone(), sources.clone(), stop.clone());
-        tokio::spawn(async move {
-            let ns = |t: Instant| t.duration_since(t0).as_nanos() as u64;
-            let mut every = tokio::time::interval(Duration::from_micros(1_000_000 / (2 * RATE)));
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            while !stop.load(Ordering::Relaxed) {
-                every.tick().await;
-                let before = Instant::now();
-                let o = limiter.check("tenant", 1).await;
-                let after = Instant::now();
-                let enforced_admit = o.allowed && matches!(o.source, Source::Local | Source::Redis);
-                if enforced_admit {
-                    spans.lock().unwrap().push((ns(before), ns(after)));
-                }
-                sources.lock().unwrap().push((after, o.source, o.allowed));
-            }
-        })
-    };
-    let normal = |s: Source| matches!(s, Source::Local | Source::Redis);
+    let traffic = Traffic::start(&limiter, "tenant", 2 * RATE, t0);
     let wait_normal = async |since: Instant, what: &str| {
         let limit = COOL_DOWN + Duration::from_secs(2);
         loop {
-            if sources.lock().unwrap().iter().any(|(t, s, _)| *t > since && normal(*s)) {
-                return;
+            if let Some(t) = traffic.enforced_after(since) {
+                return t;
             }
             assert!(since.elapsed() < limit + Duration::from_secs(3), "{what}: no normal decision after {limit:?}");
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -114,12 +93,9 @@ async fn outage(policy: FailurePolicy, fault: Fault) {
         Fault::Freeze => signal(&server, "-CONT"),
     }
     let up = Instant::now();
-    wait_normal(up, "recovery").await;
-    let recovered = sources.lock().unwrap().iter().find(|(t, s, _)| *t > up && normal(*s)).unwrap().0;
-    let took = recovered.duration_since(up);
+    let took = wait_normal(up, "recovery").await.duration_since(up);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    traffic.await.unwrap();
+    let seen = traffic.stop().await;
     let m = limiter.shutdown().await;
 
     eprintln!(
@@ -128,9 +104,8 @@ async fn outage(policy: FailurePolicy, fault: Fault) {
     assert!(took <= COOL_DOWN + Duration::from_secs(2), "{policy:?} {fault:?}: recovery took {took:?}");
     // The outage was decided by the policy (once the lease of what was held ran out), but for
     // refusals from the over-limit cache.
-    let during: Vec<_> = sources
-        .lock()
-        .unwrap()
+    let during: Vec<_> = seen
+        .answers
         .iter()
         .filter(|(t, _, _)| *t > down + LEASE + Duration::from_millis(250) && *t < back)
         .map(|&(_, s, a)| (s, a))
@@ -141,20 +116,18 @@ async fn outage(policy: FailurePolicy, fault: Fault) {
             continue; // a pacing hold from before the outage: local knowledge, still true
         }
         match policy {
-            FailurePolicy::FailClosed => assert!(!allowed && !normal(*s), "{s:?} {allowed}"),
+            FailurePolicy::FailClosed => assert!(!allowed && !enforced(*s), "{s:?} {allowed}"),
             FailurePolicy::FailOpen => assert!(*allowed && *s == Source::FailOpen, "{s:?} {allowed}"),
             _ => assert!(*s == Source::Fallback, "{s:?} {allowed}"),
         }
     }
     assert!(m.units_served + m.units_returned + m.units_expired <= m.units_claimed + m.units_refunded, "{m:?}");
     // The bound, for enforced admissions over the whole run.
-    let mut spans = spans.lock().unwrap().clone();
-    spans.sort();
     let extra = if keep_state { 0 } else { BURST };
     for w in [Duration::from_secs(1), Duration::from_millis(100)] {
         let (w_ns, l_ns) = (w.as_nanos() as u64, LEASE.as_nanos() as u64);
         let bound = BURST + extra + RATE * (w_ns + l_ns) / 1_000_000_000;
-        let max = common::certain_max_in_window(&spans, w_ns);
+        let max = common::certain_max_in_window(&seen.spans, w_ns);
         assert!(max <= bound, "{policy:?} {fault:?}: {max} enforced admissions in {w:?} > {bound}");
     }
 }

@@ -25,6 +25,8 @@ mod common;
 mod sentinel;
 #[path = "../../tests/common/tls.rs"]
 mod tls;
+#[path = "support/traffic.rs"]
+mod traffic;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,6 +37,7 @@ use redis_ratelimit_client::connection::TlsConfig;
 use redis_ratelimit_client::{Connection, ConnectionConfig};
 use sentinel::{SentinelTls, Sentinels, MASTER};
 use tls::Certs;
+use traffic::{enforced, Traffic};
 
 const DEADLINE: Duration = Duration::from_millis(100);
 /// See the module docs: the scheduler's wake-up latency on a loaded machine, not the layer's.
@@ -312,46 +315,21 @@ async fn a_limiter_with_leases_keeps_its_bound_across_a_failover() {
         .policy(FailurePolicy::FailClosed);
     let limiter = Limiter::new(conn, config).unwrap();
     let watch = sentinels.watch_switch();
-    let t0 = Instant::now();
-    let spans = Arc::new(Mutex::new(Vec::new()));
-    let sources = Arc::new(Mutex::new(Vec::<(Instant, Source)>::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let traffic = {
-        let (limiter, spans, sources, stop) = (limiter.clone(), spans.clone(), sources.clone(), stop.clone());
-        tokio::spawn(async move {
-            let ns = |t: Instant| t.duration_since(t0).as_nanos() as u64;
-            let mut every = tokio::time::interval(Duration::from_micros(1_000_000 / (2 * RATE)));
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            while !stop.load(Ordering::Relaxed) {
-                every.tick().await;
-                let before = Instant::now();
-                let o = limiter.check("tenant", 1).await;
-                let after = Instant::now();
-                if o.allowed && matches!(o.source, Source::Local | Source::Redis) {
-                    spans.lock().unwrap().push((ns(before), ns(after)));
-                }
-                sources.lock().unwrap().push((after, o.source));
-            }
-        })
-    };
+    let traffic = Traffic::start(&limiter, "tenant", 2 * RATE, Instant::now());
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let killed = Instant::now();
     primary.kill9();
     let (switched, _) = tokio::task::block_in_place(|| watch.wait(Duration::from_secs(20)));
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    stop.store(true, Ordering::Relaxed);
-    traffic.await.unwrap();
-    let sources = sources.lock().unwrap().clone();
-    let normal = |s: &Source| matches!(s, Source::Local | Source::Redis);
-    assert!(sources.iter().any(|(t, s)| *t > switched && *s == Source::Redis), "no claim from the new primary");
-    assert!(sources.iter().any(|(t, s)| *t > killed && *t < switched && !normal(s)), "the gap was never refused");
-    let mut spans = spans.lock().unwrap().clone();
-    spans.sort();
+    let seen = traffic.stop().await;
+    let answers = &seen.answers;
+    assert!(answers.iter().any(|(t, s, _)| *t > switched && *s == Source::Redis), "no claim from the new primary");
+    assert!(answers.iter().any(|(t, s, _)| *t > killed && *t < switched && !enforced(*s)), "the gap was never refused");
     let one_claim = BURST;
     for w in [Duration::from_secs(1), Duration::from_millis(100)] {
         let (w_ns, l_ns) = (w.as_nanos() as u64, LEASE.as_nanos() as u64);
         let bound = BURST + RATE * (w_ns + l_ns) / 1_000_000_000 + one_claim;
-        let max = common::certain_max_in_window(&spans, w_ns);
+        let max = common::certain_max_in_window(&seen.spans, w_ns);
         assert!(max <= bound, "{max} enforced admissions in {w:?} > {bound}");
     }
     limiter.shutdown().await;
