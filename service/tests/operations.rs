@@ -237,7 +237,7 @@ async fn a_reload_that_removes_every_domain_is_refused_unless_allowed() {
 /// failure mode; after `MODULE LOAD` health recovers and Redis decides again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_without_the_module_is_named_and_unhealthy_until_loaded() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = common::free_port();
     let dir = TempDir::new("no-module");
     let mut cmd = std::process::Command::new("redis-server");
     cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])

@@ -142,7 +142,7 @@ static USED_PORTS: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
 
 /// A port that was free a moment ago (bind to :0, read it, drop the listener),
 /// never one already handed out to another server of this test process.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let mut used = USED_PORTS.lock().unwrap_or_else(|e| e.into_inner());
     let used = used.get_or_insert_with(HashSet::new);
     loop {

@@ -6,13 +6,12 @@
 // Each test crate uses part of it.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{spawn_owned, wait_until, Opts, Server};
+use crate::common::{free_port, spawn_owned, wait_until, Opts, Server};
 
 pub const MASTER: &str = "mymaster";
 
@@ -53,16 +52,15 @@ impl Sentinels {
         let mut ports = Vec::new();
         let mut tls_ports = Vec::new();
         let mut children = Vec::new();
-        let free = || TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         for _ in 0..n {
-            let port = free();
+            let port = free_port();
             let conf = dir.join(format!("sentinel-{port}.conf"));
             let mut auth = match password {
                 Some(p) => format!("requirepass {p}\nsentinel sentinel-pass {p}\n"),
                 None => String::new(),
             };
             if let Some(t) = tls {
-                let tls_port = free();
+                let tls_port = free_port();
                 tls_ports.push(tls_port);
                 auth += &format!(
                     "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\

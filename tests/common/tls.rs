@@ -9,7 +9,6 @@
 // Each test crate uses part of it.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -104,7 +103,7 @@ impl Certs {
     }
 
     fn opts(&self, cert: &str, mtls: bool) -> (u16, Vec<(String, String)>) {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = crate::common::free_port();
         let p = |f: &str| self.path(f).display().to_string();
         let opts = vec![
             ("tls-port".to_string(), port.to_string()),
