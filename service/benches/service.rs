@@ -26,9 +26,11 @@
 //! `WORKER_THREADS`.
 //!
 //! Then the rows through the real Envoy (issue 32.5; `BENCH_ONLY=edge` alone): HTTP through
-//! Envoy to an upstream, without a rate limit filter, with ShouldRateLimit per request, and with
-//! the quota service's leases on one hot bucket; paired rounds, each row's figures as ratios to
-//! the same round's no-filter run (`edge_rows`).
+//! Envoy to an upstream, without a rate limit filter, with ShouldRateLimit per request, with
+//! the quota service's leases on one hot bucket (replaced every 500 ms, and every 30 s), and
+//! with the quota filter on an unlimited bucket (a static ALLOW_ALL: the filter's own cost, the
+//! floor of any RLQS server); paired rounds, each row's figures as ratios to the same round's
+//! no-filter run (`edge_rows`).
 //!
 //! Then the connection layer's rows (`BENCH_ONLY=connection` alone): TLS against plain TCP and
 //! the failover gap under Sentinel, in a report of their own (service/benches/service/connection.rs).
@@ -65,6 +67,8 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 4000000000}
   - key: c
     rate_limit: {unit: second, requests_per_unit: 4000000000}
+  - key: u
+    rate_limit: {unlimited: true}
 ";
 
 #[derive(Clone, Copy, Debug)]
@@ -498,8 +502,10 @@ fn main() {
 // Envoy in front (issue 32.5): HTTP through the real Envoy 1.40 to an upstream on loopback,
 // without a rate limit filter (the baseline), with `envoy.filters.http.ratelimit` asking
 // ShouldRateLimit per request, and with `envoy.filters.http.rate_limit_quota` on the quota
-// service (one hot bucket, enforced in Envoy from leases). `BENCH_ONLY=edge` runs these rows
-// alone.
+// service: one hot bucket enforced in Envoy from leases (at the defaults, and replaced every
+// 30 s: the pushes apart from the token bucket), and one unlimited bucket (a static ALLOW_ALL:
+// no token bucket, no leases; what the filter costs Envoy whatever the server does).
+// `BENCH_ONLY=edge` runs these rows alone.
 
 /// The rows through Envoy, in the order of the report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -507,10 +513,15 @@ enum Edge {
     NoFilter,
     ShouldRateLimit,
     Quota,
+    /// The same filter and rule, leases of 60 s replaced every 30 s: almost no pushes.
+    QuotaRarePushes,
+    /// The same filter on an `unlimited: true` rule: the floor.
+    QuotaAllowAll,
 }
 
 impl Edge {
-    const ALL: [Edge; 3] = [Edge::NoFilter, Edge::ShouldRateLimit, Edge::Quota];
+    const ALL: [Edge; 5] =
+        [Edge::NoFilter, Edge::ShouldRateLimit, Edge::Quota, Edge::QuotaRarePushes, Edge::QuotaAllowAll];
 
     /// The row's name in the progress lines, the report and for BENCH_ONLY.
     fn name(self) -> &'static str {
@@ -518,6 +529,8 @@ impl Edge {
             Edge::NoFilter => "edge: Envoy, no rate limit filter",
             Edge::ShouldRateLimit => "edge: Envoy + ShouldRateLimit",
             Edge::Quota => "edge: Envoy + quota service (one hot bucket)",
+            Edge::QuotaRarePushes => "edge: Envoy + quota service, leases replaced every 30 s",
+            Edge::QuotaAllowAll => "edge: Envoy + quota filter on ALLOW_ALL (unlimited: the floor)",
         }
     }
 }
@@ -538,27 +551,13 @@ struct EdgeRun {
     cmds_per_k: f64,
 }
 
-/// The quota filter for the bench's domain: one bucket `{b: hot}` (the rule `b`: not the
-/// ShouldRateLimit row's key, whose checks the leases would otherwise compete with), DENY_ALL
-/// before a lease, as docs/quota-service.md recommends.
-fn edge_quota_filter() -> serde_json::Value {
-    serde_json::json!({
-        "name": "envoy.filters.http.rate_limit_quota",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig",
-            "rlqs_server": { "envoy_grpc": { "cluster_name": "rate_limit_cluster" } },
-            "domain": "bench",
-            "bucket_matchers": { "on_no_match": { "action": {
-                "name": "quota",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings",
-                    "bucket_id_builder": { "bucket_id_builder": { "b": { "string_value": "hot" } } },
-                    "reporting_interval": "5s",
-                    "no_assignment_behavior": { "fallback_rate_limit": { "blanket_rule": "DENY_ALL" } }
-                }
-            } } }
-        }
-    })
+/// The quota filter for the bench's domain: one bucket `{key: value}`, DENY_ALL before an
+/// assignment, as docs/quota-service.md recommends. The leased rows use the rule `b` (not the
+/// ShouldRateLimit row's key, whose checks the leases would otherwise compete with), each its
+/// own value; the floor the rule `u` (unlimited).
+fn edge_quota_filter(key: &str, value: &str) -> serde_json::Value {
+    let bucket = serde_json::json!({ key: { "string_value": value } });
+    support::envoy::quota_filter("rate_limit_cluster", "bench", bucket, "5s", "DENY_ALL")
 }
 
 /// `GET /` on `conns` keep-alive HTTP/1.1 connections (hyper), each sending its next request
@@ -658,24 +657,30 @@ fn edge_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &TempDir, url: &
     let conns = (env_num("BENCH_EDGE_CONNECTIONS", 16.0) as usize).max(1);
     use support::envoy::{Envoy, EnvoyConfig, Upstream};
     let svc = ServiceProc::start(dir.path(), &["--redis-url", url, "--log-level", "info"]);
+    // The rare pushes' own service: QUOTA_LEASE and QUOTA_REFRESH are the process's.
+    let rare = ServiceProc::start(
+        dir.path(),
+        &["--redis-url", url, "--log-level", "info", "--quota-lease", "60s", "--quota-refresh", "30s"],
+    );
     let upstream = Upstream::start();
-    let base = EnvoyConfig::new(&svc.grpc, upstream.port);
+    let service = |e: Edge| if e == Edge::QuotaRarePushes { &rare } else { &svc };
     let envoys: Vec<Envoy> = Edge::ALL
         .iter()
-        .map(|e| {
-            let c = match e {
-                Edge::NoFilter => base.clone(),
-                Edge::ShouldRateLimit => base.clone().ratelimit(
-                    "bench",
-                    serde_json::json!({}),
-                    serde_json::json!([{ "actions": [{ "generic_key": { "descriptor_key": "a", "descriptor_value": "hot" } }] }]),
-                ),
-                Edge::Quota => {
-                    let mut c = base.clone();
-                    c.http_filters = vec![edge_quota_filter()];
-                    c
+        .map(|&e| {
+            let mut c = EnvoyConfig::new(&service(e).grpc, upstream.port);
+            match e {
+                Edge::NoFilter => {}
+                Edge::ShouldRateLimit => {
+                    c = c.ratelimit(
+                        "bench",
+                        serde_json::json!({}),
+                        serde_json::json!([{ "actions": [{ "generic_key": { "descriptor_key": "a", "descriptor_value": "hot" } }] }]),
+                    )
                 }
-            };
+                Edge::Quota => c.http_filters = vec![edge_quota_filter("b", "hot")],
+                Edge::QuotaRarePushes => c.http_filters = vec![edge_quota_filter("b", "rare")],
+                Edge::QuotaAllowAll => c.http_filters = vec![edge_quota_filter("u", "hot")],
+            }
             Envoy::start(&c.render())
         })
         .collect();
@@ -690,6 +695,7 @@ fn edge_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &TempDir, url: &
             let envoy = &envoys[k];
             rt.block_on(http_load(envoy.port, conns, 0.3));
             reset_stats(&mut con);
+            let svc = service(Edge::ALL[k]);
             let e0 = cpu_seconds(envoy.pid(), tck);
             let s0 = cpu_seconds(svc.pid(), tck);
             let (ok, other, lat, elapsed) = rt.block_on(http_load(envoy.port, conns, secs));
@@ -721,13 +727,16 @@ fn edge_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &TempDir, url: &
             runs[k].push(r);
         }
     }
-    let granted = svc.metric("ratelimit_service_quota_units_granted");
-    let denied = svc.metric("ratelimit_service_quota_denied");
-    let denies = svc.metric("ratelimit_service_quota_assignments{kind=\"deny\"}");
+    let both = |m: &str| svc.metric(m) + rare.metric(m);
+    let granted = both("ratelimit_service_quota_units_granted");
+    let denied = both("ratelimit_service_quota_denied");
+    let denies = both("ratelimit_service_quota_assignments{kind=\"deny\"}");
 
     // Paired ratios: each round's row over the same round's baseline.
-    let ratio =
-        |k: usize, f: fn(&EdgeRun) -> f64| median((0..rounds).map(|i| f(&runs[k][i]) / f(&runs[0][i])).collect());
+    let ratio_to = |k: usize, base: usize, f: fn(&EdgeRun) -> f64| {
+        median((0..rounds).map(|i| f(&runs[k][i]) / f(&runs[base][i])).collect())
+    };
+    let ratio = |k: usize, f: fn(&EdgeRun) -> f64| ratio_to(k, 0, f);
     let med = |k: usize, f: fn(&EdgeRun) -> f64| median(runs[k].iter().map(f).collect());
     let mut out = String::new();
     let _ = writeln!(
@@ -738,11 +747,15 @@ fn edge_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &TempDir, url: &
          saturation); one service (the module, no leases; the quota service on its gRPC port), rules \
          of 4·10⁹ per second (fixed windows; never binding). ShouldRateLimit: one descriptor `a=hot` per request. \
          Quota: one bucket `{{b: hot}}`, leases of 1 s replaced every 500 ms (the defaults), DENY_ALL before a \
-         lease. {rounds} round(s) of {secs} s per row back to back (a 0.3 s warm-up before each, the order \
-         reversed every other round); figures are medians over the rounds, ratios are medians of each round's \
-         ratio to that round's no-filter run. CPU per answered request (utime + stime); Redis commands from \
-         INFO commandstats over the run. BENCH_ONLY=edge runs these rows alone; BENCH_EDGE_SECONDS (default 1), \
-         BENCH_EDGE_ROUNDS (default 5), BENCH_EDGE_CONNECTIONS (default 16).\n"
+         lease; leases replaced every 30 s: the same on `{{b: rare}}` from a second service with QUOTA_LEASE=60s \
+         and QUOTA_REFRESH=30s (the token bucket without the pushes); ALLOW_ALL: the same filter on `{{u: hot}}`, \
+         an `unlimited: true` rule (a static ALLOW_ALL, no token bucket, no leases: the quota filter's own cost, \
+         the floor of any RLQS server). {rounds} round(s) of {secs} s per row back to back (a 0.3 s warm-up \
+         before each, the order reversed every other round); figures are medians over the rounds, ratios are \
+         medians of each round's ratio to that round's no-filter run. CPU per answered request (utime + stime; \
+         the service's: the one the row's Envoy streams to); Redis commands from INFO commandstats over the run. \
+         BENCH_ONLY=edge runs these rows alone; BENCH_EDGE_SECONDS (default 1), BENCH_EDGE_ROUNDS (default 5), \
+         BENCH_EDGE_CONNECTIONS (default 16).\n"
     );
     let _ = writeln!(
         out,
@@ -766,23 +779,53 @@ fn edge_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &TempDir, url: &
             med(k, |r| r.cmds_per_k),
         );
     }
-    let q = Edge::ALL.iter().position(|e| *e == Edge::Quota).unwrap();
+    let row = |e: Edge| Edge::ALL.iter().position(|x| *x == e).unwrap();
+    let (q, floor) = (row(Edge::Quota), row(Edge::QuotaAllowAll));
     let (thr, p99, cmds) = (ratio(q, |r| r.ok_per_s), ratio(q, |r| r.p99), med(q, |r| r.cmds_per_k));
     let verdict = |met: bool| if met { "met" } else { "missed" };
     // The filter's own cost, apart from lease sizing: the rounds whose quota run refused
     // nothing (a lease smaller than the burst makes Envoy answer 429s, which cost it less).
     let clean: Vec<usize> = (0..rounds).filter(|&i| runs[q][i].other_per_s == 0.0).collect();
     let clean_ratio = |f: fn(&EdgeRun) -> f64| median(clean.iter().map(|&i| f(&runs[q][i]) / f(&runs[0][i])).collect());
+    // The floor: what Envoy's filter costs on a bucket with nothing to enforce. A server can at
+    // best bring the quota row to it; past 10 % the targets are out of any server's reach.
+    let (floor_thr, floor_p99) = (ratio(floor, |r| r.ok_per_s), ratio(floor, |r| r.p99));
+    let rare = row(Edge::QuotaRarePushes);
+    let reach = |met: bool| if met { "within 10 %" } else { "more than 10 % off" };
+    // The quota row does the floor's work and more: a run where it meets a target the floor
+    // misses (or the reverse) says only that its rounds were too noisy to tell.
+    let consistent = (thr >= 0.9 || floor_thr < 0.9) && (p99 <= 1.1 || floor_p99 > 1.1);
+    let floor_verdict = if !consistent {
+        "This run contradicts itself (the quota row met a target its floor missed): too noisy to tell; run more \
+         rounds on a quiet machine."
+    } else if floor_thr < 0.9 || floor_p99 > 1.1 {
+        "The floor misses a target: no RLQS server can meet it with this Envoy."
+    } else {
+        "The floor is within the targets: what the quota row adds is the token bucket's and the server's."
+    };
     let _ = writeln!(
         out,
         "\nIssue 32's targets for the quota service: throughput within 10 % of no filter: {thr:.3} ({}); p99 within \
          10 %: {p99:.3} ({}); at most 10 Redis commands per 1,000 requests on a hot bucket: {cmds:.2} ({}). \
-         Over the whole run the quota Envoy was granted {granted} units and reported {denied} requests denied; \
+         The floor (the quota filter on ALLOW_ALL: no token bucket, no leases): throughput × {floor_thr:.3} ({}), \
+         p99 × {floor_p99:.3} ({}), Envoy CPU per request × {:.3}; the quota row over the floor (paired in each \
+         round: what a server could still gain): throughput × {:.3}, p99 × {:.3}, Envoy CPU per request × {:.3}; \
+         leases replaced every 30 s over the floor (the token bucket alone): throughput × {:.3}, Envoy CPU per \
+         request × {:.3}. \
+         Over the whole run the quota Envoys were granted {granted} units and reported {denied} requests denied; \
          {denies} leases were granted nothing (DENY_ALL). In the {} of {rounds} rounds whose quota run refused \
-         nothing: throughput × {:.3}, p99 × {:.3}, Envoy CPU per request × {:.3}.",
+         nothing: throughput × {:.3}, p99 × {:.3}, Envoy CPU per request × {:.3}. {floor_verdict}",
         verdict(thr >= 0.9),
         verdict(p99 <= 1.1),
         verdict(cmds <= 10.0),
+        reach(floor_thr >= 0.9),
+        reach(floor_p99 <= 1.1),
+        ratio(floor, |r| r.envoy_us),
+        ratio_to(q, floor, |r| r.ok_per_s),
+        ratio_to(q, floor, |r| r.p99),
+        ratio_to(q, floor, |r| r.envoy_us),
+        ratio_to(rare, floor, |r| r.ok_per_s),
+        ratio_to(rare, floor, |r| r.envoy_us),
         clean.len(),
         clean_ratio(|r| r.ok_per_s),
         clean_ratio(|r| r.p99),

@@ -201,25 +201,9 @@ fn free_port() -> u16 {
 }
 
 /// The quota filter of the docs' configuration (one bucket, `{api: public}`, DENY_ALL before a
-/// lease), asking the cluster `cluster`.
-fn edge_filter(cluster: &str) -> serde_json::Value {
-    json!({
-        "name": "envoy.filters.http.rate_limit_quota",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig",
-            "rlqs_server": { "envoy_grpc": { "cluster_name": cluster } },
-            "domain": "edge",
-            "bucket_matchers": { "on_no_match": { "action": {
-                "name": "quota",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings",
-                    "bucket_id_builder": { "bucket_id_builder": { "api": { "string_value": "public" } } },
-                    "reporting_interval": "5s",
-                    "no_assignment_behavior": { "fallback_rate_limit": { "blanket_rule": "DENY_ALL" } }
-                }
-            } } }
-        }
-    })
+/// lease), asking the cluster `rate_limit_cluster`.
+fn edge_filter() -> serde_json::Value {
+    quota_filter("rate_limit_cluster", "edge", json!({ "api": { "string_value": "public" } }), "5s", "DENY_ALL")
 }
 
 /// Domain `edge` with one rule, `{api: public}` (the bucket of [`edge_filter`]), limited by
@@ -457,7 +441,7 @@ impl Fleet {
     /// An Envoy whose quota filter streams to replica `i`.
     fn envoy_on(&self, i: usize) -> Envoy {
         let mut c = EnvoyConfig::new(&format!("127.0.0.1:{}", self.ports[i]), self.upstream.port);
-        c.http_filters = vec![edge_filter("rate_limit_cluster")];
+        c.http_filters = vec![edge_filter()];
         Envoy::start(&c.render())
     }
 }
@@ -548,32 +532,14 @@ fn tokens(max: u32) -> TokenBucketShare {
     TokenBucketShare { max_tokens: max, tokens_per_fill: 1, fill_interval_s: 86_400 }
 }
 
-/// The quota filter: one bucket per `x-user` value, reports asked every second, DENY_ALL
-/// before any assignment.
-fn quota_filter() -> serde_json::Value {
-    json!({
-        "name": "envoy.filters.http.rate_limit_quota",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig",
-            "rlqs_server": { "envoy_grpc": { "cluster_name": "rate_limit_cluster" } },
-            "domain": "d",
-            "bucket_matchers": { "on_no_match": { "action": {
-                "name": "quota",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings",
-                    "bucket_id_builder": { "bucket_id_builder": {
-                        "name": { "string_value": "b" },
-                        "user": { "custom_value": { "name": "user", "typed_config": {
-                            "@type": "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
-                            "header_name": "x-user"
-                        } } }
-                    } },
-                    "reporting_interval": "1s",
-                    "no_assignment_behavior": { "fallback_rate_limit": { "blanket_rule": "DENY_ALL" } }
-                }
-            } } }
-        }
-    })
+/// The quota filter: one bucket per `x-user` value (`{name: b, user: …}`), reports asked every
+/// second, DENY_ALL before any assignment.
+fn user_filter() -> serde_json::Value {
+    let user = json!({ "custom_value": { "name": "user", "typed_config": {
+        "@type": "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
+        "header_name": "x-user"
+    } } });
+    quota_filter("rate_limit_cluster", "d", json!({ "name": { "string_value": "b" }, "user": user }), "1s", "DENY_ALL")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -582,7 +548,7 @@ async fn envoy_applies_pushes_as_the_design_assumes() {
     let addr = script.start().await;
     let upstream = Upstream::start();
     let mut config = EnvoyConfig::new(&addr, upstream.port);
-    config.http_filters = vec![quota_filter()];
+    config.http_filters = vec![user_filter()];
     let envoy = Envoy::start(&config.render());
     let mut client = Client::new(envoy.port);
     let ttl = 60 * SECOND;
