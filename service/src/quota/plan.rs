@@ -33,6 +33,8 @@ pub const MAX_UNSETTLED: usize = 32;
 /// their window when a report could return them (RL.RETURN credits a window only for units
 /// claimed in it).
 pub const MIN_SETTLED_WINDOW: Nanos = Nanos::from_secs(10);
+/// The shortest window of a bucket's holder counter ([`holder_window`]).
+pub const HOLDER_WINDOW: Nanos = Nanos::from_secs(2);
 /// Two leases whose windows end this close together (server clock) are in the same window
 /// (each end is the push time plus the claim's `reset_after`); more apart, a new window.
 const SAME_WINDOW: Nanos = SECOND;
@@ -197,6 +199,11 @@ pub struct Ledger {
     pub bound: bool,
     /// The current window's leases (a window limit of at least [`MIN_SETTLED_WINDOW`]).
     pub window: Option<Window>,
+    /// The end of the holder-time this ledger has charged to the bucket's holder counter
+    /// ([`Ledger::hold`]).
+    pub held_until: Nanos,
+    /// The bucket's holders in the whole fleet as last counted ([`fleet_holders`]), and when.
+    pub holders: Option<(u64, Nanos)>,
     /// Totals, for the metrics and the tests.
     pub granted: u64,
     pub given_back: u64,
@@ -300,6 +307,34 @@ impl Ledger {
         }
     }
 
+    /// The holder-time to charge to the bucket's holder counter with a claim sent at `now`
+    /// (nanoseconds): from the end of what this ledger charged before (or `now`, after a gap)
+    /// to the end of this lease's span. Charged with every claim, it sums to the time the
+    /// ledger held the bucket, plus at most one span ahead: a lease replaced early (a window's
+    /// end, a short grant) charges only what it adds.
+    pub fn hold(&mut self, p: &Params, rate: &Rate, now: Nanos) -> Nanos {
+        let until = now + replace_after(p, rate);
+        let from = self.held_until.clamp(now, until);
+        self.held_until = until;
+        until - from
+    }
+
+    /// The holder counter answered at `now`: `held` ms of holder-time in its window.
+    pub fn counted(&mut self, p: &Params, rate: &Rate, held: u64, now: Nanos) {
+        self.holders = Some((fleet_holders(held, holder_window(p, rate), replace_after(p, rate)), now));
+    }
+
+    /// The Envoys sharing the bucket, for [`Ledger::want`]: the fleet's holders when counted
+    /// within the last holder window (at least the `local` ones, this replica's streams), else
+    /// the local ones (never counted, or the counter has failed since).
+    pub fn sharers(&self, p: &Params, rate: &Rate, local: u64, now: Nanos) -> u64 {
+        let fleet = match self.holders {
+            Some((n, at)) if now - at <= holder_window(p, rate) => n,
+            _ => 0,
+        };
+        fleet.max(local).max(1)
+    }
+
     /// A push that holds no units (a failure mode's action, a refusal): the next lease is due
     /// after `refresh`.
     pub fn pushed_nothing(&mut self, p: &Params, now: Nanos) {
@@ -379,6 +414,34 @@ impl Ledger {
         self.last_report = Some(now);
         out
     }
+}
+
+/// The window of a bucket's holder counter: at least [`HOLDER_WINDOW`] and four spans (so
+/// that every window holds several charges of each holder), in whole milliseconds.
+pub fn holder_window(p: &Params, rate: &Rate) -> Nanos {
+    Nanos::from_millis(HOLDER_WINDOW.max(replace_after(p, rate) * 4).as_millis_ceil())
+}
+
+/// A bucket's holders in the whole fleet from its holder counter: `held` ms of holder-time
+/// counted in the last `window` (sliding). Each holder charges the time it holds the bucket
+/// plus up to one `span` ahead ([`Ledger::hold`]), so a window holds `window` to `window +
+/// span` of each: the count is `held ÷ (window + span/2)`, rounded to the nearest (exact for
+/// up to `window ÷ span` holders, within one beyond), at least 1.
+pub fn fleet_holders(held: u64, window: Nanos, span: Nanos) -> u64 {
+    let per_holder = (ns(window) + ns(span) / 2).max(1);
+    let held = held as u128 * ns(Nanos::from_millis(1));
+    to_u64((2 * held + per_holder) / (2 * per_holder)).max(1)
+}
+
+/// The Envoys the `local` failure share divides among: the bucket's holders in the fleet as
+/// last counted (`holders`, at least the `local` ones: this replica's streams), or with no
+/// count the local ones times the replicas (`instances`: each assumed to hold as many).
+pub fn failure_sharers(holders: Option<u64>, local: u64, instances: u64) -> u64 {
+    match holders {
+        Some(n) => n.max(local),
+        None => local.saturating_mul(instances),
+    }
+    .max(1)
 }
 
 /// A token bucket as Envoy takes it: `max_tokens`, `tokens_per_fill` per `fill_interval_s`
@@ -521,6 +584,103 @@ mod tests {
         assert!(!l.bound);
         assert_eq!(l.want(&p, &rate, 2), 100);
         assert_eq!(l.next, 7 * SECOND + replace_after(&p, &rate));
+    }
+
+    #[test]
+    fn a_holder_charges_the_time_it_holds_plus_one_span_ahead() {
+        let p = params();
+        let rate = per_second(300, 100);
+        let span = replace_after(&p, &rate);
+        assert_eq!(holder_window(&p, &rate), 2 * SECOND);
+        // A slow limit's span (5.5 s): four of them, in whole ms.
+        assert_eq!(holder_window(&p, &Rate { units: 10, period: 60 * SECOND, capacity: 10 }), 22 * SECOND);
+        let mut l = Ledger::default();
+        // The first claim: one span ahead; the next, a span later: one more.
+        assert_eq!(l.hold(&p, &rate, SECOND), span);
+        assert_eq!(l.hold(&p, &rate, SECOND + span), span);
+        // Replaced after half a span: only the half it adds.
+        assert_eq!(l.hold(&p, &rate, SECOND + span + span / 2), span / 2);
+        // After a gap (a failed claim, a quiet bucket): the gap is not charged.
+        assert_eq!(l.hold(&p, &rate, 10 * SECOND), span);
+        assert_eq!(l.held_until, 10 * SECOND + span);
+    }
+
+    #[test]
+    fn the_fleet_holders_are_the_holder_time_per_window() {
+        let span = 333 * MS;
+        // Each holder counts `window` to `window + span`.
+        for (held, n) in
+            [(0, 1), (2_000, 1), (2_333, 1), (4_000, 2), (6_000, 3), (7_000, 3), (9_332, 4), (u64::MAX, u64::MAX)]
+        {
+            assert_eq!(fleet_holders(held, 2 * SECOND, span), n, "{held} ms");
+        }
+        let p = params();
+        let rate = per_second(300, 100);
+        let mut l = Ledger::default();
+        // Never counted: this replica's streams.
+        assert_eq!(l.sharers(&p, &rate, 2, SECOND), 2);
+        l.counted(&p, &rate, 6_500, SECOND);
+        assert_eq!(l.holders, Some((3, SECOND)));
+        assert_eq!(l.sharers(&p, &rate, 2, 3 * SECOND), 3);
+        // Never fewer than this replica's own.
+        assert_eq!(l.sharers(&p, &rate, 5, 3 * SECOND), 5);
+        // A count older than the holder window (the counter failing since): the local count.
+        assert_eq!(l.sharers(&p, &rate, 2, 3 * SECOND + MS), 2);
+        assert_eq!(l.sharers(&p, &rate, 0, 3 * SECOND + MS), 1);
+    }
+
+    /// Holders charging the module's own sliding window (`redis_ratelimit_core::sliding`, what
+    /// RL.SLIDING runs) are counted exactly at every claim once a window has passed, through
+    /// claims out of step (half a span early), a holder joining and one leaving.
+    #[test]
+    fn holders_counted_through_the_modules_sliding_window() {
+        use redis_ratelimit_core::{sliding, Request, Window, MAX_COUNT};
+        let p = params();
+        let rate = per_second(300, 100);
+        let span = replace_after(&p, &rate);
+        let win = Window { limit: MAX_COUNT, window: holder_window(&p, &rate) };
+        let mut state: Option<sliding::State> = None;
+        let t0 = 1_000 * SECOND + 123 * MS;
+        // (joins, leaves, phase): four holders, the fourth joins at 6 s, the first leaves at 8 s.
+        let holders = [
+            (ZERO, 8 * SECOND, ZERO),
+            (ZERO, 20 * SECOND, 97 * MS),
+            (ZERO, 20 * SECOND, 211 * MS),
+            (6 * SECOND, 20 * SECOND, 50 * MS),
+        ];
+        let mut ledgers = vec![Ledger::default(); holders.len()];
+        let mut next: Vec<Nanos> = holders.iter().map(|h| t0 + h.0 + h.2).collect();
+        let mut claims = vec![0u64; holders.len()];
+        let mut checked = 0;
+        loop {
+            let (i, &t) = next.iter().enumerate().min_by_key(|(_, t)| **t).unwrap();
+            if t >= t0 + 16 * SECOND {
+                break;
+            }
+            let held = ledgers[i].hold(&p, &rate, t);
+            let (d, s) = sliding::check(state.as_ref(), &win, t, Request::new(held.as_millis_ceil()));
+            state = s.or(state);
+            ledgers[i].counted(&p, &rate, d.limit - d.remaining, t);
+            let (_, n) = ledgers[i].holders.unwrap();
+            let at = t - t0;
+            let live = holders.iter().filter(|h| h.0 <= at && at < h.1).count() as u64;
+            // Settled: a window and a span past every join and leave.
+            let settled = |e: Nanos| at < e || at >= e + win.window + span;
+            if at >= win.window + span {
+                if holders.iter().all(|h| settled(h.0) && settled(h.1)) {
+                    assert_eq!(n, live, "at {at:?}");
+                    checked += 1;
+                } else {
+                    // Joining or leaving: within one.
+                    assert!(n + 1 >= live && n <= live + 1, "{n} holders counted at {at:?}, {live} live");
+                }
+            }
+            // Every third lease of the second holder is replaced after half a span.
+            claims[i] += 1;
+            let early = i == 1 && claims[i] % 3 == 0;
+            next[i] = if at + span >= holders[i].1 { Nanos::MAX } else { t + if early { span / 2 } else { span } };
+        }
+        assert!(checked > 40, "{checked} claims checked");
     }
 
     #[test]
@@ -690,6 +850,16 @@ mod tests {
         }
         assert_eq!(l.unsettled.len(), MAX_UNSETTLED);
         assert_eq!(l.granted, MAX_UNSETTLED as u64 * 3);
+    }
+
+    #[test]
+    fn the_local_failure_share_divides_among_the_last_counted_holders() {
+        // Never counted: this replica's streams times the replicas.
+        assert_eq!(failure_sharers(None, 2, 3), 6);
+        // Counted: the fleet's holders, at least this replica's.
+        assert_eq!(failure_sharers(Some(3), 2, 3), 3);
+        assert_eq!(failure_sharers(Some(1), 2, 3), 2);
+        assert_eq!(failure_sharers(None, 0, 0), 1);
     }
 
     #[test]
