@@ -318,6 +318,48 @@ async fn an_idle_bucket_is_abandoned_and_its_unused_leases_given_back() {
     assert!(envoy.next(Duration::from_millis(1200)).await.is_none());
 }
 
+/// The service's Redis user needs only the module's commands on the service's keys: a user
+/// granted `~rls:*` (CACHE_KEY_PREFIX) and, by name (Redis 7.0 has no ACL category for module
+/// commands; where `@ratelimit` exists it grants them), RL.GCRA, RL.SLIDING and RL.RETURN and
+/// nothing else, leases and counts the bucket's holders: the holder counter is under the
+/// prefix and takes the module's own command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_user_with_only_the_modules_commands_leases_and_counts_holders() {
+    let redis = Server::start();
+    let mut con = redis.conn();
+    redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "quota",
+            "on",
+            ">pw",
+            "resetkeys",
+            "~rls:*",
+            "-@all",
+            "+rl.gcra",
+            "+rl.sliding",
+            "+rl.return",
+        ])
+        .query::<()>(&mut con)
+        .unwrap();
+    let (_dir, svc) = start(&redis, CONFIG, &["--redis-auth", "quota:pw"]);
+    let mut envoy = FakeEnvoy::connect(&svc, "edge").await;
+    let b = bucket(&[("api", "public")]);
+    envoy.report(&[(&b, 1, 0)]).await;
+    for _ in 0..3 {
+        let pushed = by_bucket(&envoy.actions().await);
+        assert!(
+            matches!(pushed["api=public"].as_slice(), [Push::Deny(1), Push::Bucket(n, 1, 86_400, 1)] if *n > 0),
+            "{pushed:?}"
+        );
+    }
+    assert!(command_calls_of(&mut con, "rl.sliding") >= 3);
+    let counter: bool = redis::cmd("EXISTS").arg("rls:gcra:edge|api=public|holders").query(&mut con).unwrap();
+    assert!(counter, "no holder counter");
+    assert_eq!(svc.metric("ratelimit_service_quota_holder_counts_failed"), 0);
+    assert_eq!(svc.metric("ratelimit_service_quota_claims_failed"), 0);
+}
+
 /// Redis down: each domain's failure mode decides what the leases become, until it is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_pushes_the_failure_mode() {

@@ -33,6 +33,9 @@ pub const MAX_UNSETTLED: usize = 32;
 /// their window when a report could return them (RL.RETURN credits a window only for units
 /// claimed in it).
 pub const MIN_SETTLED_WINDOW: Nanos = Nanos::from_secs(10);
+/// Claims granted in full after which a binding limit's cap on a lease (the even split,
+/// doubled at each) is lifted ([`Ledger::bound`]): by then it is far above any lease.
+const MAX_DOUBLINGS: u32 = 16;
 /// The shortest window of a bucket's holder counter ([`holder_window`]).
 pub const HOLDER_WINDOW: Nanos = Nanos::from_secs(2);
 /// Two leases whose windows end this close together (server clock) are in the same window
@@ -194,14 +197,16 @@ pub struct Ledger {
     /// room nobody was using, of which the next lease may take a share ([`Ledger::want`]).
     /// 0 before a claim and after a failed one.
     pub room: u64,
-    /// The last claim was granted less than it asked: the limit binds, and the next lease
-    /// asks at most the even split ([`Ledger::want`]).
-    pub bound: bool,
+    /// The limit binds: a claim was granted less than it asked, and the next lease asks at
+    /// most the even split times 2 to this power ([`Ledger::want`]): 0 after a short grant,
+    /// one more after each claim granted in full, `None` once past [`MAX_DOUBLINGS`] (or
+    /// before any short grant).
+    pub bound: Option<u32>,
     /// The current window's leases (a window limit of at least [`MIN_SETTLED_WINDOW`]).
     pub window: Option<Window>,
     /// The end of the holder-time this ledger has charged to the bucket's holder counter
     /// ([`Ledger::hold`]).
-    pub held_until: Nanos,
+    pub held_until: Option<Nanos>,
     /// The bucket's holders in the whole fleet as last counted ([`fleet_holders`]), and when.
     pub holders: Option<(u64, Nanos)>,
     /// Totals, for the metrics and the tests.
@@ -219,10 +224,13 @@ impl Ledger {
     /// even split per sharer), at least that even split: a load that surges above the last
     /// report's demand is not refused at the edge while the limit is far from binding, and
     /// once claims take the room the share shrinks back to the demand. While the limit binds
-    /// (the last claim got less than it asked), at most the even split: Envoys on one replica
-    /// sharing a binding limit claim alike, where the largest demand would otherwise take
-    /// every refill from the Envoys whose claims come after it. At most the capacity and
-    /// `u32::MAX` (a token bucket's `max_tokens`).
+    /// (a claim got less than it asked), at most the even split among the bucket's holders
+    /// (`sharers`: in the whole fleet, [`Ledger::sharers`]), doubled after each claim granted
+    /// in full: Envoys sharing a binding limit claim alike, where the largest demand would
+    /// otherwise take every refill from the Envoys whose claims come after it, and a holder
+    /// whose capped claim was granted in full takes the room others leave step by step, not
+    /// its whole demand at once (which, on a limit that binds, took the refill from the next
+    /// claims). At most the capacity and `u32::MAX` (a token bucket's `max_tokens`).
     pub fn want(&self, p: &Params, rate: &Rate, sharers: u64) -> u64 {
         let span = ns(replace_after(p, rate));
         let sharers = sharers.max(1) as u128;
@@ -240,8 +248,8 @@ impl Ledger {
         if self.starved {
             b = b.saturating_mul(2);
         }
-        if self.bound {
-            b = b.min(to_u64(even).saturating_add(1));
+        if let Some(k) = self.bound {
+            b = b.min(to_u64(even).saturating_add(1).saturating_mul(1 << k));
         }
         b.min(rate.capacity.max(1)).min(u32::MAX as u64)
     }
@@ -298,7 +306,7 @@ impl Ledger {
     /// after half a span, out of step.
     pub fn answered(&mut self, p: &Params, rate: &Rate, want: u64, granted: u64, remaining: u64) {
         self.short |= granted < want;
-        self.bound = granted < want;
+        self.bound = if granted < want { Some(0) } else { self.bound.map(|k| k + 1).filter(|k| *k <= MAX_DOUBLINGS) };
         self.room = remaining;
         if granted < want / 2 {
             if let Some(l) = self.current {
@@ -307,15 +315,20 @@ impl Ledger {
         }
     }
 
-    /// The holder-time to charge to the bucket's holder counter with a claim sent at `now`
-    /// (nanoseconds): from the end of what this ledger charged before (or `now`, after a gap)
-    /// to the end of this lease's span. Charged with every claim, it sums to the time the
-    /// ledger held the bucket, plus at most one span ahead: a lease replaced early (a window's
-    /// end, a short grant) charges only what it adds.
+    /// The holder-time to charge to the bucket's holder counter with a claim sent at `now`:
+    /// from the end of what this ledger charged before to the end of this lease's span. So
+    /// the charges sum to the time the ledger held the bucket plus at most one span ahead: a
+    /// lease replaced early (a window's end, a short grant) charges only what it adds, a claim
+    /// sent late (its stream's task delayed) also the delay; after a gap longer than a span
+    /// (failed claims) the charge starts again at `now`.
     pub fn hold(&mut self, p: &Params, rate: &Rate, now: Nanos) -> Nanos {
-        let until = now + replace_after(p, rate);
-        let from = self.held_until.clamp(now, until);
-        self.held_until = until;
+        let span = replace_after(p, rate);
+        let until = now + span;
+        let from = match self.held_until {
+            Some(t) if now - t <= span => t.min(until),
+            _ => now,
+        };
+        self.held_until = Some(until);
         until - from
     }
 
@@ -341,7 +354,7 @@ impl Ledger {
         self.current = None;
         self.short = true;
         self.room = 0;
-        self.bound = false;
+        self.bound = None;
         self.next = now + p.refresh;
     }
 
@@ -573,17 +586,29 @@ mod tests {
         // rate between two Envoys over a lease's 333.3 ms (51, rounded up), plus one.
         l.pushed(&p, &rate, 6 * SECOND, 6 * SECOND, 40, None);
         l.answered(&p, &rate, 100, 40, 0);
-        assert!(l.short && l.bound);
+        assert!(l.short);
+        assert_eq!(l.bound, Some(0));
         assert_eq!(l.want(&p, &rate, 2), 52);
         // Less than half of what it asked: the next lease after half a span (333 ms), out of
         // step with the claims that come just before it.
         assert_eq!(l.next, 6 * SECOND + replace_after(&p, &rate) / 2);
-        // Granted in full: the demand again, a lease a span later.
+        // Granted in full: twice the even split (104), at most the demand (the burst, 100), a
+        // lease a span later.
         l.pushed(&p, &rate, 7 * SECOND, 7 * SECOND, 52, None);
         l.answered(&p, &rate, 52, 52, 0);
-        assert!(!l.bound);
+        assert_eq!(l.bound, Some(1));
         assert_eq!(l.want(&p, &rate, 2), 100);
+        assert_eq!(l.want(&p, &rate, 3), 70);
         assert_eq!(l.next, 7 * SECOND + replace_after(&p, &rate));
+        // Granted in full again and again: the cap is lifted.
+        for _ in 0..MAX_DOUBLINGS {
+            l.answered(&p, &rate, 1, 1, 0);
+        }
+        assert_eq!(l.bound, None);
+        assert_eq!(l.want(&p, &rate, 3), 100);
+        // Short again: the even split.
+        l.answered(&p, &rate, 100, 10, 0);
+        assert_eq!(l.want(&p, &rate, 3), 35);
     }
 
     #[test]
@@ -600,20 +625,22 @@ mod tests {
         assert_eq!(l.hold(&p, &rate, SECOND + span), span);
         // Replaced after half a span: only the half it adds.
         assert_eq!(l.hold(&p, &rate, SECOND + span + span / 2), span / 2);
-        // After a gap (a failed claim, a quiet bucket): the gap is not charged.
+        // 20 ms late: the delay too.
+        let end = SECOND + 2 * span + span / 2;
+        assert_eq!(l.hold(&p, &rate, end + 20 * MS), span + 20 * MS);
+        // After a gap longer than a span (failed claims): the gap is not charged.
         assert_eq!(l.hold(&p, &rate, 10 * SECOND), span);
-        assert_eq!(l.held_until, 10 * SECOND + span);
+        assert_eq!(l.held_until, Some(10 * SECOND + span));
     }
 
     #[test]
     fn the_fleet_holders_are_the_holder_time_per_window() {
         let span = 333 * MS;
         // Each holder counts `window` to `window + span`.
-        for (held, n) in
-            [(0, 1), (2_000, 1), (2_333, 1), (4_000, 2), (6_000, 3), (7_000, 3), (9_332, 4), (u64::MAX, u64::MAX)]
-        {
+        for (held, n) in [(0, 1), (2_000, 1), (2_333, 1), (4_000, 2), (6_000, 3), (7_000, 3), (9_332, 4)] {
             assert_eq!(fleet_holders(held, 2 * SECOND, span), n, "{held} ms");
         }
+        assert!(fleet_holders(u64::MAX, 2 * SECOND, span) > u64::MAX / 2_200);
         let p = params();
         let rate = per_second(300, 100);
         let mut l = Ledger::default();
@@ -661,7 +688,7 @@ mod tests {
             let (d, s) = sliding::check(state.as_ref(), &win, t, Request::new(held.as_millis_ceil()));
             state = s.or(state);
             ledgers[i].counted(&p, &rate, d.limit - d.remaining, t);
-            let (_, n) = ledgers[i].holders.unwrap();
+            let (n, _) = ledgers[i].holders.unwrap();
             let at = t - t0;
             let live = holders.iter().filter(|h| h.0 <= at && at < h.1).count() as u64;
             // Settled: a window and a span past every join and leave.
