@@ -322,7 +322,7 @@ async fn an_idle_bucket_is_abandoned_and_its_unused_leases_given_back() {
 /// granted `~rls:*` (CACHE_KEY_PREFIX) and, by name (Redis 7.0 has no ACL category for module
 /// commands; where `@ratelimit` exists it grants them), RL.GCRA, RL.SLIDING and RL.RETURN and
 /// nothing else, leases and counts the bucket's holders: the holder counter is under the
-/// prefix and takes the module's own command.
+/// prefix and takes the module's own command. Without RL.SLIDING it still leases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_user_with_only_the_modules_commands_leases_and_counts_holders() {
     let redis = Server::start();
@@ -358,6 +358,24 @@ async fn a_redis_user_with_only_the_modules_commands_leases_and_counts_holders()
     assert!(counter, "no holder counter");
     assert_eq!(svc.metric("ratelimit_service_quota_holder_counts_failed"), 0);
     assert_eq!(svc.metric("ratelimit_service_quota_claims_failed"), 0);
+    // A user not granted RL.SLIDING: the holder count fails (NOPERM), never the lease.
+    redis::cmd("ACL")
+        .arg(&["SETUSER", "noholders", "on", ">pw", "resetkeys", "~rls:*", "-@all", "+rl.tokenbucket", "+rl.return"])
+        .query::<()>(&mut con)
+        .unwrap();
+    let (_dir2, svc2) = start(&redis, CONFIG, &["--redis-auth", "noholders:pw"]);
+    let mut envoy = FakeEnvoy::connect(&svc2, "edge").await;
+    let b = bucket(&[("user", "u"), ("path", "p")]);
+    envoy.report(&[(&b, 1, 0)]).await;
+    for _ in 0..2 {
+        let pushed = by_bucket(&envoy.actions().await);
+        assert!(
+            matches!(pushed["path=p,user=u"].as_slice(), [Push::Deny(1), Push::Bucket(n, 1, 86_400, 1)] if *n > 0),
+            "{pushed:?}"
+        );
+    }
+    assert!(svc2.metric("ratelimit_service_quota_holder_counts_failed") >= 2);
+    assert_eq!(svc2.metric("ratelimit_service_quota_claims_failed"), 0);
 }
 
 /// Redis down: each domain's failure mode decides what the leases become, until it is back.
