@@ -327,55 +327,46 @@ async fn an_idle_bucket_is_abandoned_and_its_unused_leases_given_back() {
 async fn a_redis_user_with_only_the_modules_commands_leases_and_counts_holders() {
     let redis = Server::start();
     let mut con = redis.conn();
-    redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "quota",
-            "on",
-            ">pw",
-            "resetkeys",
-            "~rls:*",
-            "-@all",
-            "+rl.gcra",
-            "+rl.sliding",
-            "+rl.return",
-        ])
-        .query::<()>(&mut con)
-        .unwrap();
-    let (_dir, svc) = start(&redis, CONFIG, &["--redis-auth", "quota:pw"]);
-    let mut envoy = FakeEnvoy::connect(&svc, "edge").await;
-    let b = bucket(&[("api", "public")]);
-    envoy.report(&[(&b, 1, 0)]).await;
-    for _ in 0..3 {
-        let pushed = by_bucket(&envoy.actions().await);
-        assert!(
-            matches!(pushed["api=public"].as_slice(), [Push::Deny(1), Push::Bucket(n, 1, 86_400, 1)] if *n > 0),
-            "{pushed:?}"
-        );
-    }
-    assert!(command_calls_of(&mut con, "rl.sliding") >= 3);
+    let (_dir, svc) =
+        leases_as_user(&redis, &mut con, "quota", &["+rl.gcra", "+rl.sliding", "+rl.return"], &[("api", "public")])
+            .await;
+    assert!(command_calls_of(&mut con, "rl.sliding") >= 2);
     let counter: bool = redis::cmd("EXISTS").arg("rls:gcra:edge|api=public|holders").query(&mut con).unwrap();
     assert!(counter, "no holder counter");
     assert_eq!(svc.metric("ratelimit_service_quota_holder_counts_failed"), 0);
-    assert_eq!(svc.metric("ratelimit_service_quota_claims_failed"), 0);
     // A user not granted RL.SLIDING: the holder count fails (NOPERM), never the lease.
-    redis::cmd("ACL")
-        .arg(&["SETUSER", "noholders", "on", ">pw", "resetkeys", "~rls:*", "-@all", "+rl.tokenbucket", "+rl.return"])
-        .query::<()>(&mut con)
-        .unwrap();
-    let (_dir2, svc2) = start(&redis, CONFIG, &["--redis-auth", "noholders:pw"]);
-    let mut envoy = FakeEnvoy::connect(&svc2, "edge").await;
-    let b = bucket(&[("user", "u"), ("path", "p")]);
+    let entries = [("user", "u"), ("path", "p")];
+    let (_dir, svc) = leases_as_user(&redis, &mut con, "noholders", &["+rl.tokenbucket", "+rl.return"], &entries).await;
+    assert!(svc.metric("ratelimit_service_quota_holder_counts_failed") >= 2);
+}
+
+/// A service whose Redis user is `user`, granted `~rls:*` and `commands` only: a bucket of
+/// `entries` gets two leases with units, and no claim fails.
+async fn leases_as_user(
+    redis: &Server,
+    con: &mut redis::Connection,
+    user: &str,
+    commands: &[&str],
+    entries: &[(&str, &str)],
+) -> (TempDir, ServiceProc) {
+    let mut acl = vec!["SETUSER", user, "on", ">pw", "resetkeys", "~rls:*", "-@all"];
+    acl.extend_from_slice(commands);
+    redis::cmd("ACL").arg(&acl).query::<()>(con).unwrap();
+    let (dir, svc) = start(redis, CONFIG, &["--redis-auth", &format!("{user}:pw")]);
+    let mut envoy = FakeEnvoy::connect(&svc, "edge").await;
+    let b = bucket(entries);
     envoy.report(&[(&b, 1, 0)]).await;
+    let mut sorted: Vec<String> = entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    sorted.sort();
     for _ in 0..2 {
         let pushed = by_bucket(&envoy.actions().await);
         assert!(
-            matches!(pushed["path=p,user=u"].as_slice(), [Push::Deny(1), Push::Bucket(n, 1, 86_400, 1)] if *n > 0),
-            "{pushed:?}"
+            matches!(pushed[&sorted.join(",")].as_slice(), [Push::Deny(1), Push::Bucket(n, 1, 86_400, 1)] if *n > 0),
+            "{user}: {pushed:?}"
         );
     }
-    assert!(svc2.metric("ratelimit_service_quota_holder_counts_failed") >= 2);
-    assert_eq!(svc2.metric("ratelimit_service_quota_claims_failed"), 0);
+    assert_eq!(svc.metric("ratelimit_service_quota_claims_failed"), 0, "{user}");
+    (dir, svc)
 }
 
 /// Redis down: each domain's failure mode decides what the leases become, until it is back.

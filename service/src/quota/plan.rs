@@ -704,7 +704,7 @@ mod tests {
             }
             // Every third lease of the second holder is replaced after half a span.
             claims[i] += 1;
-            let early = i == 1 && claims[i] % 3 == 0;
+            let early = i == 1 && claims[i].is_multiple_of(3);
             next[i] = if at + span >= holders[i].1 { Nanos::MAX } else { t + if early { span / 2 } else { span } };
         }
         assert!(checked > 40, "{checked} claims checked");

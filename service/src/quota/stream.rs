@@ -640,7 +640,9 @@ impl StreamState {
                 Ok(held) => b.ledger.counted(&params, &l.rate, held, pushed),
                 Err(e) => {
                     add(&q.metrics.holder_counts_failed, 1);
-                    if !self.warned_holders {
+                    // Said when it fails alone (a Redis user not granted RL.SLIDING); a Redis
+                    // that answers nothing is said below.
+                    if r.is_ok() && !self.warned_holders {
                         self.warned_holders = true;
                         tracing::warn!(
                             "quota: counting the holders of {} in Redis failed ({e}); leases split by this replica's streams until it works",
