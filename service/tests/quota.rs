@@ -318,6 +318,50 @@ async fn an_idle_bucket_is_abandoned_and_its_unused_leases_given_back() {
     assert!(envoy.next(Duration::from_millis(1200)).await.is_none());
 }
 
+/// The even split counts the bucket's holders on every replica (docs/quota-service.md, "The
+/// holders, counted across the fleet"): two streams on one replica, one on another, a new
+/// bucket (no periodic report: leases of the even split) of 100/s with a burst of 50 (a lease
+/// every 500 ms). Each replica first splits by its own streams (the lone stream asks the whole
+/// 50); once the holders are counted, every lease asks `⌈100/s × 500 ms ÷ 3⌉ + 1` = 18, so none
+/// is granted more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_even_split_counts_the_holders_on_every_replica() {
+    let redis = Server::start();
+    let (_d1, svc1) = start(&redis, CONFIG, &[]);
+    let (_d2, svc2) = start(&redis, CONFIG, &[]);
+    let b = bucket(&[("api", "public")]);
+    let mut envoys = [
+        FakeEnvoy::connect(&svc1, "edge").await,
+        FakeEnvoy::connect(&svc1, "edge").await,
+        FakeEnvoy::connect(&svc2, "edge").await,
+    ];
+    for e in &envoys {
+        e.report(&[(&b, 1, 0)]).await;
+    }
+    // The leases granted to each, read as they come, with when.
+    let started = Instant::now();
+    let mut granted: Vec<Vec<(Duration, u32)>> = vec![Vec::new(); envoys.len()];
+    while started.elapsed() < Duration::from_millis(6500) {
+        for (i, e) in envoys.iter_mut().enumerate() {
+            if let Some(Ok(r)) = e.next(Duration::from_millis(20)).await {
+                for p in by_bucket(&r.bucket_action).remove("api=public").unwrap_or_default() {
+                    if let Push::Bucket(n, ..) = p {
+                        granted[i].push((started.elapsed(), n));
+                    }
+                }
+            }
+        }
+    }
+    // Counted exactly once two of the counter's windows and a span have passed (4.5 s: the
+    // module's sliding window weighs its previous window as if evenly filled, and all three
+    // began at once, part way into one).
+    for (i, g) in granted.iter().enumerate() {
+        let late: Vec<u32> = g.iter().filter(|(t, _)| *t >= Duration::from_millis(4600)).map(|(_, n)| *n).collect();
+        assert!(late.len() >= 2 && late.iter().all(|n| *n <= 18), "Envoy {i}: leases {g:?}");
+    }
+    assert!(svc2.metric("ratelimit_service_redis_calls{command=\"holders\"}") >= 6);
+}
+
 /// The service's Redis user needs only the module's commands on the service's keys: a user
 /// granted `~rls:*` (CACHE_KEY_PREFIX) and, by name (Redis 7.0 has no ACL category for module
 /// commands; where `@ratelimit` exists it grants them), RL.GCRA, RL.SLIDING and RL.RETURN and
