@@ -439,7 +439,8 @@ pub fn holder_window(p: &Params, rate: &Rate) -> Nanos {
 /// counted in the last `window` (sliding). Each holder charges the time it holds the bucket
 /// plus up to one `span` ahead ([`Ledger::hold`]), so a window holds `window` to `window +
 /// span` of each: the count is `held ÷ (window + span/2)`, rounded to the nearest (exact for
-/// up to `window ÷ span` holders, within one beyond), at least 1.
+/// up to `window ÷ span` holders, within one beyond, once each has held for two windows), at
+/// least 1.
 pub fn fleet_holders(held: u64, window: Nanos, span: Nanos) -> u64 {
     let per_holder = (ns(window) + ns(span) / 2).max(1);
     let held = held as u128 * ns(Nanos::from_millis(1));
@@ -657,8 +658,10 @@ mod tests {
     }
 
     /// Holders charging the module's own sliding window (`redis_ratelimit_core::sliding`, what
-    /// RL.SLIDING runs) are counted exactly at every claim once a window has passed, through
-    /// claims out of step (half a span early), a holder joining and one leaving.
+    /// RL.SLIDING runs) are counted exactly at every claim once a window and a span have
+    /// passed, through claims out of step (half a span early), a holder joining and one leaving
+    /// (each early in one of the module's windows: one joining late in a window counts for ¾ at
+    /// least until the next window ends, docs/quota-service.md).
     #[test]
     fn holders_counted_through_the_modules_sliding_window() {
         use redis_ratelimit_core::{sliding, Request, Window, MAX_COUNT};
