@@ -117,14 +117,17 @@ pub enum RedisOp {
     Return,
     /// A lease claim (`COST b PARTIAL`).
     Claim,
+    /// A quota bucket's holder counter (`RL.SLIDING <key>|holders`), sent with each claim.
+    Holders,
 }
 
-const OPS: [(RedisOp, &str); 5] = [
+const OPS: [(RedisOp, &str); 6] = [
     (RedisOp::Check, "check"),
     (RedisOp::Multi, "multi"),
     (RedisOp::Script, "script"),
     (RedisOp::Return, "return"),
     (RedisOp::Claim, "claim"),
+    (RedisOp::Holders, "holders"),
 ];
 
 /// Latency histogram with fixed buckets (seconds).

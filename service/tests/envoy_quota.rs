@@ -292,6 +292,53 @@ async fn the_fleet_bound_holds_on_three_envoys_through_a_crash_and_a_restart() {
     assert_eq!(fleet.upstream.count(), admitted.len());
 }
 
+/// Fairness across replicas (docs/quota-service.md, "Sizing `b`"): three Envoys flat out with
+/// the same load (two clients each) on one binding limit (gcra 300/s, burst 100), A and C
+/// streaming to replica 1, B alone to replica 2. Each replica sizes a binding lease as the even
+/// split among the bucket's holders in the whole fleet (counted in Redis), so B is not sized as
+/// if alone: Jain's index (Σx)²/(n·Σx²) of what each Envoy admitted from 3 s to 8 s (after the
+/// first report) is at least 0.9, and the fleet bound holds (any 1 s at most 730).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_on_different_replicas_share_a_binding_limit_fairly() {
+    let fleet = Fleet::start("{requests_per_unit: 300, unit: second, algorithm: gcra, burst: 100}");
+    let _replicas = [fleet.replica(0), fleet.replica(1)];
+    let envoys = [fleet.envoy_on(0), fleet.envoy_on(1), fleet.envoy_on(0)];
+    let t0 = Instant::now();
+    let end = Duration::from_secs(8);
+    let tasks: Vec<_> =
+        envoys.iter().map(|e| [load(e.port, t0, end, Duration::ZERO), load(e.port, t0, end, Duration::ZERO)]).collect();
+    let mut by_envoy: Vec<Vec<Seen>> = Vec::new();
+    for pair in tasks {
+        let mut seen = Vec::new();
+        for t in pair {
+            seen.extend(t.await.unwrap());
+        }
+        by_envoy.push(seen);
+    }
+    let admitted_between = |seen: &[Seen], from: Duration| seen.iter().filter(|r| r.2 == 200 && r.0 >= from).count();
+    let late: Vec<f64> = by_envoy.iter().map(|s| admitted_between(s, Duration::from_secs(3)) as f64).collect();
+    let sum: f64 = late.iter().sum();
+    let jain = sum * sum / (late.len() as f64 * late.iter().map(|x| x * x).sum::<f64>()).max(1.0);
+    let all: Vec<Seen> = by_envoy.concat();
+    let admitted: Vec<(Duration, Duration)> = all.iter().filter(|r| r.2 == 200).map(|r| (r.0, r.1)).collect();
+    let worst = most_in_any_window(admitted.clone(), Duration::from_secs(1));
+    println!(
+        "fairness: {} requests, {} admitted (A {}, B {}, C {}); from 3 s: A {}, B {}, C {}, Jain's index {jain:.3}; \
+         worst 1 s window {worst} (bound 730)",
+        all.len(),
+        admitted.len(),
+        admitted_between(&by_envoy[0], Duration::ZERO),
+        admitted_between(&by_envoy[1], Duration::ZERO),
+        admitted_between(&by_envoy[2], Duration::ZERO),
+        late[0],
+        late[1],
+        late[2],
+    );
+    assert!(worst <= 730, "{worst} admitted in one second");
+    assert!(jain >= 0.9, "Jain's index {jain:.3} of A, B, C from 3 s: {late:?}");
+    assert_eq!(fleet.upstream.count(), admitted.len());
+}
+
 /// The fleet bound of a window limit at its edges (docs/quota-service.md, "Every algorithm"):
 /// three Envoys with uneven load on two replicas, a window of 100 per 2 s (L = 1 s, d = 0.1 s).
 /// Any 2 s admits at most `limit·(⌈(W + L + d)/w⌉ + 1)` = 100 × (2 + 1) = 300; each window

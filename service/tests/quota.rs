@@ -318,6 +318,101 @@ async fn an_idle_bucket_is_abandoned_and_its_unused_leases_given_back() {
     assert!(envoy.next(Duration::from_millis(1200)).await.is_none());
 }
 
+/// The even split counts the bucket's holders on every replica (docs/quota-service.md, "The
+/// holders, counted across the fleet"): two streams on one replica, one on another, a new
+/// bucket (no periodic report: leases of the even split) of 100/s with a burst of 50 (a lease
+/// every 500 ms). Each replica first splits by its own streams (the lone stream asks the whole
+/// 50); once the holders are counted, every lease asks `⌈100/s × 500 ms ÷ 3⌉ + 1` = 18, so none
+/// is granted more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_even_split_counts_the_holders_on_every_replica() {
+    let redis = Server::start();
+    let (_d1, svc1) = start(&redis, CONFIG, &[]);
+    let (_d2, svc2) = start(&redis, CONFIG, &[]);
+    let b = bucket(&[("api", "public")]);
+    let mut envoys = [
+        FakeEnvoy::connect(&svc1, "edge").await,
+        FakeEnvoy::connect(&svc1, "edge").await,
+        FakeEnvoy::connect(&svc2, "edge").await,
+    ];
+    for e in &envoys {
+        e.report(&[(&b, 1, 0)]).await;
+    }
+    // The leases granted to each, read as they come, with when.
+    let started = Instant::now();
+    let mut granted: Vec<Vec<(Duration, u32)>> = vec![Vec::new(); envoys.len()];
+    while started.elapsed() < Duration::from_millis(6500) {
+        for (i, e) in envoys.iter_mut().enumerate() {
+            if let Some(Ok(r)) = e.next(Duration::from_millis(20)).await {
+                for p in by_bucket(&r.bucket_action).remove("api=public").unwrap_or_default() {
+                    if let Push::Bucket(n, ..) = p {
+                        granted[i].push((started.elapsed(), n));
+                    }
+                }
+            }
+        }
+    }
+    // Counted exactly once two of the counter's windows and a span have passed (4.5 s: the
+    // module's sliding window weighs its previous window as if evenly filled, and all three
+    // began at once, part way into one).
+    for (i, g) in granted.iter().enumerate() {
+        let late: Vec<u32> = g.iter().filter(|(t, _)| *t >= Duration::from_millis(4600)).map(|(_, n)| *n).collect();
+        assert!(late.len() >= 2 && late.iter().all(|n| *n <= 18), "Envoy {i}: leases {g:?}");
+    }
+    assert!(svc2.metric("ratelimit_service_redis_calls{command=\"holders\"}") >= 6);
+}
+
+/// The service's Redis user needs only the module's commands on the service's keys: a user
+/// granted `~rls:*` (CACHE_KEY_PREFIX) and, by name (Redis 7.0 has no ACL category for module
+/// commands; where `@ratelimit` exists it grants them), RL.GCRA, RL.SLIDING and RL.RETURN and
+/// nothing else, leases and counts the bucket's holders: the holder counter is under the
+/// prefix and takes the module's own command. Without RL.SLIDING it still leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_user_with_only_the_modules_commands_leases_and_counts_holders() {
+    let redis = Server::start();
+    let mut con = redis.conn();
+    let (_dir, svc) =
+        leases_as_user(&redis, &mut con, "quota", &["+rl.gcra", "+rl.sliding", "+rl.return"], &[("api", "public")])
+            .await;
+    assert!(command_calls_of(&mut con, "rl.sliding") >= 2);
+    let counter: bool = redis::cmd("EXISTS").arg("rls:gcra:edge|api=public|holders").query(&mut con).unwrap();
+    assert!(counter, "no holder counter");
+    assert_eq!(svc.metric("ratelimit_service_quota_holder_counts_failed"), 0);
+    // A user not granted RL.SLIDING: the holder count fails (NOPERM), never the lease.
+    let entries = [("user", "u"), ("path", "p")];
+    let (_dir, svc) = leases_as_user(&redis, &mut con, "noholders", &["+rl.tokenbucket", "+rl.return"], &entries).await;
+    assert!(svc.metric("ratelimit_service_quota_holder_counts_failed") >= 2);
+}
+
+/// A service whose Redis user is `user`, granted `~rls:*` and `commands` only: a bucket of
+/// `entries` gets two leases with units, and no claim fails.
+async fn leases_as_user(
+    redis: &Server,
+    con: &mut redis::Connection,
+    user: &str,
+    commands: &[&str],
+    entries: &[(&str, &str)],
+) -> (TempDir, ServiceProc) {
+    let mut acl = vec!["SETUSER", user, "on", ">pw", "resetkeys", "~rls:*", "-@all"];
+    acl.extend_from_slice(commands);
+    redis::cmd("ACL").arg(&acl).query::<()>(con).unwrap();
+    let (dir, svc) = start(redis, CONFIG, &["--redis-auth", &format!("{user}:pw")]);
+    let mut envoy = FakeEnvoy::connect(&svc, "edge").await;
+    let b = bucket(entries);
+    envoy.report(&[(&b, 1, 0)]).await;
+    let mut sorted: Vec<String> = entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    sorted.sort();
+    for _ in 0..2 {
+        let pushed = by_bucket(&envoy.actions().await);
+        assert!(
+            matches!(pushed[&sorted.join(",")].as_slice(), [Push::Deny(1), Push::Bucket(n, 1, 86_400, 1)] if *n > 0),
+            "{user}: {pushed:?}"
+        );
+    }
+    assert_eq!(svc.metric("ratelimit_service_quota_claims_failed"), 0, "{user}");
+    (dir, svc)
+}
+
 /// Redis down: each domain's failure mode decides what the leases become, until it is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_pushes_the_failure_mode() {

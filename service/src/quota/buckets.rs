@@ -117,6 +117,14 @@ pub fn resolve(
     (target, ordered.ambiguous)
 }
 
+/// The key of a bucket's holder counter (plan::fleet_holders): its Redis key and `|holders`,
+/// so it stays under the key prefix (the ACL key pattern) and in the key's hash slot when a
+/// domain hash tag is set; no descriptor's key ends so (each `|` of one starts an escaped
+/// `entry=value`).
+pub fn holders_key(key: &str) -> String {
+    format!("{key}|holders")
+}
+
 /// Whether a lease's units end with a window (fixed, sliding: [`Refill`] at or by the window's
 /// end): the next lease is then due at the window's end.
 pub fn is_window(a: Algorithm) -> bool {
@@ -192,6 +200,7 @@ mod tests {
         assert!(!ambiguous);
         let Target::Leased(l) = t else { panic!("{t:?}") };
         assert_eq!(l.key, "rls:gcra:edge|api=public|user=a%7Bb%7D");
+        assert_eq!(holders_key(&l.key), "rls:gcra:edge|api=public|user=a%7Bb%7D|holders");
         assert_eq!(l.limit, Limit::gcra(100, std::time::Duration::from_secs(1)).unwrap().with_burst(20).unwrap());
         assert_eq!(l.rate, Rate { units: 100, period: super::super::plan::SECOND, capacity: 20 });
         assert_eq!(l.mode, FailureMode::Local);

@@ -24,6 +24,7 @@ pub struct QuotaMetrics {
     pub units_granted: AtomicU64,
     pub units_returned: AtomicU64,
     pub claims_failed: AtomicU64,
+    pub holder_counts_failed: AtomicU64,
     pub admitted: AtomicU64,
     pub denied: AtomicU64,
 }
@@ -36,7 +37,7 @@ impl QuotaMetrics {
     /// Prometheus text; `buckets` is the tracked buckets now.
     pub fn render(&self, buckets: u64) -> String {
         let g = |c: &AtomicU64| c.load(Relaxed);
-        let rows: [(&str, &str, &str, &str, u64); 21] = [
+        let rows: [(&str, &str, &str, &str, u64); 22] = [
             ("streams", "gauge", "", "Quota streams open (one per Envoy and domain)", g(&self.streams)),
             ("streams_total", "counter", "", "Quota streams opened", g(&self.streams_total)),
             ("reports", "counter", "", "Usage reports received", g(&self.reports)),
@@ -74,6 +75,13 @@ impl QuotaMetrics {
                 "Claims Redis did not answer (the failure mode decided)",
                 g(&self.claims_failed),
             ),
+            (
+                "holder_counts_failed",
+                "counter",
+                "",
+                "Holder counts Redis did not answer (leases split by this replica's streams)",
+                g(&self.holder_counts_failed),
+            ),
             ("admitted", "counter", "", "Requests Envoy reported admitted", g(&self.admitted)),
             ("denied", "counter", "", "Requests Envoy reported denied", g(&self.denied)),
         ];
@@ -109,6 +117,6 @@ mod tests {
         assert!(text.contains("ratelimit_service_quota_assignments{kind=\"lease\"} 3\n"), "{text}");
         assert!(text.contains("ratelimit_service_quota_denied 2\n"), "{text}");
         assert_eq!(text.matches("# TYPE ratelimit_service_quota_assignments counter").count(), 1);
-        assert_eq!(text.matches("# TYPE").count(), 17);
+        assert_eq!(text.matches("# TYPE").count(), 18);
     }
 }

@@ -33,6 +33,11 @@ pub const MAX_UNSETTLED: usize = 32;
 /// their window when a report could return them (RL.RETURN credits a window only for units
 /// claimed in it).
 pub const MIN_SETTLED_WINDOW: Nanos = Nanos::from_secs(10);
+/// Claims granted in full after which a binding limit's cap on a lease (the even split,
+/// doubled at each) is lifted ([`Ledger::bound`]): by then it is far above any lease.
+const MAX_DOUBLINGS: u32 = 16;
+/// The shortest window of a bucket's holder counter ([`holder_window`]).
+pub const HOLDER_WINDOW: Nanos = Nanos::from_secs(2);
 /// Two leases whose windows end this close together (server clock) are in the same window
 /// (each end is the push time plus the claim's `reset_after`); more apart, a new window.
 const SAME_WINDOW: Nanos = SECOND;
@@ -196,11 +201,18 @@ pub struct Ledger {
     /// room nobody was using, of which the next lease may take a share ([`Ledger::want`]).
     /// 0 before a claim and after a failed one.
     pub room: u64,
-    /// The last claim was granted less than it asked: the limit binds, and the next lease
-    /// asks at most the even split ([`Ledger::want`]).
-    pub bound: bool,
+    /// The limit binds: a claim was granted less than it asked, and the next lease asks at
+    /// most the even split times 2 to this power ([`Ledger::want`]): 0 after a short grant,
+    /// one more after each claim granted in full, `None` once past [`MAX_DOUBLINGS`] (or
+    /// before any short grant).
+    pub bound: Option<u32>,
     /// The current window's leases (a window limit of at least [`MIN_SETTLED_WINDOW`]).
     pub window: Option<Window>,
+    /// The end of the holder-time this ledger has charged to the bucket's holder counter
+    /// ([`Ledger::hold`]).
+    pub held_until: Option<Nanos>,
+    /// The bucket's holders in the whole fleet as last counted ([`fleet_holders`]), and when.
+    pub holders: Option<(u64, Nanos)>,
     /// Totals, for the metrics and the tests.
     pub granted: u64,
     pub given_back: u64,
@@ -216,10 +228,13 @@ impl Ledger {
     /// even split per sharer), at least that even split: a load that surges above the last
     /// report's demand is not refused at the edge while the limit is far from binding, and
     /// once claims take the room the share shrinks back to the demand. While the limit binds
-    /// (the last claim got less than it asked), at most the even split: Envoys on one replica
-    /// sharing a binding limit claim alike, where the largest demand would otherwise take
-    /// every refill from the Envoys whose claims come after it. At most the capacity and
-    /// `u32::MAX` (a token bucket's `max_tokens`).
+    /// (a claim got less than it asked), at most the even split among the bucket's holders
+    /// (`sharers`: in the whole fleet, [`Ledger::sharers`]), doubled after each claim granted
+    /// in full: Envoys sharing a binding limit claim alike, where the largest demand would
+    /// otherwise take every refill from the Envoys whose claims come after it, and a holder
+    /// whose capped claim was granted in full takes the room others leave step by step, not
+    /// its whole demand at once (which, on a limit that binds, took the refill from the next
+    /// claims). At most the capacity and `u32::MAX` (a token bucket's `max_tokens`).
     pub fn want(&self, p: &Params, rate: &Rate, sharers: u64) -> u64 {
         let span = ns(replace_after(p, rate));
         let sharers = sharers.max(1) as u128;
@@ -239,8 +254,8 @@ impl Ledger {
         if self.starved {
             b = b.saturating_mul(2);
         }
-        if self.bound {
-            b = b.min(to_u64(even).saturating_add(1));
+        if let Some(k) = self.bound {
+            b = b.min(to_u64(even).saturating_add(1).saturating_mul(1 << k));
         }
         b.min(rate.capacity.max(1)).min(u32::MAX as u64)
     }
@@ -300,7 +315,7 @@ impl Ledger {
     /// after half a span, out of step.
     pub fn answered(&mut self, p: &Params, rate: &Rate, want: u64, granted: u64, remaining: u64) {
         self.short |= granted < want;
-        self.bound = granted < want;
+        self.bound = if granted < want { Some(0) } else { self.bound.map(|k| k + 1).filter(|k| *k <= MAX_DOUBLINGS) };
         self.room = remaining;
         if granted < want / 2 {
             if let Some(l) = self.current {
@@ -309,13 +324,46 @@ impl Ledger {
         }
     }
 
+    /// The holder-time to charge to the bucket's holder counter with a claim sent at `now`:
+    /// from the end of what this ledger charged before to the end of this lease's span. So
+    /// the charges sum to the time the ledger held the bucket plus at most one span ahead: a
+    /// lease replaced early (a window's end, a short grant) charges only what it adds, a claim
+    /// sent late (its stream's task delayed) also the delay; after a gap longer than a span
+    /// (failed claims) the charge starts again at `now`.
+    pub fn hold(&mut self, p: &Params, rate: &Rate, now: Nanos) -> Nanos {
+        let span = replace_after(p, rate);
+        let until = now + span;
+        let from = match self.held_until {
+            Some(t) if now - t <= span => t.min(until),
+            _ => now,
+        };
+        self.held_until = Some(until);
+        until - from
+    }
+
+    /// The holder counter answered at `now`: `held` ms of holder-time in its window.
+    pub fn counted(&mut self, p: &Params, rate: &Rate, held: u64, now: Nanos) {
+        self.holders = Some((fleet_holders(held, holder_window(p, rate), replace_after(p, rate)), now));
+    }
+
+    /// The Envoys sharing the bucket, for [`Ledger::want`]: the fleet's holders when counted
+    /// within the last holder window (at least the `local` ones, this replica's streams), else
+    /// the local ones (never counted, or the counter has failed since).
+    pub fn sharers(&self, p: &Params, rate: &Rate, local: u64, now: Nanos) -> u64 {
+        let fleet = match self.holders {
+            Some((n, at)) if now - at <= holder_window(p, rate) => n,
+            _ => 0,
+        };
+        fleet.max(local).max(1)
+    }
+
     /// A push that holds no units (a failure mode's action, a refusal): the next lease is due
     /// after `refresh`.
     pub fn pushed_nothing(&mut self, p: &Params, now: Nanos) {
         self.current = None;
         self.short = true;
         self.room = 0;
-        self.bound = false;
+        self.bound = None;
         self.next = now + p.refresh;
     }
 
@@ -393,6 +441,35 @@ impl Ledger {
         self.last_report = Some(now);
         out
     }
+}
+
+/// The window of a bucket's holder counter: at least [`HOLDER_WINDOW`] and four spans (so
+/// that every window holds several charges of each holder), in whole milliseconds.
+pub fn holder_window(p: &Params, rate: &Rate) -> Nanos {
+    Nanos::from_millis(HOLDER_WINDOW.max(replace_after(p, rate) * 4).as_millis_ceil())
+}
+
+/// A bucket's holders in the whole fleet from its holder counter: `held` ms of holder-time
+/// counted in the last `window` (sliding). Each holder charges the time it holds the bucket
+/// plus up to one `span` ahead ([`Ledger::hold`]), so a window holds `window` to `window +
+/// span` of each: the count is `held ÷ (window + span/2)`, rounded to the nearest (exact for
+/// up to `window ÷ span` holders, within one beyond, once each has held for two windows), at
+/// least 1.
+pub fn fleet_holders(held: u64, window: Nanos, span: Nanos) -> u64 {
+    let per_holder = (ns(window) + ns(span) / 2).max(1);
+    let held = held as u128 * ns(Nanos::from_millis(1));
+    to_u64((2 * held + per_holder) / (2 * per_holder)).max(1)
+}
+
+/// The Envoys the `local` failure share divides among: the bucket's holders in the fleet as
+/// last counted (`holders`, at least the `local` ones: this replica's streams), or with no
+/// count the local ones times the replicas (`instances`: each assumed to hold as many).
+pub fn failure_sharers(holders: Option<u64>, local: u64, instances: u64) -> u64 {
+    match holders {
+        Some(n) => n.max(local),
+        None => local.saturating_mul(instances),
+    }
+    .max(1)
 }
 
 /// A token bucket as Envoy takes it: `max_tokens`, `tokens_per_fill` per `fill_interval_s`
@@ -528,17 +605,130 @@ mod tests {
         // rate between two Envoys over a lease's 333.3 ms (51, rounded up), plus one.
         l.pushed(&p, &rate, 6 * SECOND, 6 * SECOND, 40, None);
         l.answered(&p, &rate, 100, 40, 0);
-        assert!(l.short && l.bound);
+        assert!(l.short);
+        assert_eq!(l.bound, Some(0));
         assert_eq!(l.want(&p, &rate, 2), 52);
         // Less than half of what it asked: the next lease after half a span (333 ms), out of
         // step with the claims that come just before it.
         assert_eq!(l.next, 6 * SECOND + replace_after(&p, &rate) / 2);
-        // Granted in full: the demand again, a lease a span later.
+        // Granted in full: twice the even split (104), at most the demand (the burst, 100), a
+        // lease a span later.
         l.pushed(&p, &rate, 7 * SECOND, 7 * SECOND, 52, None);
         l.answered(&p, &rate, 52, 52, 0);
-        assert!(!l.bound);
+        assert_eq!(l.bound, Some(1));
         assert_eq!(l.want(&p, &rate, 2), 100);
+        assert_eq!(l.want(&p, &rate, 3), 70);
         assert_eq!(l.next, 7 * SECOND + replace_after(&p, &rate));
+        // Granted in full again and again: the cap is lifted.
+        for _ in 0..MAX_DOUBLINGS {
+            l.answered(&p, &rate, 1, 1, 0);
+        }
+        assert_eq!(l.bound, None);
+        assert_eq!(l.want(&p, &rate, 3), 100);
+        // Short again: the even split.
+        l.answered(&p, &rate, 100, 10, 0);
+        assert_eq!(l.want(&p, &rate, 3), 35);
+    }
+
+    #[test]
+    fn a_holder_charges_the_time_it_holds_plus_one_span_ahead() {
+        let p = params();
+        let rate = per_second(300, 100);
+        let span = replace_after(&p, &rate);
+        assert_eq!(holder_window(&p, &rate), 2 * SECOND);
+        // A slow limit's span (5.5 s): four of them, in whole ms.
+        assert_eq!(holder_window(&p, &Rate { units: 10, period: 60 * SECOND, capacity: 10 }), 22 * SECOND);
+        let mut l = Ledger::default();
+        // The first claim: one span ahead; the next, a span later: one more.
+        assert_eq!(l.hold(&p, &rate, SECOND), span);
+        assert_eq!(l.hold(&p, &rate, SECOND + span), span);
+        // Replaced after half a span: only the half it adds.
+        assert_eq!(l.hold(&p, &rate, SECOND + span + span / 2), span / 2);
+        // 20 ms late: the delay too.
+        let end = SECOND + 2 * span + span / 2;
+        assert_eq!(l.hold(&p, &rate, end + 20 * MS), span + 20 * MS);
+        // After a gap longer than a span (failed claims): the gap is not charged.
+        assert_eq!(l.hold(&p, &rate, 10 * SECOND), span);
+        assert_eq!(l.held_until, Some(10 * SECOND + span));
+    }
+
+    #[test]
+    fn the_fleet_holders_are_the_holder_time_per_window() {
+        let span = 333 * MS;
+        // Each holder counts `window` to `window + span`.
+        for (held, n) in [(0, 1), (2_000, 1), (2_333, 1), (4_000, 2), (6_000, 3), (7_000, 3), (9_332, 4)] {
+            assert_eq!(fleet_holders(held, 2 * SECOND, span), n, "{held} ms");
+        }
+        assert!(fleet_holders(u64::MAX, 2 * SECOND, span) > u64::MAX / 2_200);
+        let p = params();
+        let rate = per_second(300, 100);
+        let mut l = Ledger::default();
+        // Never counted: this replica's streams.
+        assert_eq!(l.sharers(&p, &rate, 2, SECOND), 2);
+        l.counted(&p, &rate, 6_500, SECOND);
+        assert_eq!(l.holders, Some((3, SECOND)));
+        assert_eq!(l.sharers(&p, &rate, 2, 3 * SECOND), 3);
+        // Never fewer than this replica's own.
+        assert_eq!(l.sharers(&p, &rate, 5, 3 * SECOND), 5);
+        // A count older than the holder window (the counter failing since): the local count.
+        assert_eq!(l.sharers(&p, &rate, 2, 3 * SECOND + MS), 2);
+        assert_eq!(l.sharers(&p, &rate, 0, 3 * SECOND + MS), 1);
+    }
+
+    /// Holders charging the module's own sliding window (`redis_ratelimit_core::sliding`, what
+    /// RL.SLIDING runs) are counted exactly at every claim once a window and a span have
+    /// passed, through claims out of step (half a span early), a holder joining and one leaving
+    /// (each early in one of the module's windows: one joining late in a window counts for ¾ at
+    /// least until the next window ends, docs/quota-service.md).
+    #[test]
+    fn holders_counted_through_the_modules_sliding_window() {
+        use redis_ratelimit_core::{sliding, Request, Window, MAX_COUNT};
+        let p = params();
+        let rate = per_second(300, 100);
+        let span = replace_after(&p, &rate);
+        let win = Window { limit: MAX_COUNT, window: holder_window(&p, &rate) };
+        let mut state: Option<sliding::State> = None;
+        let t0 = 1_000 * SECOND + 123 * MS;
+        // (joins, leaves, phase): four holders, the fourth joins at 6 s, the first leaves at 8 s.
+        let holders = [
+            (ZERO, 8 * SECOND, ZERO),
+            (ZERO, 20 * SECOND, 97 * MS),
+            (ZERO, 20 * SECOND, 211 * MS),
+            (6 * SECOND, 20 * SECOND, 50 * MS),
+        ];
+        let mut ledgers = vec![Ledger::default(); holders.len()];
+        let mut next: Vec<Nanos> = holders.iter().map(|h| t0 + h.0 + h.2).collect();
+        let mut claims = vec![0u64; holders.len()];
+        let mut checked = 0;
+        loop {
+            let (i, &t) = next.iter().enumerate().min_by_key(|(_, t)| **t).unwrap();
+            if t >= t0 + 16 * SECOND {
+                break;
+            }
+            let held = ledgers[i].hold(&p, &rate, t);
+            let (d, s) = sliding::check(state.as_ref(), &win, t, Request::new(held.as_millis_ceil()));
+            state = s.or(state);
+            ledgers[i].counted(&p, &rate, d.limit - d.remaining, t);
+            let (n, _) = ledgers[i].holders.unwrap();
+            let at = t - t0;
+            let live = holders.iter().filter(|h| h.0 <= at && at < h.1).count() as u64;
+            // Settled: a window and a span past every join and leave.
+            let settled = |e: Nanos| at < e || at >= e + win.window + span;
+            if at >= win.window + span {
+                if holders.iter().all(|h| settled(h.0) && settled(h.1)) {
+                    assert_eq!(n, live, "at {at:?}");
+                    checked += 1;
+                } else {
+                    // Joining or leaving: within one.
+                    assert!(n + 1 >= live && n <= live + 1, "{n} holders counted at {at:?}, {live} live");
+                }
+            }
+            // Every third lease of the second holder is replaced after half a span.
+            claims[i] += 1;
+            let early = i == 1 && claims[i].is_multiple_of(3);
+            next[i] = if at + span >= holders[i].1 { Nanos::MAX } else { t + if early { span / 2 } else { span } };
+        }
+        assert!(checked > 40, "{checked} claims checked");
     }
 
     #[test]
@@ -736,6 +926,16 @@ mod tests {
         }
         assert_eq!(l.unsettled.len(), MAX_UNSETTLED);
         assert_eq!(l.granted, MAX_UNSETTLED as u64 * 3);
+    }
+
+    #[test]
+    fn the_local_failure_share_divides_among_the_last_counted_holders() {
+        // Never counted: this replica's streams times the replicas.
+        assert_eq!(failure_sharers(None, 2, 3), 6);
+        // Counted: the fleet's holders, at least this replica's.
+        assert_eq!(failure_sharers(Some(3), 2, 3), 3);
+        assert_eq!(failure_sharers(Some(1), 2, 3), 2);
+        assert_eq!(failure_sharers(None, 0, 0), 1);
     }
 
     #[test]

@@ -20,9 +20,9 @@ use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::actions;
-use super::buckets::{bucket_key, is_window, resolve, BucketKey, Leased, Slot, Slots, Target};
+use super::buckets::{bucket_key, holders_key, is_window, resolve, BucketKey, Leased, Slot, Slots, Target};
 use super::metrics::{add, QuotaMetrics};
-use super::plan::{lease_life, local_share, Ledger};
+use super::plan::{failure_sharers, holder_window, lease_life, local_share, Ledger};
 use super::settings::{QuotaSettings, UnknownBuckets};
 use super::store::QuotaStore;
 use crate::backend::BackendError;
@@ -42,8 +42,8 @@ const ACTIONS_PER_RESPONSE: usize = 1024;
 /// Responses queued per stream before its task waits for Envoy to read.
 const QUEUED_RESPONSES: usize = 8;
 
-/// How many streams of this replica hold a bucket, by Redis key (the even split of a new
-/// bucket's first lease, the `local` failure share).
+/// How many streams of this replica hold a bucket, by Redis key (the even split until the
+/// fleet's holders are counted, at least that count; the `local` failure share).
 #[derive(Default)]
 pub struct Sharers(Mutex<HashMap<String, u64>>);
 
@@ -182,6 +182,7 @@ struct StreamState {
     /// Said once per stream: a failing Redis, a refused bucket.
     warned_redis: bool,
     warned_full: bool,
+    warned_holders: bool,
 }
 
 /// Counts one open stream while it lives.
@@ -211,6 +212,7 @@ async fn run(
         next_seq: 0,
         warned_redis: false,
         warned_full: false,
+        warned_holders: false,
     };
     let end = loop {
         let next = s.due.peek().map(|Reverse((t, _))| *t);
@@ -315,8 +317,9 @@ impl StreamState {
     }
 
     /// What a bucket gets when Redis cannot serve it (a failed claim, or no room to track
-    /// it): its domain's failure mode, for `ttl`.
-    fn failure_action(&self, l: &Leased, id: &BucketId, ttl: Nanos) -> Option<BucketAction> {
+    /// it): its domain's failure mode, for `ttl`; `holders`: the bucket's holders in the fleet
+    /// as last counted, if ever.
+    fn failure_action(&self, l: &Leased, id: &BucketId, ttl: Nanos, holders: Option<u64>) -> Option<BucketAction> {
         let m = &self.q.metrics;
         match l.mode {
             FailureMode::Closed => {
@@ -329,7 +332,7 @@ impl StreamState {
             }
             FailureMode::Local => {
                 add(&m.local_assignments, 1);
-                let sharers = self.q.sharers.count(&l.key).saturating_mul(self.settings().instances);
+                let sharers = failure_sharers(holders, self.q.sharers.count(&l.key), self.settings().instances);
                 Some(actions::token_bucket(id, local_share(&l.rate, sharers), ttl))
             }
             // Envoy decides: the lease runs out, its expired/no-assignment behaviour applies.
@@ -479,7 +482,7 @@ impl StreamState {
                 );
             }
             return match &target {
-                Target::Leased(l) => self.failure_action(l, &id, self.settings().static_ttl).map(|a| vec![a]),
+                Target::Leased(l) => self.failure_action(l, &id, self.settings().static_ttl, None).map(|a| vec![a]),
                 t => self.static_action(t, &id).map(|a| vec![a]),
             };
         };
@@ -594,23 +597,34 @@ impl StreamState {
         let q = self.q.clone();
         let params = self.settings().params;
         let deadline = self.settings().timeout;
-        let jobs: Vec<(BucketKey, Leased, u64)> = keys
+        let now = q.now();
+        let jobs: Vec<Job> = keys
             .into_iter()
             .filter_map(|k| {
-                let b = self.buckets.get(&k)?;
+                let b = self.buckets.get_mut(&k)?;
                 let Target::Leased(l) = &b.target else { return None };
-                let want = b.ledger.want(&params, &l.rate, q.sharers.count(&l.key));
-                Some((k, l.clone(), want))
+                let sharers = b.ledger.sharers(&params, &l.rate, q.sharers.count(&l.key), now);
+                let want = b.ledger.want(&params, &l.rate, sharers);
+                let held = b.ledger.hold(&params, &l.rate, now);
+                let l = l.clone();
+                Some((k, l, want, held))
             })
             .collect();
         let store = q.store.clone();
         let results: Vec<Claimed> = futures::stream::iter(jobs)
-            .map(|(k, l, want)| {
+            .map(|(k, l, want, held)| {
                 let (store, q) = (store.clone(), q.clone());
                 async move {
                     let sent = q.now();
-                    let r = store.claim(&l.key, &l.limit, want, deadline).await;
-                    (k, l, want, sent, r)
+                    // The holder count goes with the claim, within its deadline; its failure
+                    // fails nothing (the last count, then the local one, sizes the leases).
+                    let holders = holders_key(&l.key);
+                    let window = holder_window(&params, &l.rate);
+                    let (r, h) = futures::join!(
+                        store.claim(&l.key, &l.limit, want, deadline),
+                        store.count_holders(&holders, held, window, deadline)
+                    );
+                    (k, l, want, sent, r, h)
                 }
             })
             .buffer_unordered(CONCURRENT_CALLS)
@@ -619,9 +633,24 @@ impl StreamState {
         let pushed = q.now();
         let mut groups = Vec::with_capacity(results.len());
         let mut failed: Option<BackendError> = None;
-        for (k, l, want, sent, r) in results {
+        for (k, l, want, sent, r, h) in results {
             let Some(b) = self.buckets.get_mut(&k) else { continue };
             let life = lease_life(&params, &l.rate);
+            match h {
+                Ok(held) => b.ledger.counted(&params, &l.rate, held, pushed),
+                Err(e) => {
+                    add(&q.metrics.holder_counts_failed, 1);
+                    // Said when it fails alone (a Redis user not granted RL.SLIDING); a Redis
+                    // that answers nothing is said below.
+                    if r.is_ok() && !self.warned_holders {
+                        self.warned_holders = true;
+                        tracing::warn!(
+                            "quota: counting the holders of {} in Redis failed ({e}); leases split by this replica's streams until it works",
+                            l.key
+                        );
+                    }
+                }
+            }
             match r {
                 Ok(d) => {
                     let granted = d.allowed.min(want);
@@ -638,7 +667,8 @@ impl StreamState {
                     add(&q.metrics.claims_failed, 1);
                     b.ledger.pushed_nothing(&params, pushed);
                     let id = b.id.clone();
-                    if let Some(a) = self.failure_action(&l, &id, life) {
+                    let holders = b.ledger.holders.map(|(n, _)| n);
+                    if let Some(a) = self.failure_action(&l, &id, life, holders) {
                         groups.push(vec![a]);
                     }
                     failed = Some(e);
@@ -667,8 +697,11 @@ impl StreamState {
     }
 }
 
-/// A claim's outcome: the bucket, its limit, the units asked, when it was sent, the answer.
-type Claimed = (BucketKey, Leased, u64, Nanos, Result<Decision, BackendError>);
+/// A claim to send: the bucket, its limit, the units to ask, the holder-time to charge.
+type Job = (BucketKey, Leased, u64, Nanos);
+/// A claim's outcome: the bucket, its limit, the units asked, when it was sent, the answer,
+/// and the holder counter's (ms of holder-time in its window).
+type Claimed = (BucketKey, Leased, u64, Nanos, Result<Decision, BackendError>, Result<u64, BackendError>);
 
 /// Redis work a report leads to that Envoy does not wait for.
 enum AfterReport {
