@@ -6,7 +6,10 @@
 //! every few seconds; instruction counts are exact and do not depend on the machine's load.
 //! Each row of [`Edge::ALL`] (the same services, upstream and Envoy configuration as the timed
 //! rows) runs alone: Envoy (`--concurrency 1`) started under `valgrind --tool=callgrind`, warmed
-//! up (BENCH_INSTR_WARMUP requests, default 300, then 1.5 s for the assignments to land), its
+//! up by the same load for BENCH_INSTR_WARMUP_SECONDS (default 6: past the quota stream's first
+//! report, 5 s, so that leases are sized from the demand the counted requests make) and 200
+//! requests more, then 1.5 s
+//! idle for the assignments to land, its
 //! counters zeroed (`callgrind_control -z`), `BENCH_INSTR_REQUESTS` (default 1,000) sequential
 //! `GET /` on one keep-alive connection, the counters dumped (`callgrind_control -d`): the
 //! dump's total over the requests is the row's instructions per request (every thread of
@@ -110,7 +113,7 @@ struct Count {
 pub fn instruction_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &TempDir, url: &str) -> String {
     require_valgrind();
     let n = env_num("BENCH_INSTR_REQUESTS", 1000).max(1);
-    let warmup = env_num("BENCH_INSTR_WARMUP", 300);
+    let warmup = env_num("BENCH_INSTR_WARMUP_SECONDS", 6);
     let services = EdgeServices::start(dir, url);
     let upstream = Upstream::start();
     let cg = TempDir::new("bench-callgrind");
@@ -131,7 +134,11 @@ pub fn instruction_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &Temp
             ];
             let envoy = Envoy::start_under(&wrapper, &e.envoy_config(svc, upstream.port), Duration::from_secs(600));
             // Connections, caches, the quota stream and its first assignment.
-            let (w_ok, w_other, _, _) = rt.block_on(http_load(envoy.port, 1, 600.0, warmup));
+            let (mut w_ok, mut w_other, _, _) = rt.block_on(http_load(envoy.port, 1, warmup as f64, u64::MAX));
+            // At least 200 requests whatever the time (under callgrind an Envoy's first request
+            // through a filter can take seconds: first-time code, connections).
+            let (ok, other, _, _) = rt.block_on(http_load(envoy.port, 1, 600.0, 200));
+            (w_ok, w_other) = (w_ok + ok, w_other + other);
             std::thread::sleep(Duration::from_millis(1500));
             callgrind_control("-z", envoy.pid());
             reset_stats(&mut con);
@@ -164,13 +171,13 @@ pub fn instruction_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &Temp
     let mut out = format!(
         "### Envoy's instructions per request (callgrind)\n\n\
          The rows through Envoy above, each alone under `valgrind --tool=callgrind` ({}): Envoy 1.40 \
-         (`--concurrency 1`) proxying `GET /` to the upstream, {warmup} requests of warm-up and 1.5 s, counters \
+         (`--concurrency 1`) proxying `GET /` to the upstream, {warmup} s of the same load and 200 requests more to warm up (past the quota stream's first report) and 1.5 s idle, counters \
          zeroed, {n} sequential requests on one keep-alive connection, counters dumped; instructions of every \
          Envoy thread over the counted requests, per request (exact: independent of the machine's load). \
          Under callgrind Envoy runs ~50× slower while the service pushes leases on its own clock (every 500 ms at \
          the defaults): the pushes column is what the service sent during the counted requests. \
          `BENCH_ONLY=edge-instructions make bench-service` (BENCH_INSTR_REQUESTS, default 1000; \
-         BENCH_INSTR_WARMUP, default 300).\n\n\
+         BENCH_INSTR_WARMUP_SECONDS, default 6).\n\n\
          | Envoy | instructions / request | × no filter | × floor | assignments pushed | counted requests (s) | not 200 | Redis commands / 1,000 requests |\n\
          |---|---|---|---|---|---|---|---|\n",
         Command::new("valgrind")
