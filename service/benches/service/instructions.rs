@@ -8,18 +8,20 @@
 //! rows) runs alone: Envoy (`--concurrency 1`) started under `valgrind --tool=callgrind`, warmed
 //! up by the same load for BENCH_INSTR_WARMUP_SECONDS (default 6: past the quota stream's first
 //! report, 5 s, so that leases are sized from the demand the counted requests make) and 200
-//! requests more, then 1.5 s
-//! idle for the assignments to land, its
-//! counters zeroed (`callgrind_control -z`), `BENCH_INSTR_REQUESTS` (default 1,000) sequential
-//! `GET /` on one keep-alive connection, the counters dumped (`callgrind_control -d`): the
-//! dump's total over the requests is the row's instructions per request (every thread of
-//! Envoy: the worker, and the main thread's timers and gRPC streams).
+//! requests more, then 1.5 s idle for the assignments to land; its counters zeroed
+//! (`callgrind_control -z`), `BENCH_INSTR_REQUESTS` (default 1,000) sequential `GET /` on one
+//! keep-alive connection, the counters dumped (`callgrind_control -d`): the dump's total over
+//! the requests is the row's instructions per request (every thread of Envoy: the worker, and
+//! the main thread's timers and gRPC streams).
+//!
+//! Then counters zeroed, BENCH_INSTR_IDLE_SECONDS (default 3) without requests, dumped: Envoy's
+//! instructions per second idle (timers, the quota stream and the service's pushes), which land
+//! on the counted requests in proportion to their time (stretched by the machine's load); the
+//! rows' ratios are of the totals less that rate over the counted requests' time.
 //!
 //! Under callgrind Envoy runs ~50× slower, but the service pushes leases on its own clock
-//! (every `QUOTA_REFRESH`, 500 ms): the leased row sees far more pushes per request than at
-//! real speed. The report gives each row's pushes during the counted requests and the cost of
-//! one push (the leased row at the defaults minus the one whose leases are replaced every 30 s,
-//! over their difference in pushes), so the figure at any request rate follows.
+//! (every `QUOTA_REFRESH`, 500 ms): a leased row sees far more pushes per request than at real
+//! speed; the report gives the pushes during the counted requests.
 //!
 //! `BENCH_ONLY=edge-instructions` runs this alone (never part of the default run: a few
 //! minutes). Without valgrind it says so and exits with status 2.
@@ -66,27 +68,32 @@ fn callgrind_control(flag: &str, pid: u32) {
     );
 }
 
-/// The `totals:` (or `summary:`) line of the first callgrind dump `<out>.<n>`, waited for (the
-/// dump is written when the process next runs guest code).
-fn dumped_total(out: &std::path::Path) -> u64 {
+/// The `totals:` (or `summary:`) line of the newest callgrind dump `<out>.<n>` once there are
+/// `count` of them, waited for (a dump is written when the process next runs guest code).
+fn dumped_total(out: &std::path::Path, count: usize) -> u64 {
     let dir = out.parent().unwrap();
     let prefix = format!("{}.", out.file_name().unwrap().to_string_lossy());
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let dumps = std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()).filter(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            name.strip_prefix(&prefix).is_some_and(|n| n.parse::<u32>().is_ok())
-        });
-        for d in dumps {
-            let text = std::fs::read_to_string(d.path()).unwrap_or_default();
-            let total = text.lines().find_map(|l| {
-                l.strip_prefix("totals: ").or_else(|| l.strip_prefix("summary: ")).and_then(|v| v.trim().parse().ok())
-            });
-            if let Some(total) = total {
-                return total;
-            }
+        let mut dumps: Vec<(u32, u64)> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let n = e.file_name().to_string_lossy().strip_prefix(&prefix)?.parse::<u32>().ok()?;
+                let text = std::fs::read_to_string(e.path()).ok()?;
+                let total = text.lines().find_map(|l| {
+                    l.strip_prefix("totals: ")
+                        .or_else(|| l.strip_prefix("summary: "))
+                        .and_then(|v| v.trim().parse().ok())
+                })?;
+                Some((n, total))
+            })
+            .collect();
+        dumps.sort_unstable();
+        if dumps.len() >= count {
+            return dumps.last().unwrap().1;
         }
-        assert!(Instant::now() < deadline, "no callgrind dump {}* within 120 s", out.display());
+        assert!(Instant::now() < deadline, "no callgrind dump {}* number {count} within 120 s", out.display());
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -101,7 +108,13 @@ fn pushes(svc: &ServiceProc) -> u64 {
 
 /// One row's count.
 struct Count {
+    /// Every instruction over the counted requests, per request.
     per_request: f64,
+    /// Envoy's instructions per second idle (its timers, the quota stream and its pushes)
+    /// right after the counted requests.
+    idle_per_s: f64,
+    /// `per_request` less the idle rate over the counted requests' time: the requests' own.
+    net: f64,
     /// Answers other than 200 among the counted requests.
     other: u64,
     pushes: u64,
@@ -114,6 +127,7 @@ pub fn instruction_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &Temp
     require_valgrind();
     let n = env_num("BENCH_INSTR_REQUESTS", 1000).max(1);
     let warmup = env_num("BENCH_INSTR_WARMUP_SECONDS", 6);
+    let idle = env_num("BENCH_INSTR_IDLE_SECONDS", 3);
     let services = EdgeServices::start(dir, url);
     let upstream = Upstream::start();
     let cg = TempDir::new("bench-callgrind");
@@ -147,19 +161,33 @@ pub fn instruction_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &Temp
             callgrind_control("-d", envoy.pid());
             let p1 = pushes(svc);
             let calls = command_calls(&mut con);
-            let total = dumped_total(&out);
+            let total = dumped_total(&out, 1);
+            // What Envoy runs per second with no request (its timers, the quota stream): it
+            // lands on the counted requests in proportion to their time, which the machine's
+            // load stretches.
+            callgrind_control("-z", envoy.pid());
+            let t = Instant::now();
+            std::thread::sleep(Duration::from_secs(idle));
+            callgrind_control("-d", envoy.pid());
+            let idle_per_s = dumped_total(&out, 2) as f64 / t.elapsed().as_secs_f64();
+            let answered = (ok + other).max(1) as f64;
             let c = Count {
-                per_request: total as f64 / (ok + other).max(1) as f64,
+                per_request: total as f64 / answered,
+                idle_per_s,
+                net: (total as f64 - idle_per_s * seconds) / answered,
                 other,
                 pushes: p1 - p0,
                 seconds,
-                cmds_per_k: calls as f64 * 1000.0 / (ok + other).max(1) as f64,
+                cmds_per_k: calls as f64 * 1000.0 / answered,
             };
             eprintln!(
-                "{} under callgrind: {:.0} instructions per request ({ok} answered 200, {other} other, in {seconds:.1} s; \
-                 warm-up {w_ok} 200, {w_other} other), {} assignments pushed, {:.2} Redis commands / 1000 requests",
+                "{} under callgrind: {:.0} instructions per request, {:.0} net of {:.0} per second idle ({ok} answered \
+                 200, {other} other, in {seconds:.1} s; warm-up {w_ok} 200, {w_other} other), {} assignments pushed, \
+                 {:.2} Redis commands / 1000 requests",
                 e.name(),
                 c.per_request,
+                c.net,
+                c.idle_per_s,
                 c.pushes,
                 c.cmds_per_k
             );
@@ -167,19 +195,27 @@ pub fn instruction_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &Temp
         })
         .collect();
     let row = |e: Edge| &counts[Edge::ALL.iter().position(|x| *x == e).unwrap()];
-    let (base, floor) = (row(Edge::NoFilter).per_request, row(Edge::QuotaAllowAll).per_request);
+    let (base, floor) = (row(Edge::NoFilter).net, row(Edge::QuotaAllowAll).net);
     let mut out = format!(
         "### Envoy's instructions per request (callgrind)\n\n\
          The rows through Envoy above, each alone under `valgrind --tool=callgrind` ({}): Envoy 1.40 \
-         (`--concurrency 1`) proxying `GET /` to the upstream, {warmup} s of the same load and 200 requests more to warm up (past the quota stream's first report) and 1.5 s idle, counters \
-         zeroed, {n} sequential requests on one keep-alive connection, counters dumped; instructions of every \
-         Envoy thread over the counted requests, per request (exact: independent of the machine's load). \
-         Under callgrind Envoy runs ~50× slower while the service pushes leases on its own clock (every 500 ms at \
-         the defaults): the pushes column is what the service sent during the counted requests. \
+         (`--concurrency 1`) proxying `GET /` to the upstream; {warmup} s of the same load and 200 requests more to \
+         warm up (past the quota stream's first report), 1.5 s idle; counters zeroed, {n} sequential requests on \
+         one keep-alive connection, counters dumped (every Envoy thread); then counters zeroed, {idle} s idle, \
+         dumped: what Envoy runs per second without requests (timers, the quota stream and the service's pushes), \
+         which lands on the counted requests in proportion to their time, stretched by the machine's load. The \
+         net figure (the total less that idle rate over the counted requests' time) is the requests' own; the \
+         ratios are of net figures. Instruction counts are exact; the idle rate's share moves a row by a few \
+         tenths of a per cent between runs. Under callgrind Envoy serves a few hundred requests per second while \
+         the service pushes leases on its own clock: the pushes column is what the service sent during the \
+         counted requests, far more per request than at real speed (2 per second over ~10,000 requests per \
+         second); a push's own cost is in the idle rate. A request not answered 200 costs Envoy less than a \
+         proxied one: a row with such requests is not comparable. \
          `BENCH_ONLY=edge-instructions make bench-service` (BENCH_INSTR_REQUESTS, default 1000; \
-         BENCH_INSTR_WARMUP_SECONDS, default 6).\n\n\
-         | Envoy | instructions / request | × no filter | × floor | assignments pushed | counted requests (s) | not 200 | Redis commands / 1,000 requests |\n\
-         |---|---|---|---|---|---|---|---|\n",
+         BENCH_INSTR_WARMUP_SECONDS, default 6; BENCH_INSTR_IDLE_SECONDS, default 3).\n\n\
+         | Envoy | instructions / request | idle instructions / s | net / request | × no filter | × floor | \
+         assignments pushed | counted requests (s) | not 200 | Redis commands / 1,000 requests |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
         Command::new("valgrind")
             .arg("--version")
             .output()
@@ -188,58 +224,38 @@ pub fn instruction_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &Temp
     );
     for (e, c) in Edge::ALL.iter().zip(&counts) {
         let over_floor = match e {
-            Edge::Quota | Edge::QuotaRarePushes | Edge::QuotaAllowAll => format!("{:.3}", c.per_request / floor),
+            Edge::Quota | Edge::QuotaRarePushes | Edge::QuotaAllowAll => format!("{:.3}", c.net / floor),
             Edge::NoFilter | Edge::ShouldRateLimit => String::new(),
         };
         let _ = writeln!(
             out,
-            "| {} | {:.0} | {:.3} | {over_floor} | {} | {:.1} | {} | {:.2} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.3} | {over_floor} | {} | {:.1} | {} | {:.2} |",
             e.name().trim_start_matches("edge: "),
             c.per_request,
-            c.per_request / base,
+            c.idle_per_s,
+            c.net,
+            c.net / base,
             c.pushes,
             c.seconds,
             c.other,
             c.cmds_per_k,
         );
     }
-    // The leased rows differ in their pushes (same filter, same token bucket): one push's cost,
-    // when both answered every counted request 200 (a 429 costs Envoy less than a proxied
-    // request, so a row with refusals is not comparable).
     let (q, rare) = (row(Edge::Quota), row(Edge::QuotaRarePushes));
-    let extra_pushes = q.pushes.saturating_sub(rare.pushes);
-    let per_push = if q.other > 0 || rare.other > 0 {
-        "No push cost: a leased row refused some of the counted requests".to_string()
-    } else if extra_pushes == 0 {
-        "No push cost: the leased rows were pushed as often".to_string()
-    } else {
-        let cost = (q.per_request - rare.per_request) * n as f64 / extra_pushes as f64;
-        format!(
-            "One push costs Envoy about {cost:.0} instructions ((leased at the defaults − leased every 30 s) × {n} \
-             requests / {extra_pushes} more pushes)"
-        )
-    };
     let leased = |c: &Count| {
-        format!(
-            "× {:.3} over the floor ({} pushes in {n} requests, {} not 200)",
-            c.per_request / floor,
-            c.pushes,
-            c.other
-        )
+        let refused = if c.other > 0 { format!(", {} not 200: not comparable", c.other) } else { String::new() };
+        format!("× {:.3} over the floor{refused}", c.net / floor)
     };
     let _ = writeln!(
         out,
         "\nEnvoy's quota filter alone (the floor: an unlimited bucket, a static ALLOW_ALL) costs × {:.3} the \
          instructions of a proxied request without a filter: a saturated one-worker Envoy loses about that share \
-         of its throughput whatever the server does. The leased rows: at the defaults {}; leases replaced every \
-         30 s {}. A row with requests not 200 is not comparable (Envoy's 429 costs less than a proxied request). \
-         Under callgrind a leased row sees more pushes per request than at real speed (2 per second over ~10,000 \
-         requests per second: 1 per 5,000), so a leased row that answered every counted request 200 bounds what \
-         the leases add from above. {per_push}. ShouldRateLimit per request: × {:.3}.",
+         of its throughput whatever the server does. The leased buckets (a token bucket): at the defaults {}; \
+         leases replaced every 30 s {}. ShouldRateLimit per request: × {:.3}.",
         floor / base,
         leased(q),
         leased(rare),
-        row(Edge::ShouldRateLimit).per_request / base,
+        row(Edge::ShouldRateLimit).net / base,
     );
     out
 }
