@@ -32,6 +32,12 @@
 //! floor of any RLQS server); paired rounds, each row's figures as ratios to the same round's
 //! no-filter run (`edge_rows`).
 //!
+//! The same Envoy rows counted in instructions instead of time, never in the default run (a few
+//! minutes under valgrind): `BENCH_ONLY=edge-instructions make bench-service`, each Envoy under
+//! callgrind, instructions per proxied request net of its idle rate, in a report of its own
+//! (target/bench-service/instructions.md; service/benches/service/instructions.rs). Without
+//! valgrind it says so and exits with status 2.
+//!
 //! Then the connection layer's rows (`BENCH_ONLY=connection` alone): TLS against plain TCP and
 //! the failover gap under Sentinel, in a report of their own (service/benches/service/connection.rs).
 
