@@ -13,6 +13,8 @@
 # Reports (paths from the repository's root): server=target/bench-report.md (make bench),
 # service=target/bench-service/report.md (make bench-service), service-connection=
 # target/bench-service/connection.md (make bench-service's TLS and failover rows),
+# service-instructions=target/bench-service/instructions.md (BENCH_ONLY=edge-instructions
+# make bench-service: Envoy's instructions per request under callgrind),
 # profile=target/profile/profile.md (make profile), client=target/bench-client/report.md,
 # cold=target/bench-cold.md and warm=target/bench-warm.md (make bench).
 # PERF_DOC names another doc.
@@ -29,6 +31,7 @@ DEFAULT_REPORTS=(
   server=$ROOT/target/bench-report.md
   service=$ROOT/target/bench-service/report.md
   service-connection=$ROOT/target/bench-service/connection.md
+  service-instructions=$ROOT/target/bench-service/instructions.md
   profile=$ROOT/target/profile/profile.md
   client=$ROOT/target/bench-client/report.md
   cold=$ROOT/target/bench-cold.md

@@ -32,6 +32,12 @@
 //! floor of any RLQS server); paired rounds, each row's figures as ratios to the same round's
 //! no-filter run (`edge_rows`).
 //!
+//! The same Envoy rows counted in instructions instead of time, never in the default run (a few
+//! minutes under valgrind): `BENCH_ONLY=edge-instructions make bench-service`, each Envoy under
+//! callgrind, instructions per proxied request net of its idle rate, in a report of its own
+//! (target/bench-service/instructions.md; service/benches/service/instructions.rs). Without
+//! valgrind it says so and exits with status 2.
+//!
 //! Then the connection layer's rows (`BENCH_ONLY=connection` alone): TLS against plain TCP and
 //! the failover gap under Sentinel, in a report of their own (service/benches/service/connection.rs).
 
@@ -47,6 +53,10 @@ mod tls;
 /// TLS against TCP and the failover gap (issue 35.5).
 #[path = "service/connection.rs"]
 mod connection;
+
+/// Envoy's instructions per request under callgrind (issue 32.5).
+#[path = "service/instructions.rs"]
+mod instructions;
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -409,6 +419,8 @@ fn main() {
     let edge = only.is_empty() || Edge::ALL.iter().any(|e| only.iter().any(|p| e.name().contains(p.as_str())));
     let selected = |row: &str| only.is_empty() || only.iter().any(|p| row.contains(p.as_str()));
     let (tls_rows, failover_rows) = (selected(connection::TLS), selected(connection::FAILOVER));
+    // Envoy under callgrind: minutes, so only when asked for by name.
+    let instr = only.iter().any(|p| p == instructions::INSTRUCTIONS);
     let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
     let mut samples: Vec<Vec<Row>> = scenarios.iter().map(|_| Vec::new()).collect();
     for _ in 0..runs {
@@ -477,6 +489,13 @@ fn main() {
     if edge {
         let _ = writeln!(out, "\n{}", edge_rows(&rt, &redis, &dir, &url, tck));
     }
+    // A report of its own (docs/PERFORMANCE.md's `service-instructions` block).
+    let instr_report = instr.then(|| {
+        format!(
+            "# make bench-service: Envoy's instructions per request\n\n{stamp}\n\n{}",
+            instructions::instruction_rows(&rt, &redis, &dir, &url)
+        )
+    });
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-service");
     let _ = std::fs::create_dir_all(&dir);
     if tls_rows || failover_rows {
@@ -493,6 +512,14 @@ fn main() {
         let _ = std::fs::write(dir.join("connection.md"), &conn);
         let _ =
             writeln!(out, "\nThe connection layer's rows (TLS, the failover gap): target/bench-service/connection.md.");
+    }
+    if let Some(text) = instr_report {
+        println!("{text}");
+        let _ = std::fs::write(dir.join("instructions.md"), &text);
+        if rows.is_empty() && !edge && !tls_rows && !failover_rows {
+            // Run alone: the main report (the `service` block) stays as it was.
+            return;
+        }
     }
     println!("{out}");
     let _ = std::fs::write(dir.join("report.md"), &out);
@@ -535,6 +562,55 @@ impl Edge {
     }
 }
 
+/// The services the Envoy rows stream to: one at the defaults, and one whose leases are
+/// replaced every 30 s (QUOTA_LEASE and QUOTA_REFRESH are the process's).
+struct EdgeServices {
+    svc: ServiceProc,
+    rare: ServiceProc,
+}
+
+impl EdgeServices {
+    fn start(dir: &TempDir, url: &str) -> EdgeServices {
+        EdgeServices {
+            svc: ServiceProc::start(dir.path(), &["--redis-url", url, "--log-level", "info"]),
+            rare: ServiceProc::start(
+                dir.path(),
+                &["--redis-url", url, "--log-level", "info", "--quota-lease", "60s", "--quota-refresh", "30s"],
+            ),
+        }
+    }
+
+    /// The service row `e`'s Envoy streams to.
+    fn of(&self, e: Edge) -> &ServiceProc {
+        if e == Edge::QuotaRarePushes {
+            &self.rare
+        } else {
+            &self.svc
+        }
+    }
+}
+
+impl Edge {
+    /// The row's Envoy configuration, its filter pointed at `service`, its route at the upstream.
+    fn envoy_config(self, service: &ServiceProc, upstream_port: u16) -> String {
+        let mut c = support::envoy::EnvoyConfig::new(&service.grpc, upstream_port);
+        match self {
+            Edge::NoFilter => {}
+            Edge::ShouldRateLimit => {
+                c = c.ratelimit(
+                    "bench",
+                    serde_json::json!({}),
+                    serde_json::json!([{ "actions": [{ "generic_key": { "descriptor_key": "a", "descriptor_value": "hot" } }] }]),
+                )
+            }
+            Edge::Quota => c.http_filters = vec![edge_quota_filter("b", "hot")],
+            Edge::QuotaRarePushes => c.http_filters = vec![edge_quota_filter("b", "rare")],
+            Edge::QuotaAllowAll => c.http_filters = vec![edge_quota_filter("u", "hot")],
+        }
+        c.render()
+    }
+}
+
 /// One timed run of one Envoy.
 #[derive(Clone, Copy, Debug)]
 struct EdgeRun {
@@ -561,8 +637,9 @@ fn edge_quota_filter(key: &str, value: &str) -> serde_json::Value {
 }
 
 /// `GET /` on `conns` keep-alive HTTP/1.1 connections (hyper), each sending its next request
-/// when the previous answer is read, for `secs`: (200s, others, latencies in ns sorted, elapsed).
-async fn http_load(port: u16, conns: usize, secs: f64) -> (u64, u64, Vec<u64>, f64) {
+/// when the previous answer is read, for `secs` or `per_conn` requests per connection, whichever
+/// ends first: (200s, others, latencies in ns sorted, elapsed).
+async fn http_load(port: u16, conns: usize, secs: f64, per_conn: u64) -> (u64, u64, Vec<u64>, f64) {
     use http_body_util::BodyExt as _;
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(secs);
@@ -572,7 +649,7 @@ async fn http_load(port: u16, conns: usize, secs: f64) -> (u64, u64, Vec<u64>, f
                 let (mut ok, mut other, mut lat) = (0u64, 0u64, Vec::new());
                 let mut sender: Option<hyper::client::conn::http1::SendRequest<http_body_util::Empty<bytes::Bytes>>> =
                     None;
-                while Instant::now() < end {
+                while Instant::now() < end && ok + other < per_conn {
                     if sender.as_ref().is_none_or(|s| s.is_closed()) {
                         let Ok(stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
                             other += 1;
@@ -655,35 +732,13 @@ fn edge_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &TempDir, url: &
     let secs = env_num("BENCH_EDGE_SECONDS", 1.0);
     let rounds = (env_num("BENCH_EDGE_ROUNDS", 5.0) as usize).max(1);
     let conns = (env_num("BENCH_EDGE_CONNECTIONS", 16.0) as usize).max(1);
-    use support::envoy::{Envoy, EnvoyConfig, Upstream};
-    let svc = ServiceProc::start(dir.path(), &["--redis-url", url, "--log-level", "info"]);
-    // The rare pushes' own service: QUOTA_LEASE and QUOTA_REFRESH are the process's.
-    let rare = ServiceProc::start(
-        dir.path(),
-        &["--redis-url", url, "--log-level", "info", "--quota-lease", "60s", "--quota-refresh", "30s"],
-    );
+    use support::envoy::{Envoy, Upstream};
+    let services = EdgeServices::start(dir, url);
+    let (svc, rare) = (&services.svc, &services.rare);
     let upstream = Upstream::start();
-    let service = |e: Edge| if e == Edge::QuotaRarePushes { &rare } else { &svc };
-    let envoys: Vec<Envoy> = Edge::ALL
-        .iter()
-        .map(|&e| {
-            let mut c = EnvoyConfig::new(&service(e).grpc, upstream.port);
-            match e {
-                Edge::NoFilter => {}
-                Edge::ShouldRateLimit => {
-                    c = c.ratelimit(
-                        "bench",
-                        serde_json::json!({}),
-                        serde_json::json!([{ "actions": [{ "generic_key": { "descriptor_key": "a", "descriptor_value": "hot" } }] }]),
-                    )
-                }
-                Edge::Quota => c.http_filters = vec![edge_quota_filter("b", "hot")],
-                Edge::QuotaRarePushes => c.http_filters = vec![edge_quota_filter("b", "rare")],
-                Edge::QuotaAllowAll => c.http_filters = vec![edge_quota_filter("u", "hot")],
-            }
-            Envoy::start(&c.render())
-        })
-        .collect();
+    let service = |e: Edge| services.of(e);
+    let envoys: Vec<Envoy> =
+        Edge::ALL.iter().map(|&e| Envoy::start(&e.envoy_config(service(e), upstream.port))).collect();
     let mut con = redis.conn();
     let mut runs: Vec<Vec<EdgeRun>> = vec![Vec::new(); Edge::ALL.len()];
     for round in 0..rounds {
@@ -693,12 +748,12 @@ fn edge_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &TempDir, url: &
         }
         for k in order {
             let envoy = &envoys[k];
-            rt.block_on(http_load(envoy.port, conns, 0.3));
+            rt.block_on(http_load(envoy.port, conns, 0.3, u64::MAX));
             reset_stats(&mut con);
             let svc = service(Edge::ALL[k]);
             let e0 = cpu_seconds(envoy.pid(), tck);
             let s0 = cpu_seconds(svc.pid(), tck);
-            let (ok, other, lat, elapsed) = rt.block_on(http_load(envoy.port, conns, secs));
+            let (ok, other, lat, elapsed) = rt.block_on(http_load(envoy.port, conns, secs, u64::MAX));
             let envoy_cpu = cpu_seconds(envoy.pid(), tck) - e0;
             let service_cpu = cpu_seconds(svc.pid(), tck) - s0;
             let calls = command_calls(&mut con);

@@ -93,13 +93,27 @@ impl Envoy {
     /// ports) and waits until it is ready: admin `/ready` answers LIVE (clusters initialized,
     /// listeners bound).
     pub fn start(config: &str) -> Envoy {
+        Envoy::start_under(&[], config, START_TIMEOUT)
+    }
+
+    /// [`Envoy::start`], with Envoy run by the command `wrapper` (e.g. `valgrind
+    /// --tool=callgrind …`: the process is the wrapper's, Envoy's arguments after it; none: Envoy
+    /// itself), ready within `timeout`.
+    pub fn start_under(wrapper: &[String], config: &str, timeout: Duration) -> Envoy {
         let dir = TempDir::new("envoy");
         let path = dir.path().join("envoy.yaml");
         std::fs::write(&path, config).unwrap();
         let admin_file = dir.path().join("admin.address");
         let log = dir.path().join("envoy.log");
         let out = std::fs::File::create(&log).unwrap();
-        let mut cmd = Command::new(envoy_bin());
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(envoy_bin());
+                c
+            }
+            None => Command::new(envoy_bin()),
+        };
         // No hot restart: its shared memory would make two Envoys on one machine collide.
         // One worker thread: enough on loopback, and light on a 2-CPU machine.
         cmd.arg("-c")
@@ -109,10 +123,10 @@ impl Envoy {
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out);
-        let child =
-            crate::common::spawn_owned(cmd).unwrap_or_else(|e| panic!("cannot start {}: {e}", envoy_bin().display()));
+        let child = crate::common::spawn_owned(cmd)
+            .unwrap_or_else(|e| panic!("cannot start {wrapper:?} {}: {e}", envoy_bin().display()));
         let mut e = Envoy { child: Some(child), port: 0, listeners: Vec::new(), admin: String::new(), log, dir };
-        let deadline = Instant::now() + START_TIMEOUT;
+        let deadline = Instant::now() + timeout;
         loop {
             if let Some(Ok(Some(st))) = e.child.as_mut().map(|c| c.try_wait()) {
                 panic!("Envoy exited ({st}) at start:\n{}\nconfiguration:\n{config}", e.log());
@@ -126,7 +140,7 @@ impl Envoy {
                     break;
                 }
             }
-            assert!(Instant::now() < deadline, "Envoy not ready within {START_TIMEOUT:?}:\n{}", e.log());
+            assert!(Instant::now() < deadline, "Envoy not ready within {timeout:?}:\n{}", e.log());
             std::thread::sleep(Duration::from_millis(20));
         }
         let (_, listeners) = http(&e.admin, "GET", "/listeners?format=json", "");
