@@ -75,6 +75,9 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 4000000000}
   - key: b
     rate_limit: {unit: second, requests_per_unit: 4000000000}
+  - key: b
+    value: rare
+    rate_limit: {unit: second, requests_per_unit: 100000000, algorithm: gcra, burst: 4000000000}
   - key: c
     rate_limit: {unit: second, requests_per_unit: 4000000000}
   - key: u
@@ -802,8 +805,9 @@ fn edge_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &TempDir, url: &
          saturation); one service (the module, no leases; the quota service on its gRPC port), rules \
          of 4·10⁹ per second (fixed windows; never binding). ShouldRateLimit: one descriptor `a=hot` per request. \
          Quota: one bucket `{{b: hot}}`, leases of 1 s replaced every 500 ms (the defaults), DENY_ALL before a \
-         lease; leases replaced every 30 s: the same on `{{b: rare}}` from a second service with QUOTA_LEASE=60s \
-         and QUOTA_REFRESH=30s (the token bucket without the pushes); ALLOW_ALL: the same filter on `{{u: hot}}`, \
+         lease; leases replaced every 30 s: `{{b: rare}}` (GCRA of 10⁸ per second, burst 4·10⁹: a burst of 40 s, \
+         so its leases are not cut at a window's end) from a second service with QUOTA_LEASE=60s and \
+         QUOTA_REFRESH=30s (the token bucket without the pushes); ALLOW_ALL: the same filter on `{{u: hot}}`, \
          an `unlimited: true` rule (a static ALLOW_ALL, no token bucket, no leases: the quota filter's own cost, \
          the floor of any RLQS server). {rounds} round(s) of {secs} s per row back to back (a 0.3 s warm-up \
          before each, the order reversed every other round); figures are medians over the rounds, ratios are \
