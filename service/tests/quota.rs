@@ -415,7 +415,8 @@ async fn the_documented_redis_user_is_all_the_service_needs_and_reaches_nothing_
     let mut c = svc.client().await;
     let one = ask(&mut c, request("edge", vec![desc(&[("window", "w1")])])).await;
     assert_eq!((codes(&one), remaining(&one)), (vec![Code::Ok], vec![29]), "{one:?}");
-    let two = ask(&mut c, request("edge", vec![desc(&[("window", "w2")]), desc(&[("user", "u"), ("path", "p")])])).await;
+    let two =
+        ask(&mut c, request("edge", vec![desc(&[("window", "w2")]), desc(&[("user", "u"), ("path", "p")])])).await;
     assert_eq!((codes(&two), remaining(&two)), (vec![Code::Ok, Code::Ok], vec![29, 9]), "{two:?}");
     let shadow = ask(&mut c, request("edge", vec![desc(&[("trial", "t")]), desc(&[("window", "w3")])])).await;
     assert_eq!((codes(&shadow), remaining(&shadow)), (vec![Code::Ok, Code::Ok], vec![2, 29]), "{shadow:?}");
