@@ -396,9 +396,8 @@ async fn a_redis_user_with_only_the_modules_commands_leases_and_counts_holders()
 async fn the_documented_redis_user_is_all_the_service_needs_and_reaches_nothing_else() {
     let redis = Server::start();
     let mut con = redis.conn();
-    let block = if redis.version().has_module_acl_category() { "redis-user" } else { "redis-user-by-name" };
-    let acl = doc_acl_setuser(block);
-    redis::cmd("ACL").arg(&acl).query::<()>(&mut con).unwrap_or_else(|e| panic!("{block}: {acl:?}: {e}"));
+    let acl = doc_redis_user(redis.version().has_module_acl_category(), false);
+    redis::cmd("ACL").arg(&acl).query::<()>(&mut con).unwrap_or_else(|e| panic!("{acl:?}: {e}"));
     let user = acl[1].as_str();
     let pw = acl.iter().find_map(|a| a.strip_prefix('>')).expect("a password");
     redis::cmd("ACL").arg("LOG").arg("RESET").query::<()>(&mut con).unwrap();
@@ -461,26 +460,6 @@ async fn the_documented_redis_user_is_all_the_service_needs_and_reaches_nothing_
     let n: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
     let other: bool = redis::cmd("EXISTS").arg("other").query(&mut con).unwrap();
     assert!(n > 0 && !other, "the refused commands wrote");
-}
-
-/// The `ACL SETUSER …` line of docs/service.md's block `name`, as Redis's `ACL` arguments.
-fn doc_acl_setuser(name: &str) -> Vec<String> {
-    let block = support::envoy::doc_block("docs/service.md", name);
-    let lines: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')).collect();
-    assert_eq!(lines.len(), 1, "{name}: one ACL line: {block}");
-    let words: Vec<String> = lines[0].split_whitespace().map(str::to_string).collect();
-    assert_eq!(words[..2], ["ACL", "SETUSER"], "{name}: {block}");
-    words[1..].to_vec()
-}
-
-/// ACL LOG's entries as (reason, object): what was refused, whatever the server's wording.
-fn acl_log(con: &mut redis::Connection) -> Vec<(String, String)> {
-    let entries: Vec<HashMap<String, redis::Value>> = redis::cmd("ACL").arg("LOG").query(con).unwrap();
-    let text = |e: &HashMap<String, redis::Value>, f: &str| match e.get(f) {
-        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-        other => panic!("ACL LOG entry's {f}: {other:?}"),
-    };
-    entries.iter().map(|e| (text(e, "reason"), text(e, "object"))).collect()
 }
 
 /// A service whose Redis user is `user`, granted `~rls:*` and `commands` only: a bucket of
