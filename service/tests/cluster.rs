@@ -338,7 +338,7 @@ async fn a_cluster_domain_behind_stalled_nodes_answers_before_the_grpc_timeout()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_redis_user_on_a_cluster() {
     let cluster = Cluster::start(3, 0);
-    let acl = doc_redis_user(cluster.nodes[0].version().has_module_acl_category(), true);
+    let acl = doc_redis_user(cluster.nodes[0].version().has_module_acl_category(), Some("redis-user-cluster"));
     for n in &cluster.nodes {
         let mut con = n.conn();
         redis::cmd("ACL").arg(&acl).query::<()>(&mut con).unwrap_or_else(|e| panic!("{acl:?}: {e}"));

@@ -396,7 +396,7 @@ async fn a_redis_user_with_only_the_modules_commands_leases_and_counts_holders()
 async fn the_documented_redis_user_is_all_the_service_needs_and_reaches_nothing_else() {
     let redis = Server::start();
     let mut con = redis.conn();
-    let acl = doc_redis_user(redis.version().has_module_acl_category(), false);
+    let acl = doc_redis_user(redis.version().has_module_acl_category(), None);
     redis::cmd("ACL").arg(&acl).query::<()>(&mut con).unwrap_or_else(|e| panic!("{acl:?}: {e}"));
     let user = acl[1].as_str();
     let pw = acl.iter().find_map(|a| a.strip_prefix('>')).expect("a password");

@@ -414,13 +414,13 @@ pub async fn assert_failure_modes_answer_in_time(
 }
 
 /// docs/service.md's Redis user ("The Redis user") as written, as Redis's `ACL` arguments:
-/// `redis-user` where the server has the `@ratelimit` category, else `redis-user-by-name`; on a
-/// cluster with the `redis-user-cluster` block's grants added.
-pub fn doc_redis_user(has_module_acl_category: bool, cluster: bool) -> Vec<String> {
+/// `redis-user` where the server has the `@ratelimit` category, else `redis-user-by-name`; with
+/// the grants of the block `extra` added (`redis-user-cluster`, `redis-user-sentinel`).
+pub fn doc_redis_user(has_module_acl_category: bool, extra: Option<&str>) -> Vec<String> {
     let name = if has_module_acl_category { "redis-user" } else { "redis-user-by-name" };
     let mut acl = doc_acl_setuser(name);
-    if cluster {
-        let extra = envoy::doc_block("docs/service.md", "redis-user-cluster");
+    if let Some(extra) = extra {
+        let extra = envoy::doc_block("docs/service.md", extra);
         acl.extend(
             extra
                 .lines()
@@ -433,7 +433,7 @@ pub fn doc_redis_user(has_module_acl_category: bool, cluster: bool) -> Vec<Strin
 }
 
 /// The one `ACL SETUSER …` line of docs/service.md's block `name`, without `ACL`.
-fn doc_acl_setuser(name: &str) -> Vec<String> {
+pub fn doc_acl_setuser(name: &str) -> Vec<String> {
     let block = envoy::doc_block("docs/service.md", name);
     let lines: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')).collect();
     assert_eq!(lines.len(), 1, "{name}: one ACL line: {block}");
