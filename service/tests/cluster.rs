@@ -3,7 +3,8 @@
 //! given back with RL.RETURN … AGE), a refused request consumes nothing, concurrent requests
 //! never admit more than the limit and leave exactly the admitted units on every other limit,
 //! and with REDIS_CLUSTER_HASH_TAG=domain a request is one RL.MULTI. And a cluster whose nodes
-//! listen only on TLS, with docs/operations.md's settings as written (issue 35.2).
+//! listen only on TLS, with docs/operations.md's settings as written (issue 35.2). And
+//! docs/service.md's Redis user, with the cluster's grants, as the service's only user.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -328,4 +329,51 @@ async fn a_cluster_domain_behind_stalled_nodes_answers_before_the_grpc_timeout()
     }
     pids.iter().for_each(|p| signal(*p, "-CONT"));
     assert!(svc.metric("ratelimit_service_redis_deadline_exceeded") >= 1, "the stalled calls were cut");
+}
+
+/// docs/service.md's Redis user, as written for this server, with the cluster's grants, on
+/// every node: a request across three slots is checked and committed (then refused, consuming
+/// nothing), the module probe is answered, and no node refused the service anything but
+/// redis-rs's ignored `CLIENT SETINFO`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_redis_user_on_a_cluster() {
+    let cluster = Cluster::start(3, 0);
+    let acl = doc_redis_user(cluster.nodes[0].version().has_module_acl_category(), Some("redis-user-cluster"));
+    for n in &cluster.nodes {
+        let mut con = n.conn();
+        redis::cmd("ACL").arg(&acl).query::<()>(&mut con).unwrap_or_else(|e| panic!("{acl:?}: {e}"));
+        redis::cmd("ACL").arg("LOG").arg("RESET").query::<()>(&mut con).unwrap();
+    }
+    let pw = acl.iter().find_map(|a| a.strip_prefix('>')).expect("a password");
+    let auth = format!("{}:{pw}", acl[1]);
+    let dir = TempDir::new("cluster-user");
+    dir.write("c.yaml", CONFIG);
+    let svc = ServiceProc::start(
+        dir.path(),
+        &["--redis-type", "cluster", "--redis-url", &nodes(&cluster), "--redis-auth", &auth],
+    );
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let mut c = svc.client().await;
+    let three = request("c", vec![desc(&[("ip", "a")]), desc(&[("user", "u")]), desc(&[("tenant", "t")])]);
+    let slots: std::collections::HashSet<Slot> =
+        [(Algorithm::Fixed, "ip", "a"), (Algorithm::Sliding, "user", "u"), (Algorithm::Gcra, "tenant", "t")]
+            .iter()
+            .map(|(a, k, v)| Slot::for_key(redis_key("rls:", false, *a, "c", &[(k, v)], &[])))
+            .collect();
+    assert_eq!(slots.len(), 3, "the test needs three slots");
+    for left in [1, 0] {
+        let r = ask(&mut c, three.clone()).await;
+        assert!(ok(&r), "{r:?}");
+        assert_eq!(remaining(&r), [left, 999 - (1 - left), 999 - (1 - left)]);
+    }
+    let r = ask(&mut c, three.clone()).await;
+    assert_eq!(codes(&r), [Code::OverLimit, Code::Ok, Code::Ok]);
+    assert_eq!(remaining(&r), [0, 998, 998], "the refusal took nothing");
+    let (status, body) = svc.http("GET", "/healthcheck", "");
+    assert_eq!(status, 200, "{body}");
+    for n in &cluster.nodes {
+        let refused: Vec<(String, String)> =
+            acl_log(&mut n.conn()).into_iter().filter(|(_, object)| object != "client|setinfo").collect();
+        assert_eq!(refused, Vec::<(String, String)>::new(), "node {} refused these (reason, object)", n.port);
+    }
 }

@@ -20,6 +20,7 @@ use redis_ratelimit_service::pb::envoy::service::rate_limit_quota::v3::rate_limi
 use redis_ratelimit_service::pb::envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
+use redis_ratelimit_service::pb::Code;
 use redis_ratelimit_service::quota::stream::receiver_stream;
 use support::*;
 use tokio::sync::mpsc;
@@ -384,6 +385,83 @@ async fn a_redis_user_with_only_the_modules_commands_leases_and_counts_holders()
     assert!(svc.metric("ratelimit_service_quota_holder_counts_failed") >= 2);
 }
 
+/// docs/service.md's Redis user ("The Redis user"), as written, for this server (`+@ratelimit`
+/// where the server has the category, the command names on Redis 7.0 and 7.2), is the
+/// service's only user: ShouldRateLimit decides one descriptor (`RL.FIXED`), several (`RL.MULTI`)
+/// and a shadow-mode one beside an enforced one (the script), the quota service leases and
+/// counts the bucket's holders, /healthcheck is healthy, and Redis refused nothing the service
+/// sent (ACL LOG: only redis-rs's ignored `CLIENT SETINFO`). The same user reaches nothing
+/// outside `rls:*` and no other command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_redis_user_is_all_the_service_needs_and_reaches_nothing_else() {
+    let redis = Server::start();
+    let mut con = redis.conn();
+    let acl = doc_redis_user(redis.version().has_module_acl_category(), None);
+    redis::cmd("ACL").arg(&acl).query::<()>(&mut con).unwrap_or_else(|e| panic!("{acl:?}: {e}"));
+    let user = acl[1].as_str();
+    let pw = acl.iter().find_map(|a| a.strip_prefix('>')).expect("a password");
+    redis::cmd("ACL").arg("LOG").arg("RESET").query::<()>(&mut con).unwrap();
+    reset_stats(&mut con);
+
+    // The quota service: two leases, and the holder counter charged.
+    let (_dir, svc) = leases_with_auth(&redis, &format!("{user}:{pw}"), &[("api", "public")]).await;
+    let counter: bool = redis::cmd("EXISTS").arg("rls:gcra:edge|api=public|holders").query(&mut con).unwrap();
+    assert!(counter, "no holder counter");
+    assert_eq!(svc.metric("ratelimit_service_quota_holder_counts_failed"), 0);
+
+    // ShouldRateLimit: one descriptor, two (one RL.MULTI), a shadow-mode one beside an
+    // enforced one (the script).
+    let mut c = svc.client().await;
+    let one = ask(&mut c, request("edge", vec![desc(&[("window", "w1")])])).await;
+    assert_eq!((codes(&one), remaining(&one)), (vec![Code::Ok], vec![29]), "{one:?}");
+    let two =
+        ask(&mut c, request("edge", vec![desc(&[("window", "w2")]), desc(&[("user", "u"), ("path", "p")])])).await;
+    assert_eq!((codes(&two), remaining(&two)), (vec![Code::Ok, Code::Ok], vec![29, 9]), "{two:?}");
+    let shadow = ask(&mut c, request("edge", vec![desc(&[("trial", "t")]), desc(&[("window", "w3")])])).await;
+    assert_eq!((codes(&shadow), remaining(&shadow)), (vec![Code::Ok, Code::Ok], vec![2, 29]), "{shadow:?}");
+    for cmd in ["rl.fixed", "rl.multi", "rl.gcra", "rl.sliding"] {
+        assert!(command_calls_of(&mut con, cmd) >= 1, "{cmd} never ran");
+    }
+    assert!(command_calls_of(&mut con, "evalsha") + command_calls_of(&mut con, "eval") >= 1, "the script never ran");
+    for key in ["rls:fixed:edge|window=w1", "rls:fixed:edge|window=w2", "rls:fixed:edge|trial=t"] {
+        let exists: bool = redis::cmd("EXISTS").arg(key).query(&mut con).unwrap();
+        assert!(exists, "{key}: not written");
+    }
+    assert_eq!(svc.metric("ratelimit_service_redis_invalid_requests"), 0);
+
+    // Healthy, and the module probe (INFO modules, at start) was not refused: Redis refused
+    // none of the service's commands but redis-rs's CLIENT SETINFO (7.2+; ignored).
+    let (status, body) = svc.http("GET", "/healthcheck", "");
+    assert_eq!(status, 200, "{body}");
+    let refused: Vec<(String, String)> =
+        acl_log(&mut con).into_iter().filter(|(_, object)| object != "client|setinfo").collect();
+    assert_eq!(refused, Vec::<(String, String)>::new(), "Redis refused these (reason, object) to the service");
+
+    // Nothing else: other keys, other commands, other INFO sections.
+    let client = redis::Client::open(format!("redis://{user}:{pw}@127.0.0.1:{}/", redis.port)).unwrap();
+    let mut as_user = client.get_connection().unwrap();
+    let denied: [&[&str]; 8] = [
+        &["GET", "other"],
+        &["SET", "other", "1"],
+        &["DEL", "other"],
+        &["GET", "rls:fixed:edge|window=w1"],
+        &["RL.GCRA", "other", "10", "1s"],
+        &["FLUSHALL"],
+        &["CONFIG", "GET", "maxmemory"],
+        &["INFO", "keyspace"],
+    ];
+    for args in denied {
+        let r: redis::RedisResult<redis::Value> = redis::cmd(args[0]).arg(&args[1..]).query(&mut as_user);
+        assert!(matches!(&r, Err(e) if e.code() == Some("NOPERM")), "{args:?} as {user}: {r:?}");
+    }
+    let script_outside: redis::RedisResult<redis::Value> =
+        redis::cmd("EVAL").arg("return redis.call('SET', KEYS[1], '1')").arg(1).arg("rls:x").query(&mut as_user);
+    assert!(script_outside.is_err(), "a script ran SET as {user}: {script_outside:?}");
+    let n: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
+    let other: bool = redis::cmd("EXISTS").arg("other").query(&mut con).unwrap();
+    assert!(n > 0 && !other, "the refused commands wrote");
+}
+
 /// A service whose Redis user is `user`, granted `~rls:*` and `commands` only: a bucket of
 /// `entries` gets two leases with units, and no claim fails.
 async fn leases_as_user(
@@ -396,7 +474,14 @@ async fn leases_as_user(
     let mut acl = vec!["SETUSER", user, "on", ">pw", "resetkeys", "~rls:*", "-@all"];
     acl.extend_from_slice(commands);
     redis::cmd("ACL").arg(&acl).query::<()>(con).unwrap();
-    let (dir, svc) = start(redis, CONFIG, &["--redis-auth", &format!("{user}:pw")]);
+    leases_with_auth(redis, &format!("{user}:pw"), entries).await
+}
+
+/// A service authenticating with `auth` (`user:password`): a bucket of `entries` gets two
+/// leases with units, and no claim fails.
+async fn leases_with_auth(redis: &Server, auth: &str, entries: &[(&str, &str)]) -> (TempDir, ServiceProc) {
+    let user = auth.split(':').next().unwrap_or(auth);
+    let (dir, svc) = start(redis, CONFIG, &["--redis-auth", auth]);
     let mut envoy = FakeEnvoy::connect(&svc, "edge").await;
     let b = bucket(entries);
     envoy.report(&[(&b, 1, 0)]).await;

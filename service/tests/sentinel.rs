@@ -6,7 +6,8 @@
 //! `+switch-master` (though the breaker opened in the gap); /healthcheck names the new primary.
 //! The same over TLS (issue 35.2), with docs/operations.md's settings as written: the
 //! sentinels and the nodes reached on their TLS ports only, a private CA; a wrong CA named on
-//! /healthcheck.
+//! /healthcheck. And docs/service.md's Redis users (the servers' and the sentinels'), as
+//! written.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -165,4 +166,64 @@ async fn a_failover_over_tls_through_the_service() {
     let (_, new_port) = failover_under_load(&svc, &sentinels, || primary.kill9()).await;
     let (_, body) = svc.http("GET", "/healthcheck", "");
     assert!(body.contains(&format!("redis connected to 127.0.0.1:{new_port}")), "{body}");
+}
+
+/// docs/service.md's Redis user as written for this server, with Sentinel's grant, on the
+/// primary and the replica, and its sentinels' user on every sentinel: the service finds the
+/// primary, requests are decided by it, and neither the primary nor any sentinel refused the
+/// service anything but redis-rs's ignored `CLIENT SETINFO`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_redis_users_with_sentinel() {
+    let (primary, replicas) = replicated(1);
+    let sentinels = Sentinels::start(&primary, 3);
+    let acl = doc_redis_user(primary.version().has_module_acl_category(), Some("redis-user-sentinel"));
+    for s in std::iter::once(&primary).chain(&replicas) {
+        let mut con = s.conn();
+        redis::cmd("ACL").arg(&acl).query::<()>(&mut con).unwrap_or_else(|e| panic!("{acl:?}: {e}"));
+        redis::cmd("ACL").arg("LOG").arg("RESET").query::<()>(&mut con).unwrap();
+    }
+    let sentinel_acl = doc_acl_setuser("redis-user-sentinels");
+    let sentinel_conns = || {
+        sentinels
+            .ports
+            .iter()
+            .map(|p| redis::Client::open(format!("redis://127.0.0.1:{p}/")).unwrap().get_connection().unwrap())
+    };
+    for mut con in sentinel_conns() {
+        redis::cmd("ACL").arg(&sentinel_acl).query::<()>(&mut con).unwrap_or_else(|e| panic!("{sentinel_acl:?}: {e}"));
+        redis::cmd("ACL").arg("LOG").arg("RESET").query::<()>(&mut con).unwrap();
+    }
+    let auth = |acl: &[String]| format!("{}:{}", acl[1], acl.iter().find_map(|a| a.strip_prefix('>')).unwrap());
+    let dir = failure_mode_configs("sentinel-user", "p", "hour");
+    let url = format!("{MASTER},{}", sentinels.addrs().join(","));
+    let svc = ServiceProc::start_in_env(
+        dir.path(),
+        &[],
+        &[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", &url),
+            ("REDIS_AUTH", &auth(&acl)),
+            ("REDIS_SENTINEL_AUTH", &auth(&sentinel_acl)),
+        ],
+    );
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    decided_by_the_primary(&svc).await;
+    let (status, body) = svc.http("GET", "/healthcheck", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&format!("redis connected to 127.0.0.1:{}", primary.port)), "{body}");
+    // Each sentinel has the service subscribed to `+switch-master`, as its user.
+    let user = format!("user={}", sentinel_acl[1]);
+    wait_until(Duration::from_secs(5), "the service subscribed on every sentinel", || {
+        sentinel_conns().all(|mut con| {
+            let clients: String = redis::cmd("CLIENT").arg("LIST").query(&mut con).unwrap();
+            clients.lines().any(|l| l.split(' ').any(|f| f == user) && l.split(' ').any(|f| f == "sub=1"))
+        })
+    });
+    let served = |con: &mut redis::Connection| -> Vec<(String, String)> {
+        acl_log(con).into_iter().filter(|(_, object)| object != "client|setinfo").collect()
+    };
+    assert_eq!(served(&mut primary.conn()), Vec::<(String, String)>::new(), "the primary refused these");
+    for mut con in sentinel_conns() {
+        assert_eq!(served(&mut con), Vec::<(String, String)>::new(), "a sentinel refused these");
+    }
 }

@@ -412,3 +412,43 @@ pub async fn assert_failure_modes_answer_in_time(
         }
     }
 }
+
+/// docs/service.md's Redis user ("The Redis user") as written, as Redis's `ACL` arguments:
+/// `redis-user` where the server has the `@ratelimit` category, else `redis-user-by-name`; with
+/// the grants of the block `extra` added (`redis-user-cluster`, `redis-user-sentinel`).
+pub fn doc_redis_user(has_module_acl_category: bool, extra: Option<&str>) -> Vec<String> {
+    let name = if has_module_acl_category { "redis-user" } else { "redis-user-by-name" };
+    let mut acl = doc_acl_setuser(name);
+    if let Some(extra) = extra {
+        let extra = envoy::doc_block("docs/service.md", extra);
+        acl.extend(
+            extra
+                .lines()
+                .filter(|l| !l.trim_start().starts_with('#'))
+                .flat_map(|l| l.split_whitespace())
+                .map(str::to_string),
+        );
+    }
+    acl
+}
+
+/// The one `ACL SETUSER …` line of docs/service.md's block `name`, without `ACL`.
+pub fn doc_acl_setuser(name: &str) -> Vec<String> {
+    let block = envoy::doc_block("docs/service.md", name);
+    let lines: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')).collect();
+    assert_eq!(lines.len(), 1, "{name}: one ACL line: {block}");
+    let words: Vec<String> = lines[0].split_whitespace().map(str::to_string).collect();
+    assert_eq!(words[..2], ["ACL", "SETUSER"], "{name}: {block}");
+    words[1..].to_vec()
+}
+
+/// ACL LOG's entries as (reason, object): what was refused, whatever the server's wording.
+pub fn acl_log(con: &mut redis::Connection) -> Vec<(String, String)> {
+    let entries: Vec<std::collections::HashMap<String, redis::Value>> =
+        redis::cmd("ACL").arg("LOG").query(con).unwrap();
+    let text = |e: &std::collections::HashMap<String, redis::Value>, f: &str| match e.get(f) {
+        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        other => panic!("ACL LOG entry's {f}: {other:?}"),
+    };
+    entries.iter().map(|e| (text(e, "reason"), text(e, "object"))).collect()
+}
