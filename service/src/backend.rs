@@ -22,7 +22,7 @@
 //!   never taken, whatever the transit) and the request is refused. docs/service.md ("Redis
 //!   Cluster") states what holds.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -144,6 +144,8 @@ pub struct Backend {
     baseline: bool,
     /// Whether Redis has the module: [`MODULE_UNKNOWN`], [`MODULE_LOADED`], [`MODULE_MISSING`].
     module: AtomicU8,
+    /// Redis refused the module probe (said once).
+    probe_refused: AtomicBool,
 }
 
 /// The module's name in `INFO modules` (src/lib.rs's `redis_module!`).
@@ -180,6 +182,7 @@ impl Backend {
             cluster,
             baseline: cfg.baseline,
             module: AtomicU8::new(MODULE_UNKNOWN),
+            probe_refused: AtomicBool::new(false),
         })
     }
 
@@ -209,11 +212,25 @@ impl Backend {
     }
 
     /// Asks Redis whether it has the module (`INFO modules`; outside the breaker and the
-    /// metrics), records the answer and returns it; None: Redis did not answer.
+    /// metrics), records the answer and returns it; None: Redis did not answer, or refused
+    /// (a user without `+info|modules`: said once, since then a missing module is not seen).
     pub async fn probe_module(&self) -> Option<bool> {
         let mut cmd = redis::cmd("INFO");
         cmd.arg("modules");
-        let v = self.conns.call(&cmd, None, tokio::time::Instant::now() + self.timeout).await.ok()?;
+        let v = match self.conns.call(&cmd, None, tokio::time::Instant::now() + self.timeout).await {
+            Ok(v) => v,
+            Err(BackendError::Unavailable(_)) => return None,
+            Err(e) => {
+                if !self.probe_refused.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "Redis refused INFO modules ({e}): whether the redis-ratelimit module is loaded cannot be \
+                         checked, so a missing module would not fail the health checks; grant the service's \
+                         Redis user +info|modules (docs/service.md, \"The Redis user\")"
+                    );
+                }
+                return None;
+            }
+        };
         let mut text = String::new();
         reply_text(&v, &mut text);
         let loaded = text.lines().any(|l| l.starts_with(&format!("module:name={MODULE_NAME},")));

@@ -379,6 +379,9 @@ async fn a_redis_user_with_only_the_modules_commands_leases_and_counts_holders()
     let counter: bool = redis::cmd("EXISTS").arg("rls:gcra:edge|api=public|holders").query(&mut con).unwrap();
     assert!(counter, "no holder counter");
     assert_eq!(svc.metric("ratelimit_service_quota_holder_counts_failed"), 0);
+    // Not granted INFO modules: the module probe cannot tell, and says so (once).
+    svc.wait_log("Redis refused INFO modules", Duration::from_secs(5));
+    assert_eq!(svc.log().matches("Redis refused INFO modules").count(), 1);
     // A user not granted RL.SLIDING: the holder count fails (NOPERM), never the lease.
     let entries = [("user", "u"), ("path", "p")];
     let (_dir, svc) = leases_as_user(&redis, &mut con, "noholders", &["+rl.tokenbucket", "+rl.return"], &entries).await;
