@@ -29,34 +29,30 @@ use tls::Certs;
 const TIMEOUT: Duration = Duration::from_millis(100);
 const SLACK: Duration = Duration::from_millis(100);
 
+/// The service over `sentinels` (`REDIS_TYPE=sentinel`, `REDIS_URL` naming them and the
+/// primary), the configurations in `dir`, `env` besides; its configuration loaded.
+fn over_sentinels(dir: &TempDir, sentinels: &Sentinels, env: &[(&str, &str)]) -> ServiceProc {
+    let url = format!("{MASTER},{}", sentinels.addrs().join(","));
+    let mut all = vec![("REDIS_TYPE", "sentinel"), ("REDIS_URL", url.as_str())];
+    all.extend_from_slice(env);
+    let svc = ServiceProc::start_in_env(dir.path(), &[], &all);
+    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    svc
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_under_load_through_the_service() {
     let (mut primary, _replicas) = replicated(2);
     // The sentinels ask for a password of their own (REDIS_SENTINEL_AUTH).
     let sentinels = Sentinels::start_with_password(&primary, 3, Some("s3ntinel"));
     let dir = failure_mode_configs("sentinel", "p", "hour");
-    let url = format!("{MASTER},{}", sentinels.addrs().join(","));
-    let svc = ServiceProc::start_in_env(
-        dir.path(),
-        &[],
-        &[
-            ("REDIS_TYPE", "sentinel"),
-            ("REDIS_URL", &url),
-            ("REDIS_TIMEOUT", "100ms"),
-            ("REDIS_SENTINEL_AUTH", "s3ntinel"),
-        ],
-    );
-    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let svc = over_sentinels(&dir, &sentinels, &[("REDIS_TIMEOUT", "100ms"), ("REDIS_SENTINEL_AUTH", "s3ntinel")]);
     decided_by_the_primary(&svc).await;
     let (_, body) = svc.http("GET", "/healthcheck", "");
     assert!(body.contains(&format!("redis connected to 127.0.0.1:{}", primary.port)), "{body}");
 
     // Without REDIS_SENTINEL_AUTH the sentinels refuse to name the primary.
-    let no_auth = ServiceProc::start_in_env(
-        dir.path(),
-        &[],
-        &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", &url), ("REDIS_TIMEOUT", "100ms")],
-    );
+    let no_auth = over_sentinels(&dir, &sentinels, &[("REDIS_TIMEOUT", "100ms")]);
     wait_until(Duration::from_secs(5), "the sentinels' refusal named", || {
         let (_, body) = no_auth.http("GET", "/healthcheck", "");
         body.contains("redis unavailable") && body.contains("no sentinel named the master")
@@ -195,18 +191,8 @@ async fn the_documented_redis_users_with_sentinel() {
     }
     let auth = |acl: &[String]| format!("{}:{}", acl[1], acl.iter().find_map(|a| a.strip_prefix('>')).unwrap());
     let dir = failure_mode_configs("sentinel-user", "p", "hour");
-    let url = format!("{MASTER},{}", sentinels.addrs().join(","));
-    let svc = ServiceProc::start_in_env(
-        dir.path(),
-        &[],
-        &[
-            ("REDIS_TYPE", "sentinel"),
-            ("REDIS_URL", &url),
-            ("REDIS_AUTH", &auth(&acl)),
-            ("REDIS_SENTINEL_AUTH", &auth(&sentinel_acl)),
-        ],
-    );
-    svc.wait_log("loaded rate limit configuration", Duration::from_secs(10));
+    let svc =
+        over_sentinels(&dir, &sentinels, &[("REDIS_AUTH", &auth(&acl)), ("REDIS_SENTINEL_AUTH", &auth(&sentinel_acl))]);
     decided_by_the_primary(&svc).await;
     let (status, body) = svc.http("GET", "/healthcheck", "");
     assert_eq!(status, 200, "{body}");
