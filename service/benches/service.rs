@@ -297,6 +297,11 @@ fn name(s: &Scenario) -> String {
 }
 
 /// The median of each figure over a row's rounds; errors are summed.
+/// The environment variable `name` as a number, `default` when unset or not one.
+fn env_num<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 fn median_row(rows: Vec<Row>) -> Row {
     fn med(rows: &[Row], f: impl Fn(&Row) -> f64) -> f64 {
         let mut v: Vec<f64> = rows.iter().map(f).collect();
@@ -376,7 +381,7 @@ fn run(
 
 fn main() {
     let stamp = machine::stamp(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
-    let secs: f64 = std::env::var("BENCH_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(4.0);
+    let secs: f64 = env_num("BENCH_SECONDS", 4.0);
     let tck = clk_tck();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let redis = Server::start_with(common::Opts { debug_clock: false, ..Default::default() });
@@ -424,7 +429,7 @@ fn main() {
     let (tls_rows, failover_rows) = (selected(connection::TLS), selected(connection::FAILOVER));
     // Envoy under callgrind: minutes, so only when asked for by name.
     let instr = only.iter().any(|p| p == instructions::INSTRUCTIONS);
-    let runs: usize = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
+    let runs: usize = env_num("BENCH_RUNS", 1).max(1);
     let mut samples: Vec<Vec<Row>> = scenarios.iter().map(|_| Vec::new()).collect();
     for _ in 0..runs {
         for (k, s) in scenarios.iter().enumerate() {
@@ -731,10 +736,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// the baseline are taken within each round (the VM's speed changes every few seconds) and
 /// reported as their medians. Returns the report's section.
 fn edge_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &TempDir, url: &str, tck: f64) -> String {
-    let env_num = |name: &str, default: f64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
-    let secs = env_num("BENCH_EDGE_SECONDS", 1.0);
-    let rounds = (env_num("BENCH_EDGE_ROUNDS", 5.0) as usize).max(1);
-    let conns = (env_num("BENCH_EDGE_CONNECTIONS", 16.0) as usize).max(1);
+    let secs: f64 = env_num("BENCH_EDGE_SECONDS", 1.0);
+    let rounds: usize = env_num("BENCH_EDGE_ROUNDS", 5).max(1);
+    let conns: usize = env_num("BENCH_EDGE_CONNECTIONS", 16).max(1);
     use support::envoy::{Envoy, Upstream};
     let services = EdgeServices::start(dir, url);
     let (svc, rare) = (&services.svc, &services.rare);

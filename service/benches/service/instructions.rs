@@ -35,10 +35,6 @@ use support::envoy::{Envoy, Upstream};
 /// The mode's name for BENCH_ONLY (selected only by exactly this part).
 pub const INSTRUCTIONS: &str = "edge-instructions";
 
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 /// Exits with status 2, saying so, unless `valgrind` and `callgrind_control` both run.
 fn require_valgrind() {
     for tool in ["valgrind", "callgrind_control"] {
@@ -125,9 +121,9 @@ struct Count {
 /// The report's section.
 pub fn instruction_rows(rt: &tokio::runtime::Runtime, redis: &Server, dir: &TempDir, url: &str) -> String {
     require_valgrind();
-    let n = env_num("BENCH_INSTR_REQUESTS", 1000).max(1);
-    let warmup = env_num("BENCH_INSTR_WARMUP_SECONDS", 6);
-    let idle = env_num("BENCH_INSTR_IDLE_SECONDS", 3);
+    let n: u64 = env_num("BENCH_INSTR_REQUESTS", 1000).max(1);
+    let warmup: u64 = env_num("BENCH_INSTR_WARMUP_SECONDS", 6);
+    let idle: u64 = env_num("BENCH_INSTR_IDLE_SECONDS", 3);
     let services = EdgeServices::start(dir, url);
     let upstream = Upstream::start();
     let cg = TempDir::new("bench-callgrind");
