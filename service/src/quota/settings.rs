@@ -60,8 +60,13 @@ pub struct QuotaSettings {
     pub keys: KeySettings,
     /// `INSTANCES` (service replicas): the local failure share divides by it.
     pub instances: u64,
-    /// The deadline of each Redis call (`REDIS_TIMEOUT`).
-    pub timeout: Duration,
+}
+
+impl QuotaSettings {
+    /// The deadline of each Redis call (`REDIS_TIMEOUT`: [`Params::timeout`]).
+    pub fn timeout(&self) -> Duration {
+        Duration::from(self.params.timeout)
+    }
 }
 
 impl QuotaFlags {
@@ -82,7 +87,6 @@ impl QuotaFlags {
             max_report_bytes: self.quota_max_report_bytes.max(4096),
             keys,
             instances: instances.max(1),
-            timeout,
         })
     }
 }

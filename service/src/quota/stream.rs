@@ -596,7 +596,7 @@ impl StreamState {
         }
         let q = self.q.clone();
         let params = self.settings().params;
-        let deadline = self.settings().timeout;
+        let deadline = self.settings().timeout();
         let now = q.now();
         let jobs: Vec<Job> = keys
             .into_iter()
@@ -714,7 +714,7 @@ enum AfterReport {
 }
 
 async fn settle(q: Arc<QuotaService>, work: Vec<AfterReport>) {
-    let deadline = q.settings.timeout;
+    let deadline = q.settings.timeout();
     futures::stream::iter(work)
         .for_each_concurrent(CONCURRENT_CALLS, |w| {
             let q = q.clone();
