@@ -195,11 +195,6 @@ async fn the_docs_configuration_enforces_a_hot_bucket_at_the_edge() {
     assert!(svc.metric("ratelimit_service_quota_units_granted") >= admitted.len() as u64);
 }
 
-/// A free loopback port (bound, then released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// The quota filter of the docs' configuration (one bucket, `{api: public}`, DENY_ALL before a
 /// lease), asking the cluster `rate_limit_cluster`.
 fn edge_filter() -> serde_json::Value {
@@ -473,7 +468,7 @@ impl Fleet {
         let config = TempDir::new("quota-fleet");
         config.write("edge.yaml", &edge_rule(rate_limit));
         let url = format!("127.0.0.1:{}", redis.port);
-        Fleet { upstream: Upstream::start(), ports: [free_port(), free_port()], url, config, redis }
+        Fleet { upstream: Upstream::start(), ports: [common::free_port(), common::free_port()], url, config, redis }
     }
 
     /// Starts replica `i` (again, after a crash: on the same port).
